@@ -1,0 +1,38 @@
+# shardserve — every target does its own set-up on a fresh machine.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+HOST ?= 127.0.0.1
+PORT ?= 8000
+MODEL ?=
+TP ?= 1
+PP ?= 1
+
+.PHONY: install serve test lint bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	# torch pinned first: the CPU wheel on disk, never a CUDA build from the index.
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[test]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+serve: $(STAMP)
+	$(BIN)/shardserve serve --host $(HOST) --port $(PORT) -tp $(TP) -pp $(PP) $(if $(MODEL),--model $(MODEL),)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+lint: $(STAMP)
+	$(BIN)/ruff check server model_shards tests benchmarks
+	$(BIN)/mypy
+
+bench: $(STAMP)
+	$(BIN)/python -m pytest -q -m slow benchmarks tests
+
+clean:
+	rm -rf $(VENV) build *.egg-info

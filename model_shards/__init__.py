@@ -1,0 +1,1 @@
+"""Everything inside one replica's torch.distributed world (see docs/structure.md)."""

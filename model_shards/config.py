@@ -1,0 +1,191 @@
+"""Frozen, validated configuration: the model's shape and the replica's layout.
+
+Everything here is checked before any process is spawned; a bad combination is
+a ``ValueError`` that names the flag and the fix.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
+DType = Literal["auto", "float32", "bfloat16", "float16"]
+DTYPE_CHOICES: tuple[str, ...] = ("auto", "float32", "bfloat16", "float16")
+
+
+@dataclass(frozen=True)
+class RopeConfig:
+    """Rotary embedding parameters (HF ``rope_scaling`` / ``rope_parameters``)."""
+
+    theta: float = 10000.0
+    rope_type: str = "default"  # default | linear | llama3
+    factor: float = 1.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int = 8192
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The subset of a Hugging Face ``config.json`` a decoder-only Llama-family model needs."""
+
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    max_position_embeddings: int
+    rope: RopeConfig
+    tie_word_embeddings: bool
+    attention_bias: bool
+    torch_dtype: str
+    eos_token_ids: tuple[int, ...] = field(default=())
+    bos_token_id: int | None = None
+
+    @staticmethod
+    def from_dir(model_dir: str | os.PathLike[str]) -> ModelConfig:
+        path = Path(model_dir) / "config.json"
+        if not path.is_file():
+            raise ValueError(f"--model {model_dir}: no config.json in that directory")
+        try:
+            raw = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ValueError(f"--model {model_dir}: config.json is not valid JSON ({exc})") from exc
+        return ModelConfig.from_dict(raw, source=str(path))
+
+    @staticmethod
+    def from_dict(raw: dict[str, Any], source: str = "config.json") -> ModelConfig:
+        archs = raw.get("architectures") or []
+        arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES), None)
+        if arch is None:
+            raise ValueError(
+                f"{source}: architectures {archs} not supported; "
+                f"shardserve serves {', '.join(SUPPORTED_ARCHITECTURES)}"
+            )
+        try:
+            num_heads = int(raw["num_attention_heads"])
+            hidden = int(raw["hidden_size"])
+            eos = raw.get("eos_token_id")
+            eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
+            return ModelConfig(
+                architecture=arch,
+                vocab_size=int(raw["vocab_size"]),
+                hidden_size=hidden,
+                intermediate_size=int(raw["intermediate_size"]),
+                num_layers=int(raw["num_hidden_layers"]),
+                num_heads=num_heads,
+                num_kv_heads=int(raw.get("num_key_value_heads") or num_heads),
+                head_dim=int(raw.get("head_dim") or hidden // num_heads),
+                rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+                max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
+                rope=_parse_rope(raw),
+                tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+                # Qwen2 always has q/k/v bias; Llama and Mistral say so in config.
+                attention_bias=arch == "Qwen2ForCausalLM" or bool(raw.get("attention_bias", False)),
+                torch_dtype=str(raw.get("torch_dtype") or raw.get("dtype") or "float32"),
+                eos_token_ids=eos_ids,
+                bos_token_id=raw.get("bos_token_id"),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"{source}: malformed or missing field ({exc!r})") from exc
+
+    def valid_tp_sizes(self) -> list[int]:
+        """Every tensor-parallel size this model's shapes can be split into."""
+        return [t for t in range(1, self.num_heads + 1) if not self._tp_problem(t)]
+
+    def _tp_problem(self, tp: int) -> str | None:
+        if self.num_heads % tp:
+            return f"{self.num_heads} attention heads are not divisible by {tp}"
+        if self.num_kv_heads % tp and tp % self.num_kv_heads:
+            return (
+                f"{self.num_kv_heads} key/value heads neither divide nor are divisible by {tp}"
+            )
+        if self.intermediate_size % tp:
+            return f"intermediate_size {self.intermediate_size} is not divisible by {tp}"
+        return None
+
+    def check_layout(self, tp: int, pp: int) -> None:
+        """Raise ``ValueError`` naming the flag when the model cannot take this layout."""
+        if tp < 1:
+            raise ValueError(f"--tensor-parallel-size must be >= 1, got {tp}")
+        if pp < 1:
+            raise ValueError(f"--pipeline-parallel-size must be >= 1, got {pp}")
+        problem = self._tp_problem(tp)
+        if problem:
+            raise ValueError(
+                f"--tensor-parallel-size {tp} does not fit this model: {problem}; "
+                f"valid sizes: {self.valid_tp_sizes()}"
+            )
+        if pp > self.num_layers:
+            raise ValueError(
+                f"--pipeline-parallel-size {pp} exceeds the model's {self.num_layers} layers; "
+                f"choose 1..{self.num_layers}"
+            )
+
+
+def _parse_rope(raw: dict[str, Any]) -> RopeConfig:
+    """Read rotary parameters from both the transformers<5 and >=5 spellings."""
+    params = dict(raw.get("rope_parameters") or raw.get("rope_scaling") or {})
+    rope_type = str(params.get("rope_type") or params.get("type") or "default")
+    if rope_type not in ("default", "linear", "llama3"):
+        raise ValueError(f"rope type {rope_type!r} not supported (default, linear, llama3)")
+    theta = params.get("rope_theta", raw.get("rope_theta", 10000.0))
+    return RopeConfig(
+        theta=float(theta),
+        rope_type=rope_type,
+        factor=float(params.get("factor", 1.0)),
+        low_freq_factor=float(params.get("low_freq_factor", 1.0)),
+        high_freq_factor=float(params.get("high_freq_factor", 4.0)),
+        original_max_position_embeddings=int(
+            params.get("original_max_position_embeddings", raw.get("max_position_embeddings", 8192))
+        ),
+    )
+
+
+@dataclass(frozen=True)
+class ReplicaConfig:
+    """One replica: a ``tp * pp`` world serving one model directory."""
+
+    model_dir: str
+    tp: int = 1
+    pp: int = 1
+    dtype: str = "auto"
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    max_num_seqs: int = 64
+    max_model_len: int | None = None  # default: the model's max_position_embeddings
+    collective_timeout_s: float = 120.0
+    threads_per_rank: int | None = None  # CPU only; default: cores // world size, at least 1
+
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.pp
+
+    def validate(self) -> ModelConfig:
+        """Check flags, the model directory and the layout; return the model's config."""
+        if self.dtype not in DTYPE_CHOICES:
+            raise ValueError(f"--dtype {self.dtype!r} invalid; choose one of {DTYPE_CHOICES}")
+        if self.max_num_seqs < 1:
+            raise ValueError(f"--max-num-seqs must be >= 1, got {self.max_num_seqs}")
+        if not Path(self.model_dir).is_dir():
+            raise ValueError(f"--model {self.model_dir}: not a directory")
+        model = ModelConfig.from_dir(self.model_dir)
+        model.check_layout(self.tp, self.pp)
+        if self.max_model_len is not None and not (
+            1 <= self.max_model_len <= model.max_position_embeddings
+        ):
+            raise ValueError(
+                f"--max-model-len {self.max_model_len} must be in "
+                f"1..{model.max_position_embeddings} (the model's max_position_embeddings)"
+            )
+        return model
+
+    def resolved_max_model_len(self, model: ModelConfig) -> int:
+        return self.max_model_len or model.max_position_embeddings

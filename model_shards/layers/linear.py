@@ -1,0 +1,198 @@
+"""Linear layers, replicated or split across the TP group (Megatron partitioning).
+
+Weights are stored PyTorch-style, ``W: [out, in]``, ``Y = X W^T + b``.
+
+* Column parallel: ``W = [W_1; …; W_p]`` split along ``out``; rank ``r`` computes
+  ``Y_r = X W_r^T``, its own slice of the output columns. No communication.
+* Row parallel: ``W = [W_1 … W_p]`` split along ``in``; rank ``r`` gets input
+  slice ``X_r`` and computes ``X_r W_r^T``; the sum over ranks (all-reduce) is
+  ``Y``. The bias is added once, after the reduction.
+
+A column layer followed by a row layer (attention, MLP) needs one all-reduce.
+Each parameter carries ``weight_loader(param, source[, shard_id])``, which
+reads only this rank's slice from the checkpoint.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from model_shards.checkpoint import CheckpointError, TensorSource
+from model_shards.parallel.comm import tp_all_reduce
+from model_shards.parallel.state import ParallelState
+
+WeightLoader = Callable[..., None]
+
+
+def set_weight_loader(param: nn.Parameter, loader: WeightLoader) -> None:
+    param.weight_loader = loader  # type: ignore[attr-defined]
+
+
+def copy_checked(dst: torch.Tensor, src: torch.Tensor, name: str) -> None:
+    """Copy ``src`` into ``dst``, raising with the tensor's name on a shape or dtype mismatch."""
+    if dst.shape != src.shape:
+        raise CheckpointError(
+            f"tensor {name!r}: checkpoint slice has shape {list(src.shape)}, "
+            f"expected {list(dst.shape)}"
+        )
+    if not src.is_floating_point():
+        raise CheckpointError(f"tensor {name!r}: dtype {src.dtype} is not a floating-point dtype")
+    dst.copy_(src)
+
+
+def _check_dim(source: TensorSource, dim: int, expected: int) -> None:
+    if len(source.shape) <= dim or source.shape[dim] != expected:
+        raise CheckpointError(
+            f"tensor {source.name!r}: shape {list(source.shape)}, expected dim {dim} == {expected}"
+        )
+
+
+class ReplicatedLinear(nn.Module):
+    """The full matrix on every rank."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool, dtype: torch.dtype):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(out_features, in_features, dtype=dtype), False)
+        set_weight_loader(self.weight, self.weight_loader)
+        self.bias: nn.Parameter | None = None
+        if bias:
+            self.bias = nn.Parameter(torch.empty(out_features, dtype=dtype), False)
+            set_weight_loader(self.bias, self.weight_loader)
+
+    def weight_loader(self, param: nn.Parameter, source: TensorSource) -> None:
+        copy_checked(param.data, source.read(), source.name)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+class ColumnParallelLinear(nn.Module):
+    """``[in] -> [out / tp]``: this rank's rows of ``W`` (output features)."""
+
+    def __init__(
+        self, in_features: int, out_features: int, bias: bool, dtype: torch.dtype,
+        ps: ParallelState,
+    ) -> None:  # fmt: skip
+        super().__init__()
+        if out_features % ps.tp_size:
+            raise ValueError(f"output size {out_features} not divisible by tp={ps.tp_size}")
+        self.ps = ps
+        self.out_local = out_features // ps.tp_size
+        self.weight = nn.Parameter(torch.empty(self.out_local, in_features, dtype=dtype), False)
+        set_weight_loader(self.weight, self.weight_loader)
+        self.bias: nn.Parameter | None = None
+        if bias:
+            self.bias = nn.Parameter(torch.empty(self.out_local, dtype=dtype), False)
+            set_weight_loader(self.bias, self.weight_loader)
+
+    def weight_loader(self, param: nn.Parameter, source: TensorSource) -> None:
+        start = self.ps.tp_rank * self.out_local
+        _check_dim(source, 0, self.out_local * self.ps.tp_size)
+        copy_checked(param.data, source.read(0, start, start + self.out_local), source.name)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)  # [T, out / tp]
+
+
+class MergedColumnParallelLinear(ColumnParallelLinear):
+    """Several column-parallel matrices fused along ``out`` (gate and up of an MLP).
+
+    Rank ``r`` holds ``[A_r; B_r]`` — its slice of each — so the output splits
+    cleanly into this rank's slice of each projection.
+    """
+
+    def __init__(
+        self, in_features: int, out_sizes: Sequence[int], bias: bool, dtype: torch.dtype,
+        ps: ParallelState,
+    ) -> None:  # fmt: skip
+        super().__init__(in_features, sum(out_sizes), bias, dtype, ps)
+        self.out_sizes = list(out_sizes)
+
+    def weight_loader(  # type: ignore[override]
+        self, param: nn.Parameter, source: TensorSource, shard_id: int
+    ) -> None:
+        tp = self.ps.tp_size
+        size = self.out_sizes[shard_id]
+        local = size // tp
+        offset = sum(self.out_sizes[:shard_id]) // tp
+        _check_dim(source, 0, size)
+        start = self.ps.tp_rank * local
+        copy_checked(
+            param.data.narrow(0, offset, local), source.read(0, start, start + local), source.name
+        )
+
+
+class QKVParallelLinear(ColumnParallelLinear):
+    """Fused Q, K, V projections, split by attention heads.
+
+    Each rank gets ``num_heads / tp`` query heads and ``max(1, num_kv_heads / tp)``
+    key/value heads. When ``tp > num_kv_heads`` (``num_kv_heads`` must divide
+    ``tp``) each KV head is replicated on ``tp / num_kv_heads`` consecutive ranks.
+    """
+
+    def __init__(
+        self, hidden_size: int, head_dim: int, num_heads: int, num_kv_heads: int, bias: bool,
+        dtype: torch.dtype, ps: ParallelState,
+    ) -> None:  # fmt: skip
+        tp = ps.tp_size
+        if num_heads % tp or (num_kv_heads % tp and tp % num_kv_heads):
+            raise ValueError(f"heads {num_heads}/{num_kv_heads} cannot be split over tp={tp}")
+        self.head_dim = head_dim
+        self.num_heads = num_heads // tp
+        self.num_kv_heads = max(1, num_kv_heads // tp)
+        self.kv_replicas = max(1, tp // num_kv_heads)
+        out_local = (self.num_heads + 2 * self.num_kv_heads) * head_dim
+        super().__init__(hidden_size, out_local * tp, bias, dtype, ps)
+
+    def weight_loader(  # type: ignore[override]
+        self, param: nn.Parameter, source: TensorSource, shard_id: str
+    ) -> None:
+        hd, tp_rank = self.head_dim, self.ps.tp_rank
+        q_size, kv_size = self.num_heads * hd, self.num_kv_heads * hd
+        if shard_id == "q":
+            offset, size, start = 0, q_size, tp_rank * q_size
+            total = q_size * self.ps.tp_size
+        else:
+            offset = q_size if shard_id == "k" else q_size + kv_size
+            size, start = kv_size, (tp_rank // self.kv_replicas) * kv_size
+            total = kv_size * self.ps.tp_size // self.kv_replicas
+        _check_dim(source, 0, total)
+        copy_checked(
+            param.data.narrow(0, offset, size), source.read(0, start, start + size), source.name
+        )
+
+
+class RowParallelLinear(nn.Module):
+    """``[in / tp] -> [out]``: this rank's columns of ``W``; outputs all-reduced."""
+
+    def __init__(
+        self, in_features: int, out_features: int, bias: bool, dtype: torch.dtype,
+        ps: ParallelState,
+    ) -> None:  # fmt: skip
+        super().__init__()
+        if in_features % ps.tp_size:
+            raise ValueError(f"input size {in_features} not divisible by tp={ps.tp_size}")
+        self.ps = ps
+        self.in_local = in_features // ps.tp_size
+        self.weight = nn.Parameter(torch.empty(out_features, self.in_local, dtype=dtype), False)
+        set_weight_loader(self.weight, self.weight_loader)
+        self.bias: nn.Parameter | None = None
+        if bias:
+            self.bias = nn.Parameter(torch.empty(out_features, dtype=dtype), False)
+            set_weight_loader(self.bias, self.bias_loader)
+
+    def weight_loader(self, param: nn.Parameter, source: TensorSource) -> None:
+        start = self.ps.tp_rank * self.in_local
+        _check_dim(source, 1, self.in_local * self.ps.tp_size)
+        copy_checked(param.data, source.read(1, start, start + self.in_local), source.name)
+
+    def bias_loader(self, param: nn.Parameter, source: TensorSource) -> None:
+        copy_checked(param.data, source.read(), source.name)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = tp_all_reduce(F.linear(x, self.weight), self.ps)  # [T, out]
+        return y + self.bias if self.bias is not None else y

@@ -1,0 +1,28 @@
+"""RMSNorm, computed in float32 like the reference implementation."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from model_shards.checkpoint import TensorSource
+from model_shards.layers.linear import copy_checked, set_weight_loader
+
+
+class RMSNorm(nn.Module):
+    """``y = w * x / sqrt(mean(x^2) + eps)``, the statistics in float32."""
+
+    def __init__(self, hidden_size: int, eps: float, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(hidden_size, dtype=dtype), False)
+        set_weight_loader(self.weight, self.weight_loader)
+
+    def weight_loader(self, param: nn.Parameter, source: TensorSource) -> None:
+        copy_checked(param.data, source.read(), source.name)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(dtype)

@@ -1,0 +1,62 @@
+"""Vocabulary-parallel embedding and LM head.
+
+The vocabulary is padded up to a multiple of ``tp`` and split into equal
+contiguous ranges; rank ``r`` owns token ids ``[r * V_p, (r + 1) * V_p)``.
+Padding rows are zero and never read from the checkpoint; padded logits are
+cut off after the gather, so callers always see exactly ``vocab_size`` columns.
+
+* Embedding: each rank looks up the ids it owns (zeros elsewhere); an
+  all-reduce sums the partial results.
+* LM head: each rank computes logits for its range; an all-gather along the
+  last dim assembles them.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from model_shards.checkpoint import TensorSource
+from model_shards.layers.linear import _check_dim, copy_checked, set_weight_loader
+from model_shards.parallel.comm import tp_all_gather_last_dim, tp_all_reduce
+from model_shards.parallel.state import ParallelState
+
+
+class VocabParallelEmbedding(nn.Module):
+    def __init__(
+        self, vocab_size: int, hidden_size: int, dtype: torch.dtype, ps: ParallelState
+    ) -> None:
+        super().__init__()
+        self.ps = ps
+        self.vocab_size = vocab_size
+        self.per_rank = -(-vocab_size // ps.tp_size)  # ceil
+        self.start = ps.tp_rank * self.per_rank
+        self.end = self.start + self.per_rank
+        self.weight = nn.Parameter(torch.zeros(self.per_rank, hidden_size, dtype=dtype), False)
+        set_weight_loader(self.weight, self.weight_loader)
+
+    def weight_loader(self, param: nn.Parameter, source: TensorSource) -> None:
+        _check_dim(source, 0, self.vocab_size)
+        stop = min(self.end, self.vocab_size)
+        rows = max(0, stop - self.start)
+        param.data.zero_()
+        if rows:
+            copy_checked(param.data[:rows], source.read(0, self.start, stop), source.name)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if self.ps.tp_size == 1:
+            return F.embedding(input_ids, self.weight)  # [T, H]
+        owned = (input_ids >= self.start) & (input_ids < self.end)
+        local_ids = torch.where(owned, input_ids - self.start, 0)
+        out = F.embedding(local_ids, self.weight) * owned.unsqueeze(-1).to(self.weight.dtype)
+        return tp_all_reduce(out, self.ps)  # [T, H]
+
+
+class ParallelLMHead(VocabParallelEmbedding):
+    """``hidden [N, H] -> logits [N, vocab_size]``; the weight is split like the embedding's."""
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        local = F.linear(hidden, self.weight)  # [N, V / tp]
+        full = tp_all_gather_last_dim(local, self.ps)  # [N, V_padded]
+        return full[..., : self.vocab_size]

@@ -1,0 +1,153 @@
+"""The wire protocol: every message that crosses a process boundary.
+
+Two channels, one module, one encoding (msgspec msgpack, never pickle):
+
+* frontend ↔ coordinator (ZMQ): rank 0 binds a ROUTER socket, each frontend
+  connects a DEALER. The frontend sends :data:`FrontendMessage` values
+  (``Hello`` first, then ``SubmitBatch``, ``AbortRequests``, ``Shutdown``);
+  rank 0 answers ``Hello`` with ``EngineReady`` once the model is loaded and
+  sends :data:`EngineMessage` values (``StepOutputs``, ``EngineError``) to the
+  frontend that submitted each request.
+* coordinator → ranks (gloo CPU group): one :class:`StepPlan` per iteration,
+  broadcast from rank 0 as a length-prefixed byte tensor.
+
+This module imports no torch, so the frontend can use it.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+
+class SamplingParams(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """How to pick the next token. ``temperature == 0`` means greedy."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = disabled
+    seed: int | None = None
+
+
+class GenerateRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """One sequence to generate. Token ids only: tokenizing is the frontend's job."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    max_tokens: int
+    sampling: SamplingParams = SamplingParams()
+    stop_token_ids: list[int] = []
+    ignore_eos: bool = False
+
+
+# ---- frontend → coordinator -------------------------------------------------
+
+
+class Hello(msgspec.Struct, tag="hello", frozen=True):
+    """First message on a new connection; rank 0 answers with ``EngineReady``."""
+
+
+class SubmitBatch(msgspec.Struct, tag="submit", frozen=True):
+    requests: list[GenerateRequest]
+
+
+class AbortRequests(msgspec.Struct, tag="abort", frozen=True):
+    request_ids: list[str]
+
+
+class Shutdown(msgspec.Struct, tag="shutdown", frozen=True):
+    pass
+
+
+FrontendMessage = Hello | SubmitBatch | AbortRequests | Shutdown
+
+# ---- coordinator → frontend -------------------------------------------------
+
+FinishReason = Literal["stop", "length", "abort"]
+
+
+class RequestOutput(msgspec.Struct, frozen=True):
+    """Tokens produced for one request since its previous output."""
+
+    request_id: str
+    new_token_ids: list[int]
+    finish_reason: FinishReason | None = None
+    num_prompt_tokens: int = 0
+
+
+class StepOutputs(msgspec.Struct, tag="outputs", frozen=True):
+    outputs: list[RequestOutput]
+
+
+class EngineReady(msgspec.Struct, tag="ready", frozen=True):
+    max_model_len: int
+    vocab_size: int
+    eos_token_ids: list[int]
+
+
+class EngineError(msgspec.Struct, tag="error", frozen=True):
+    """A request the engine refused (``request_id``) or a fatal engine error (``None``)."""
+
+    message: str
+    request_id: str | None = None
+
+
+EngineMessage = EngineReady | StepOutputs | EngineError
+
+# ---- coordinator → every rank -----------------------------------------------
+
+
+class NewSequence(msgspec.Struct, frozen=True):
+    """Sent once, in the first plan that schedules the sequence."""
+
+    seq_id: int
+    sampling: SamplingParams
+
+
+class SeqChunk(msgspec.Struct, frozen=True):
+    """Tokens of one sequence to run this step.
+
+    ``token_ids`` occupy positions ``start_pos .. start_pos + len(token_ids) - 1``;
+    positions ``< start_pos`` are already in this sequence's KV cache on every rank.
+    ``sample`` says whether the last stage samples a token after the last one.
+    """
+
+    seq_id: int
+    start_pos: int
+    token_ids: list[int]
+    sample: bool = True
+
+
+class StepPlan(msgspec.Struct, frozen=True):
+    """What every rank does in one iteration. Rank 0 alone decides it."""
+
+    step_id: int
+    chunks: list[SeqChunk] = []
+    new_sequences: list[NewSequence] = []
+    freed_seq_ids: list[int] = []
+    return_logits: bool = False  # last stage also sends the sampled rows' full logits
+    shutdown: bool = False
+
+
+_frontend_encoder = msgspec.msgpack.Encoder()
+_frontend_decoder = msgspec.msgpack.Decoder(FrontendMessage)
+_engine_decoder = msgspec.msgpack.Decoder(EngineMessage)
+_plan_decoder = msgspec.msgpack.Decoder(StepPlan)
+
+
+def encode(message: msgspec.Struct) -> bytes:
+    """Encode any message of this module."""
+    return _frontend_encoder.encode(message)
+
+
+def decode_frontend_message(data: bytes) -> FrontendMessage:
+    return _frontend_decoder.decode(data)
+
+
+def decode_engine_message(data: bytes) -> EngineMessage:
+    return _engine_decoder.decode(data)
+
+
+def decode_plan(data: bytes) -> StepPlan:
+    return _plan_decoder.decode(data)

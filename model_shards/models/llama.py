@@ -1,0 +1,176 @@
+"""Llama-family decoder (Llama, Mistral, Qwen2), tensor- and pipeline-parallel.
+
+Reads like the Hugging Face model; sharding lives in the layers. A stage builds
+only its layers ``[start, end)``; others are :class:`MissingLayer` placeholders
+so parameter names still match the checkpoint's (``model.layers.{i}.…``).
+The first stage owns the embedding, the last the final norm and LM head.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from model_shards.config import ModelConfig
+from model_shards.layers.attention import Attention, ForwardBatch
+from model_shards.layers.linear import (
+    MergedColumnParallelLinear,
+    QKVParallelLinear,
+    RowParallelLinear,
+)
+from model_shards.layers.norm import RMSNorm
+from model_shards.layers.rotary import RotaryEmbedding
+from model_shards.layers.vocab import ParallelLMHead, VocabParallelEmbedding
+from model_shards.models.stages import MissingLayer, stage_layer_range
+from model_shards.parallel.state import ParallelState
+
+
+class LlamaAttention(nn.Module):
+    def __init__(
+        self, cfg: ModelConfig, layer_idx: int, rotary: RotaryEmbedding, dtype: torch.dtype,
+        ps: ParallelState,
+    ) -> None:  # fmt: skip
+        super().__init__()
+        self.qkv_proj = QKVParallelLinear(
+            cfg.hidden_size, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads, cfg.attention_bias,
+            dtype, ps,
+        )  # fmt: skip
+        self.o_proj = RowParallelLinear(
+            cfg.num_heads * cfg.head_dim, cfg.hidden_size, False, dtype, ps
+        )
+        self.num_heads = self.qkv_proj.num_heads  # per rank
+        self.num_kv_heads = self.qkv_proj.num_kv_heads
+        self.head_dim = cfg.head_dim
+        self.rotary = rotary
+        self.attn = Attention(layer_idx, self.num_heads, self.num_kv_heads, cfg.head_dim)
+
+    def forward(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        t, hd = x.shape[0], self.head_dim
+        qkv = self.qkv_proj(x)  # [T, (nh + 2 nkv) * D]
+        q, k, v = qkv.split([self.num_heads * hd, self.num_kv_heads * hd, self.num_kv_heads * hd], -1)
+        q, k = self.rotary(
+            batch.positions, q.view(t, self.num_heads, hd), k.view(t, self.num_kv_heads, hd)
+        )
+        o = self.attn(q, k, v.view(t, self.num_kv_heads, hd), batch)  # [T, nh * D]
+        return self.o_proj(o)  # [T, H]
+
+
+class LlamaMLP(nn.Module):
+    """``down(silu(gate(x)) * up(x))``: gate/up column-parallel (fused), down row-parallel."""
+
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, ps: ParallelState) -> None:
+        super().__init__()
+        self.gate_up_proj = MergedColumnParallelLinear(
+            cfg.hidden_size, [cfg.intermediate_size] * 2, False, dtype, ps
+        )
+        self.down_proj = RowParallelLinear(cfg.intermediate_size, cfg.hidden_size, False, dtype, ps)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)  # [T, I / tp] each
+        return self.down_proj(nn.functional.silu(gate) * up)  # [T, H]
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(
+        self, cfg: ModelConfig, layer_idx: int, rotary: RotaryEmbedding, dtype: torch.dtype,
+        ps: ParallelState,
+    ) -> None:  # fmt: skip
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
+        self.self_attn = LlamaAttention(cfg, layer_idx, rotary, dtype, ps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
+        self.mlp = LlamaMLP(cfg, dtype, ps)
+
+    def forward(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), batch)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaModel(nn.Module):
+    def __init__(
+        self, cfg: ModelConfig, dtype: torch.dtype, ps: ParallelState, max_positions: int
+    ) -> None:
+        super().__init__()
+        self.start, self.end = stage_layer_range(cfg.num_layers, ps.pp_size, ps.pp_rank)
+        self.ps = ps
+        self.embed_tokens: VocabParallelEmbedding | None = None
+        if ps.is_first_stage:
+            self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, dtype, ps)
+        rotary = RotaryEmbedding(cfg.head_dim, max_positions, cfg.rope)
+        self.layers = nn.ModuleList(
+            LlamaDecoderLayer(cfg, i, rotary, dtype, ps) if self.start <= i < self.end
+            else MissingLayer()
+            for i in range(cfg.num_layers)
+        )  # fmt: skip
+        self.norm: RMSNorm | None = None
+        if ps.is_last_stage:
+            self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
+
+    def forward(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        """First stage: ``x`` = token ids ``[T]``; later stages: hidden ``[T, H]``. Returns ``[T, H]``."""
+        if self.embed_tokens is not None:
+            x = self.embed_tokens(x)  # [T, H]
+        for i in range(self.start, self.end):
+            x = self.layers[i](x, batch)
+        return x
+
+
+class LlamaForCausalLM(nn.Module):
+    """HF ``LlamaForCausalLM`` / ``MistralForCausalLM`` / ``Qwen2ForCausalLM``."""
+
+    # checkpoint name part -> (fused parameter part, shard id)
+    packed_modules_mapping: dict[str, tuple[str, str | int]] = {
+        "q_proj": ("qkv_proj", "q"),
+        "k_proj": ("qkv_proj", "k"),
+        "v_proj": ("qkv_proj", "v"),
+        "gate_proj": ("gate_up_proj", 0),
+        "up_proj": ("gate_up_proj", 1),
+    }
+    # checkpoint tensors that carry no weights (older HF exports)
+    ignored_suffixes: tuple[str, ...] = ("rotary_emb.inv_freq",)
+
+    def __init__(
+        self, cfg: ModelConfig, dtype: torch.dtype, ps: ParallelState, max_positions: int
+    ) -> None:
+        super().__init__()
+        self.config = cfg
+        self.ps = ps
+        self.model = LlamaModel(cfg, dtype, ps, max_positions)
+        self.lm_head: ParallelLMHead | None = None
+        if ps.is_last_stage:
+            self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size, dtype, ps)
+            if cfg.tie_word_embeddings and self.model.embed_tokens is not None:
+                self.lm_head.weight = self.model.embed_tokens.weight
+
+    @property
+    def tied_sources(self) -> dict[str, str]:
+        """Parameters read from another checkpoint tensor (tied LM head)."""
+        if self.config.tie_word_embeddings and self.lm_head is not None:
+            return {"lm_head.weight": "model.embed_tokens.weight"}
+        return {}
+
+    def layer_index(self, name: str) -> int | None:
+        """The decoder layer a checkpoint name belongs to, or ``None``."""
+        parts = name.split(".")
+        if len(parts) > 2 and parts[0] == "model" and parts[1] == "layers":
+            return int(parts[2])
+        return None
+
+    def owns(self, name: str) -> bool:
+        """Whether this stage holds the checkpoint tensor ``name``."""
+        layer = self.layer_index(name)
+        if layer is not None:
+            return self.model.start <= layer < self.model.end
+        if name.startswith("model.embed_tokens."):
+            return self.ps.is_first_stage or bool(self.tied_sources)
+        if name.startswith(("model.norm.", "lm_head.")):
+            return self.ps.is_last_stage
+        return True
+
+    def forward(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        return self.model(x, batch)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Last stage only: ``hidden [N, H]`` (pre-norm) → float32 ``logits [N, vocab]``."""
+        assert self.model.norm is not None and self.lm_head is not None
+        return self.lm_head(self.model.norm(hidden)).float()

@@ -1,0 +1,1 @@
+"""Process groups and collectives for one replica's world (TP inside a stage, PP across)."""

@@ -1,0 +1,76 @@
+"""Every collective a replica uses. Layers and models call these, never torch.distributed.
+
+Each primitive is a no-op (or identity) when its group has one member, so a
+``tp = pp = 1`` replica runs with no process group at all. Timeouts are those
+of the groups (set in :func:`model_shards.parallel.state.init_parallel`), so a
+dead peer turns into an exception, not a hang.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from model_shards.parallel.state import ParallelState
+
+
+def tp_all_reduce(x: torch.Tensor, ps: ParallelState) -> torch.Tensor:
+    """Sum ``x`` over the TP group, in place; returns ``x``. Row-parallel outputs use this."""
+    if ps.tp_size > 1:
+        dist.all_reduce(x, group=ps.tp_group)
+    return x
+
+
+def tp_all_gather_last_dim(x: torch.Tensor, ps: ParallelState) -> torch.Tensor:
+    """Concatenate each TP rank's ``[..., n]`` into ``[..., tp * n]`` in TP-rank order."""
+    if ps.tp_size == 1:
+        return x
+    parts = [torch.empty_like(x) for _ in range(ps.tp_size)]
+    dist.all_gather(parts, x.contiguous(), group=ps.tp_group)
+    return torch.cat(parts, dim=-1)
+
+
+def send_to_next_stage(x: torch.Tensor, ps: ParallelState) -> None:
+    """Hand this stage's activations to the same TP slot of the next stage."""
+    dist.send(x.contiguous(), dst=ps.next_stage_rank)
+
+
+def recv_from_prev_stage(
+    shape: tuple[int, ...], dtype: torch.dtype, ps: ParallelState
+) -> torch.Tensor:
+    """Receive activations of a known shape from the previous stage."""
+    out = torch.empty(shape, dtype=dtype, device=ps.device)
+    dist.recv(out, src=ps.prev_stage_rank)
+    return out
+
+
+def broadcast_bytes(data: bytes | None, ps: ParallelState, src: int = 0) -> bytes:
+    """Broadcast a byte string from global rank ``src`` over the CPU group.
+
+    ``src`` passes the bytes; every other rank passes ``None`` and gets them back.
+    Two collectives: the length (int64), then the payload (uint8).
+    """
+    if ps.world_size == 1:
+        assert data is not None, "broadcast_bytes: the only rank must pass the data"
+        return data
+    length = torch.tensor([len(data) if data is not None else 0], dtype=torch.int64)
+    dist.broadcast(length, src=src, group=ps.cpu_group)
+    if ps.rank == src:
+        assert data is not None
+        payload = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    else:
+        payload = torch.empty(int(length.item()), dtype=torch.uint8)
+    if payload.numel():
+        dist.broadcast(payload, src=src, group=ps.cpu_group)
+    return payload.numpy().tobytes()
+
+
+def send_cpu(x: torch.Tensor, dst: int, ps: ParallelState) -> None:
+    """Send a small CPU tensor (sampled tokens, logits) over the CPU group."""
+    dist.send(x.cpu().contiguous(), dst=dst, group=ps.cpu_group)
+
+
+def recv_cpu(shape: tuple[int, ...], dtype: torch.dtype, src: int, ps: ParallelState) -> torch.Tensor:
+    out = torch.empty(shape, dtype=dtype)
+    dist.recv(out, src=src, group=ps.cpu_group)
+    return out
