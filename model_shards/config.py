@@ -160,6 +160,7 @@ class ReplicaConfig:
     dtype: str = "auto"
     device: Literal["auto", "cpu", "cuda"] = "auto"
     max_num_seqs: int = 64
+    max_num_batched_tokens: int = 8192
     max_model_len: int | None = None  # default: the model's max_position_embeddings
     collective_timeout_s: float = 120.0
     threads_per_rank: int | None = None  # CPU only; default: cores // world size, at least 1
@@ -174,6 +175,10 @@ class ReplicaConfig:
             raise ValueError(f"--dtype {self.dtype!r} invalid; choose one of {DTYPE_CHOICES}")
         if self.max_num_seqs < 1:
             raise ValueError(f"--max-num-seqs must be >= 1, got {self.max_num_seqs}")
+        if self.max_num_batched_tokens < 1:
+            raise ValueError(
+                f"--max-num-batched-tokens must be >= 1, got {self.max_num_batched_tokens}"
+            )
         if not Path(self.model_dir).is_dir():
             raise ValueError(f"--model {self.model_dir}: not a directory")
         model = ModelConfig.from_dir(self.model_dir)
