@@ -20,6 +20,7 @@ This module is server runtime code: it never imports ``transformers``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -284,7 +285,8 @@ def write_default_model(target: Path) -> None:
 
 
 def default_cache_dir() -> Path:
-    """``$SHARDSERVE_CACHE_DIR``, else ``$XDG_CACHE_HOME/shardserve``, else ``~/.cache/shardserve``."""
+    """The cache root: ``$SHARDSERVE_CACHE_DIR``, else ``$XDG_CACHE_HOME/shardserve``,
+    else ``~/.cache/shardserve``."""
     explicit = os.environ.get("SHARDSERVE_CACHE_DIR")
     if explicit:
         return Path(explicit).expanduser()
@@ -321,10 +323,8 @@ def ensure_default_model(cache_dir: Path | None = None) -> Path:
         tmp.chmod(0o755)  # mkdtemp makes it 0700; the cache may be shared
         if target.exists() and not is_complete(target):
             stale = Path(tempfile.mkdtemp(prefix=f".{DEFAULT_MODEL_NAME}.stale-", dir=cache))
-            try:
+            with contextlib.suppress(FileNotFoundError):  # another process moved it first
                 os.replace(target, stale / "old")
-            except FileNotFoundError:
-                pass  # another process moved it first
         try:
             os.replace(tmp, target)
         except OSError:
