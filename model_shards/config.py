@@ -105,9 +105,7 @@ class ModelConfig:
         if self.num_heads % tp:
             return f"{self.num_heads} attention heads are not divisible by {tp}"
         if self.num_kv_heads % tp and tp % self.num_kv_heads:
-            return (
-                f"{self.num_kv_heads} key/value heads neither divide nor are divisible by {tp}"
-            )
+            return f"{self.num_kv_heads} key/value heads neither divide nor are divisible by {tp}"
         if self.intermediate_size % tp:
             return f"intermediate_size {self.intermediate_size} is not divisible by {tp}"
         return None

@@ -68,7 +68,7 @@ class Coordinator:
     # ---- in-process API (used by serve() and by tests) ----------------------
 
     def check_request(self, req: GenerateRequest) -> str | None:
-        """Why the engine refuses ``req``, or ``None``. The frontend checks first; this is the backstop."""
+        """Why the engine refuses ``req``, or ``None`` (the frontend checks first)."""
         n = len(req.prompt_token_ids)
         if n == 0:
             return "prompt is empty"
@@ -112,7 +112,7 @@ class Coordinator:
         return self.scheduler.update(scheduled, result.tokens.tolist())
 
     def prompt_logits(self, token_ids: list[int], seq_id: int = -1) -> torch.Tensor:
-        """Float32 logits ``[vocab]`` after ``token_ids``, through every rank (diagnostics, tests)."""
+        """Float32 logits ``[vocab]`` after ``token_ids``, computed through every rank."""
         plan = StepPlan(
             step_id=self._next_step_id(),
             chunks=[SeqChunk(seq_id, 0, token_ids)],
@@ -148,7 +148,7 @@ class Coordinator:
     # ---- ZMQ loop -----------------------------------------------------------
 
     def serve(self, address: str) -> None:
-        """Serve frontends on a ZMQ ROUTER at ``address`` until ``Shutdown``; then stop all ranks."""
+        """Serve frontends on a ZMQ ROUTER at ``address`` until ``Shutdown``; then stop ranks."""
         ctx = zmq.Context()
         sock = ctx.socket(zmq.ROUTER)
         sock.setsockopt(zmq.LINGER, 1000)

@@ -132,12 +132,37 @@ _CORPUS_PARAGRAPHS: tuple[str, ...] = (
 
 _SUBJECTS = ("the model", "a request", "the server", "my friend", "the teacher", "our team")
 _VERBS = ("reads", "writes", "sends", "finds", "opens", "checks", "starts", "answers")
-_OBJECTS = ("a short letter", "the next token", "every message", "the long report",
-            "a new batch", "the first page")
-_PLACES = ("in the morning", "at night", "before dinner", "after the meeting",
-           "on the train", "by the window")
-_NUMBER_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven",
-                 "eight", "nine", "ten", "eleven", "twelve")
+_OBJECTS = (
+    "a short letter",
+    "the next token",
+    "every message",
+    "the long report",
+    "a new batch",
+    "the first page",
+)
+_PLACES = (
+    "in the morning",
+    "at night",
+    "before dinner",
+    "after the meeting",
+    "on the train",
+    "by the window",
+)
+_NUMBER_WORDS = (
+    "zero",
+    "one",
+    "two",
+    "three",
+    "four",
+    "five",
+    "six",
+    "seven",
+    "eight",
+    "nine",
+    "ten",
+    "eleven",
+    "twelve",
+)
 
 
 def _corpus() -> list[str]:
@@ -217,8 +242,9 @@ def tokenizer_config(max_length: int = MODEL_MAX_LENGTH) -> dict[str, Any]:
     }
 
 
-def write_tokenizer(target: Path, vocab_size: int = DEFAULT_VOCAB_SIZE,
-                    max_length: int = MODEL_MAX_LENGTH) -> Tokenizer:
+def write_tokenizer(
+    target: Path, vocab_size: int = DEFAULT_VOCAB_SIZE, max_length: int = MODEL_MAX_LENGTH
+) -> Tokenizer:
     """Write ``tokenizer.json`` and ``tokenizer_config.json`` into ``target``; return it."""
     tokenizer = build_tokenizer(vocab_size)
     target.mkdir(parents=True, exist_ok=True)

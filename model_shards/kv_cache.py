@@ -34,7 +34,7 @@ class KVCache:
     def append(
         self, layer: int, seq_id: int, start: int, k: torch.Tensor, v: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write ``k, v: [nkv, L, D]`` at positions ``start..start+L``; return all ``[nkv, start+L, D]``."""
+        """Write ``k, v: [nkv, L, D]`` at ``start..start+L``; return all ``[nkv, start+L, D]``."""
         seqs = self._layers.setdefault(layer, {})
         entry = seqs.get(seq_id)
         if entry is None:
@@ -64,7 +64,11 @@ class KVCache:
 
     def _empty(self, capacity: int) -> torch.Tensor:
         return torch.empty(
-            self.num_kv_heads, max(capacity, 16), self.head_dim, dtype=self.dtype, device=self.device
+            self.num_kv_heads,
+            max(capacity, 16),
+            self.head_dim,
+            dtype=self.dtype,
+            device=self.device,
         )
 
     def _grow(self, t: torch.Tensor, capacity: int, used: int) -> torch.Tensor:

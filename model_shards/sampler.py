@@ -18,7 +18,7 @@ from model_shards.messages import SamplingParams
 
 
 def filter_top_k_top_p(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
-    """Mask (to -inf) tokens outside top-k / top-p of ``logits [V]`` (already temperature-scaled)."""
+    """Mask (to -inf) tokens outside top-k / top-p of temperature-scaled ``logits [V]``."""
     if 0 < top_k < logits.shape[-1]:
         kth = torch.topk(logits, top_k).values[-1]
         logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -27,7 +27,9 @@ def filter_top_k_top_p(logits: torch.Tensor, top_k: int, top_p: float) -> torch.
         cumulative = sorted_logits.softmax(-1).cumsum(-1)
         remove = cumulative - sorted_logits.softmax(-1) >= top_p  # mass before this token
         remove[0] = False
-        logits = logits.masked_fill(torch.zeros_like(remove).scatter(0, order, remove), float("-inf"))
+        logits = logits.masked_fill(
+            torch.zeros_like(remove).scatter(0, order, remove), float("-inf")
+        )
     return logits
 
 
@@ -56,7 +58,9 @@ class Sampler:
                 raise RuntimeError(f"sequence {seq_id} has no sampling parameters")
             if params.temperature <= 0:
                 continue
-            scaled = filter_top_k_top_p(logits[row] / params.temperature, params.top_k, params.top_p)
+            scaled = filter_top_k_top_p(
+                logits[row] / params.temperature, params.top_k, params.top_p
+            )
             probs = scaled.softmax(-1)
             tokens[row] = torch.multinomial(probs, 1, generator=self._generators[seq_id])[0]
         return tokens

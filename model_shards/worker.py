@@ -56,15 +56,13 @@ def receive_plan(ps: ParallelState) -> StepPlan:
 
 
 class Worker:
-    def __init__(
-        self, model: LlamaForCausalLM, ps: ParallelState, dtype: torch.dtype
-    ) -> None:
+    def __init__(self, model: LlamaForCausalLM, ps: ParallelState, dtype: torch.dtype) -> None:
         self.model = model
         self.ps = ps
         self.dtype = dtype
         cfg = model.config
-        attn = model.model.layers[model.model.start].self_attn
-        self.kv = KVCache(attn.num_kv_heads, cfg.head_dim, dtype, ps.device)
+        num_kv_heads = max(1, cfg.num_kv_heads // ps.tp_size)
+        self.kv = KVCache(num_kv_heads, cfg.head_dim, dtype, ps.device)
         self.sampler = Sampler()
         self.bytes_loaded = 0
 
@@ -101,7 +99,10 @@ class Worker:
         lengths = [len(c.token_ids) for c in plan.chunks]
         batch = ForwardBatch(
             positions=torch.cat(
-                [torch.arange(c.start_pos, c.start_pos + n) for c, n in zip(plan.chunks, lengths, strict=True)]
+                [
+                    torch.arange(c.start_pos, c.start_pos + n)
+                    for c, n in zip(plan.chunks, lengths, strict=True)
+                ]
             ).to(ps.device),
             seq_ids=[c.seq_id for c in plan.chunks],
             starts=[c.start_pos for c in plan.chunks],

@@ -140,7 +140,10 @@ def _write_tokenizer(path: Path, *, qwen2_style: bool) -> None:
 
 
 def _save(
-    model: transformers.PreTrainedModel, path: Path, max_shard_size: str | None, *,
+    model: transformers.PreTrainedModel,
+    path: Path,
+    max_shard_size: str | None,
+    *,
     qwen2_style: bool = False,
 ) -> None:
     path.mkdir(parents=True, exist_ok=True)
@@ -226,4 +229,4 @@ def hf_greedy(path: Path, prompt_ids: list[int], max_new_tokens: int) -> list[in
         for _ in range(max_new_tokens):
             logits = model(torch.tensor([ids], dtype=torch.long)).logits
             ids.append(int(logits[0, -1].argmax()))
-    return ids[len(prompt_ids):]
+    return ids[len(prompt_ids) :]

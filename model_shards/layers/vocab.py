@@ -56,7 +56,7 @@ class VocabParallelEmbedding(nn.Module):
 class ParallelLMHead(VocabParallelEmbedding):
     """``hidden [N, H] -> logits [N, vocab_size]``; the weight is split like the embedding's."""
 
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         local = F.linear(hidden, self.weight)  # [N, V / tp]
         full = tp_all_gather_last_dim(local, self.ps)  # [N, V_padded]
         return full[..., : self.vocab_size]

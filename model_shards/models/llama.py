@@ -8,6 +8,8 @@ The first stage owns the embedding, the last the final norm and LM head.
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 from torch import nn
 
@@ -47,7 +49,9 @@ class LlamaAttention(nn.Module):
     def forward(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         t, hd = x.shape[0], self.head_dim
         qkv = self.qkv_proj(x)  # [T, (nh + 2 nkv) * D]
-        q, k, v = qkv.split([self.num_heads * hd, self.num_kv_heads * hd, self.num_kv_heads * hd], -1)
+        q, k, v = qkv.split(
+            [self.num_heads * hd, self.num_kv_heads * hd, self.num_kv_heads * hd], -1
+        )
         q, k = self.rotary(
             batch.positions, q.view(t, self.num_heads, hd), k.view(t, self.num_kv_heads, hd)
         )
@@ -107,7 +111,7 @@ class LlamaModel(nn.Module):
             self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
-        """First stage: ``x`` = token ids ``[T]``; later stages: hidden ``[T, H]``. Returns ``[T, H]``."""
+        """``x``: token ids ``[T]`` on stage 0, else hidden ``[T, H]``; returns ``[T, H]``."""
         if self.embed_tokens is not None:
             x = self.embed_tokens(x)  # [T, H]
         for i in range(self.start, self.end):
@@ -119,7 +123,7 @@ class LlamaForCausalLM(nn.Module):
     """HF ``LlamaForCausalLM`` / ``MistralForCausalLM`` / ``Qwen2ForCausalLM``."""
 
     # checkpoint name part -> (fused parameter part, shard id)
-    packed_modules_mapping: dict[str, tuple[str, str | int]] = {
+    packed_modules_mapping: ClassVar[dict[str, tuple[str, str | int]]] = {
         "q_proj": ("qkv_proj", "q"),
         "k_proj": ("qkv_proj", "k"),
         "v_proj": ("qkv_proj", "v"),

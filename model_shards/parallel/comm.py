@@ -70,7 +70,9 @@ def send_cpu(x: torch.Tensor, dst: int, ps: ParallelState) -> None:
     dist.send(x.cpu().contiguous(), dst=dst, group=ps.cpu_group)
 
 
-def recv_cpu(shape: tuple[int, ...], dtype: torch.dtype, src: int, ps: ParallelState) -> torch.Tensor:
+def recv_cpu(
+    shape: tuple[int, ...], dtype: torch.dtype, src: int, ps: ParallelState
+) -> torch.Tensor:
     out = torch.empty(shape, dtype=dtype)
     dist.recv(out, src=src, group=ps.cpu_group)
     return out

@@ -111,13 +111,9 @@ def test_our_config_reads_shapes(
 
 
 @pytest.mark.parametrize("name", ["llama", "qwen2"])
-def test_loads_in_transformers_and_decodes(
-    name: str, llama_dir: Path, qwen2_dir: Path
-) -> None:
+def test_loads_in_transformers_and_decodes(name: str, llama_dir: Path, qwen2_dir: Path) -> None:
     path = llama_dir if name == "llama" else qwen2_dir
-    loaded: Any = transformers.AutoModelForCausalLM.from_pretrained(
-        path, output_loading_info=True
-    )
+    loaded: Any = transformers.AutoModelForCausalLM.from_pretrained(path, output_loading_info=True)
     info = loaded[1]
     assert not info["missing_keys"] and not info["unexpected_keys"]
 
@@ -148,10 +144,15 @@ def test_hf_greedy_matches_generate(llama_dir: Path) -> None:
     prompt = [0, 17, 230, 5, 901]
     ids = torch.tensor([prompt])
     out = model.generate(
-        ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=8,
-        min_new_tokens=8, eos_token_id=None, pad_token_id=1,
+        ids,
+        attention_mask=torch.ones_like(ids),
+        do_sample=False,
+        max_new_tokens=8,
+        min_new_tokens=8,
+        eos_token_id=None,
+        pad_token_id=1,
     )
-    assert out[0, len(prompt):].tolist() == hf_greedy(llama_dir, prompt, 8)
+    assert out[0, len(prompt) :].tolist() == hf_greedy(llama_dir, prompt, 8)
 
 
 def test_builds_are_deterministic(tmp_path: Path, llama_dir: Path, qwen2_dir: Path) -> None:

@@ -39,7 +39,7 @@ def test_pp_larger_than_layers(llama_dir: Path) -> None:
 def test_bad_dtype_and_missing_model(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="--dtype"):
         ReplicaConfig(str(tmp_path), dtype="int3").validate()
-    with pytest.raises(ValueError, match="--model .*config.json"):
+    with pytest.raises(ValueError, match=r"--model .*config\.json"):
         ReplicaConfig(str(tmp_path)).validate()
 
 

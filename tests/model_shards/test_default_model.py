@@ -47,16 +47,18 @@ def test_tokenizer_training_is_deterministic() -> None:
 
 def test_tokenizer_is_deterministic_across_processes() -> None:
     code = (
-        "from model_shards.default_model import build_tokenizer; "
-        "print(build_tokenizer().to_str())"
+        "from model_shards.default_model import build_tokenizer; print(build_tokenizer().to_str())"
     )
-    env_variants = [{"RAYON_NUM_THREADS": "1"}, {"TOKENIZERS_PARALLELISM": "false",
-                                                 "PYTHONHASHSEED": "7"}]
+    env_variants = [
+        {"RAYON_NUM_THREADS": "1"},
+        {"TOKENIZERS_PARALLELISM": "false", "PYTHONHASHSEED": "7"},
+    ]
     outputs = set()
     for extra in env_variants:
         env = dict(os.environ, **extra)
-        result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
-                                text=True, check=True)
+        result = subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+        )
         outputs.add(result.stdout)
     outputs.add(build_tokenizer().to_str() + "\n")
     assert len(outputs) == 1
@@ -166,8 +168,9 @@ def test_concurrent_ensure_gives_one_complete_model(tmp_path: Path, model_dir: P
         "print(ensure_default_model(Path(sys.argv[1])))"
     )
     procs = [
-        subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE,
-                         text=True)
+        subprocess.Popen(
+            [sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, text=True
+        )
         for _ in range(3)
     ]
     outs = [p.communicate(timeout=120)[0].strip() for p in procs]

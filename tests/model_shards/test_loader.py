@@ -71,7 +71,9 @@ def test_wrong_shape_is_an_error(qwen_dir: Path, tmp_path: Path) -> None:
 
 
 def test_integer_dtype_is_an_error(qwen_dir: Path, tmp_path: Path) -> None:
-    bad = _edited(qwen_dir, tmp_path / "m", {"model.norm.weight": torch.ones(64, dtype=torch.int32)})
+    bad = _edited(
+        qwen_dir, tmp_path / "m", {"model.norm.weight": torch.ones(64, dtype=torch.int32)}
+    )
     with pytest.raises(CheckpointError, match=r"model\.norm\.weight.*int32"):
         _load(bad)
 
