@@ -1,0 +1,1 @@
+"""HTTP frontend: OpenAI-compatible API, batching, tokenization, engine client."""

@@ -1,0 +1,277 @@
+"""``shardserve serve``: validate flags, start one replica, serve HTTP until told to stop.
+
+Start-up order, so a mistake costs nothing: parse flags → validate the
+replica config and load the tokenizer (a ``ValueError`` prints
+``shardserve: error: <message>`` and exits 2, nothing spawned) → bind the
+HTTP socket (a busy port fails here, still nothing spawned) → spawn the
+replica's ranks → wait for ``EngineReady`` (exit 1 naming the ranks' exit
+codes if one dies first, or after ``READY_TIMEOUT_S``) → run uvicorn.
+
+Stopping: SIGINT/SIGTERM make uvicorn shut down gracefully; whatever the way
+out (signal during start-up included), ``Shutdown`` is sent to the engine and
+``handle.stop()`` reaps every rank in a ``finally``. A signal arriving while
+the ranks are being spawned is held until the handle exists.
+
+torch is never imported here: ``model_shards.launch`` and
+``model_shards.default_model`` are imported only inside :func:`serve`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import signal
+import socket
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import Protocol
+
+from model_shards.config import DTYPE_CHOICES, ReplicaConfig
+from server.tokenizer import Tokenizer
+
+logger = logging.getLogger("shardserve")
+
+READY_TIMEOUT_S = 300.0
+DEFAULT_MODEL_NAME = "shardserve-default"
+GRACEFUL_SHUTDOWN_S = 5
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
+
+
+class ReplicaHandle(Protocol):
+    """What the CLI uses of ``model_shards.launch.ReplicaHandle``."""
+
+    @property
+    def address(self) -> str: ...
+
+    def is_alive(self) -> bool: ...
+
+    def stop(self, timeout: float = 10.0) -> None: ...
+
+    def exitcodes(self) -> list[int | None]: ...
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="shardserve", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve = commands.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API")
+    serve.add_argument("--model", help="checkpoint directory (default: the built-in tiny Llama)")
+    serve.add_argument("--tensor-parallel-size", "-tp", type=int, default=1, metavar="N")
+    serve.add_argument("--pipeline-parallel-size", "-pp", type=int, default=1, metavar="M")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000, help="0 picks a free port")
+    serve.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto")
+    serve.add_argument("--served-model-name", help="model name in the API (default: dir name)")
+    serve.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    serve.add_argument("--max-num-seqs", type=int, default=64)
+    serve.add_argument("--max-model-len", type=int, default=None)
+    serve.add_argument(
+        "--batch-window-ms",
+        type=_non_negative_float,
+        default=2.0,
+        help="how long the frontend gathers requests into one batch",
+    )
+    serve.add_argument("--log-level", choices=LOG_LEVELS, default="info")
+    return parser
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Console script ``shardserve``; returns the process exit status."""
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    return serve(args)
+
+
+class _Stop(Exception):
+    """Raised in the main thread by SIGINT/SIGTERM."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+class _SignalGuard:
+    """SIGINT/SIGTERM → :class:`_Stop`, optionally held back during a critical section."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self) -> None:
+        self._held: int | None = None
+        self._holding = False
+        self._previous = {sig: signal.signal(sig, self._handle) for sig in self.SIGNALS}
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self._holding:
+            self._held = self._held or signum
+        else:
+            raise _Stop(signum)
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        """Signals arriving inside the block are raised when it ends."""
+        self._holding = True
+        try:
+            yield
+        finally:
+            self._holding = False
+        if self._held is not None:
+            raise _Stop(self._held)
+
+    def ignore(self) -> None:
+        for sig in self.SIGNALS:
+            signal.signal(sig, signal.SIG_IGN)
+
+    def restore(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+@dataclass
+class _State:
+    serving: bool = False  # uvicorn started: a signal from now on is a normal stop
+
+
+def _error(message: str) -> None:
+    print(f"shardserve: error: {message}", file=sys.stderr, flush=True)
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError:
+        sock.close()
+        raise
+    sock.set_inheritable(False)
+    return sock
+
+
+def serve(args: argparse.Namespace) -> int:
+    """Run the ``serve`` command; see the module docstring for the order of events."""
+    guard = _SignalGuard()
+    handle: ReplicaHandle | None = None
+    state = _State()
+    try:
+        if args.model is None:
+            from model_shards.default_model import ensure_default_model
+
+            model_dir = str(ensure_default_model())
+            name = args.served_model_name or DEFAULT_MODEL_NAME
+        else:
+            model_dir = args.model
+            name = args.served_model_name or Path(args.model).resolve().name
+        config = ReplicaConfig(
+            model_dir=model_dir,
+            tp=args.tensor_parallel_size,
+            pp=args.pipeline_parallel_size,
+            dtype=args.dtype,
+            device=args.device,
+            max_num_seqs=args.max_num_seqs,
+            max_model_len=args.max_model_len,
+        )
+        try:
+            config.validate()
+            tokenizer = Tokenizer.from_dir(model_dir)
+        except ValueError as exc:
+            _error(str(exc))
+            return 2
+        try:
+            sock = _bind(args.host, args.port)
+        except OSError as exc:
+            _error(f"--host {args.host} --port {args.port}: cannot listen ({exc.strerror or exc})")
+            return 2
+        with sock:
+            from model_shards.launch import start_replica
+
+            try:
+                with guard.held():
+                    handle = start_replica(config)  # validates again (checkpoint, devices)
+            except ValueError as exc:
+                _error(str(exc))
+                return 2
+            logger.info("started replica tp=%d pp=%d at %s", config.tp, config.pp, handle.address)
+            return asyncio.run(_serve_async(args, handle, tokenizer, name, sock, state))
+    except _Stop as stop:
+        if state.serving:
+            logger.info("stopped by %s", stop)
+            return 0
+        _error(f"interrupted by {stop} during start-up")
+        return 128 + stop.signum
+    finally:
+        guard.ignore()
+        try:
+            if handle is not None:
+                logger.info("stopping replica")
+                handle.stop()
+        finally:
+            guard.restore()
+
+
+async def _serve_async(
+    args: argparse.Namespace,
+    handle: ReplicaHandle,
+    tokenizer: Tokenizer,
+    name: str,
+    sock: socket.socket,
+    state: _State,
+) -> int:
+    import uvicorn
+
+    from server.app import build_app
+    from server.engine_client import EngineClient, EngineDeadError
+
+    client = EngineClient(
+        handle.address, is_alive=handle.is_alive, batch_window_s=args.batch_window_ms / 1000
+    )
+    try:
+        try:
+            ready = await client.connect(timeout_s=READY_TIMEOUT_S)
+        except EngineDeadError as exc:
+            _error(f"{exc}; rank exit codes: {_exitcodes(handle)}")
+            return 1
+        except TimeoutError as exc:
+            _error(f"{exc}; rank exit codes: {_exitcodes(handle)}")
+            return 1
+        app = build_app(client, tokenizer, name, ready.max_model_len)
+        config = uvicorn.Config(
+            app,
+            log_level=args.log_level,
+            lifespan="off",
+            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+        )
+        server = uvicorn.Server(config)
+        host, port = sock.getsockname()[:2]
+        logger.info("serving %s on http://%s:%d", name, f"[{host}]" if ":" in host else host, port)
+        state.serving = True
+        await server.serve(sockets=[sock])
+        return 0
+    finally:
+        await client.close(send_shutdown=True)
+
+
+def _exitcodes(handle: ReplicaHandle) -> str:
+    codes = handle.exitcodes()
+    return ", ".join(f"rank {r}: {'running' if c is None else c}" for r, c in enumerate(codes))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

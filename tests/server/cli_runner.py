@@ -1,0 +1,84 @@
+"""Run ``shardserve`` with a fake ``model_shards.launch`` (a FakeEngine thread per "replica").
+
+Used by test_cli.py as ``python -m tests.server.cli_runner serve ...``. Environment:
+
+* ``FAKE_MODEL_DIR``: what the fake ``ensure_default_model()`` returns;
+* ``FAKE_REPLICA_MODE``: ``ready`` (default), ``never_ready`` or ``dies`` (rank 1 exits
+  with code 3 shortly after start);
+* ``FAKE_REPLICA_RECORD``: a JSON file written by ``handle.stop()`` with what the
+  fake engine saw (so the test knows the ranks were stopped and Shutdown sent).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import time
+import types
+from pathlib import Path
+
+from model_shards.config import ReplicaConfig
+from tests.server.fake_engine import FakeEngine
+
+
+class FakeHandle:
+    def __init__(self, config: ReplicaConfig) -> None:
+        self.mode = os.environ.get("FAKE_REPLICA_MODE", "ready")
+        self._dir = tempfile.mkdtemp(prefix="fake-replica-")
+        self.address = f"ipc://{self._dir}/rank0.sock"
+        self.engine = FakeEngine(
+            self.address,
+            vocab_size=400,
+            eos_token_ids=[1],
+            max_model_len=config.max_model_len or 256,
+            special_ids={0},
+            ready=self.mode == "ready",
+        ).start()
+        self.started = time.monotonic()
+        self.stopped = False
+
+    def is_alive(self) -> bool:
+        return not self.stopped and all(code is None for code in self.exitcodes())
+
+    def exitcodes(self) -> list[int | None]:
+        if self.stopped:
+            return [0, 0]
+        if self.mode == "dies" and time.monotonic() - self.started > 0.5:
+            return [None, 3]
+        return [None, None]
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if self.stopped:
+            return
+        self.stopped = True
+        time.sleep(0.2)  # let a just-sent Shutdown arrive
+        self.engine.stop()
+        record = {"stopped": True, "shutdowns": self.engine.shutdowns, "hellos": self.engine.hellos}
+        Path(os.environ["FAKE_REPLICA_RECORD"]).write_text(json.dumps(record))
+
+
+def start_replica(config: ReplicaConfig, address: str | None = None) -> FakeHandle:
+    config.validate()
+    return FakeHandle(config)
+
+
+def ensure_default_model(cache_dir: Path | None = None) -> Path:
+    return Path(os.environ["FAKE_MODEL_DIR"])
+
+
+def install_fakes() -> None:
+    launch = types.ModuleType("model_shards.launch")
+    launch.start_replica = start_replica  # type: ignore[attr-defined]
+    default_model = types.ModuleType("model_shards.default_model")
+    default_model.ensure_default_model = ensure_default_model  # type: ignore[attr-defined]
+    sys.modules["model_shards.launch"] = launch
+    sys.modules["model_shards.default_model"] = default_model
+
+
+if __name__ == "__main__":
+    install_fakes()
+    from server.cli import main
+
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,90 @@
+"""EngineClient against the fake engine, without HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+
+import pytest
+
+from model_shards.messages import GenerateRequest
+from server.engine_client import EngineClient, EngineDeadError, EngineRequestError
+from tests.server.fake_engine import FakeEngine
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def req(rid: str, prompt: list[int], max_tokens: int = 3) -> GenerateRequest:
+    return GenerateRequest(request_id=rid, prompt_token_ids=prompt, max_tokens=max_tokens)
+
+
+async def test_ready_and_generate(make_engine: Callable[..., FakeEngine]) -> None:
+    engine = make_engine(vocab_size=50, eos_token_ids=[1], max_model_len=64)
+    client = EngineClient(engine.address, is_alive=engine.is_alive)
+    try:
+        ready = await client.connect(timeout_s=10)
+        assert (ready.vocab_size, ready.max_model_len, ready.eos_token_ids) == (50, 64, [1])
+        outputs = [o async for o in client.generate(req("r1", [5, 6], max_tokens=3))]
+        assert [o.new_token_ids for o in outputs] == [[5], [6], [5]]
+        assert outputs[-1].finish_reason == "length" and outputs[0].num_prompt_tokens == 2
+        assert client.healthy and client.num_pending == 0
+    finally:
+        await client.close(send_shutdown=True)
+    assert engine.wait_for(lambda: engine.shutdowns == 1)
+
+
+async def test_connect_timeout_and_dead_before_ready(
+    make_engine: Callable[..., FakeEngine],
+) -> None:
+    engine = make_engine(vocab_size=50, eos_token_ids=[1], ready=False)
+    client = EngineClient(engine.address, is_alive=engine.is_alive)
+    with pytest.raises(TimeoutError):
+        await client.connect(timeout_s=0.3)
+    engine.stop()
+    with pytest.raises(EngineDeadError):
+        await client.connect(timeout_s=10)
+    await client.close()
+
+
+async def test_abort_while_waiting_in_batcher_never_reaches_engine(
+    make_engine: Callable[..., FakeEngine],
+) -> None:
+    engine = make_engine(vocab_size=50, eos_token_ids=[1])
+    client = EngineClient(engine.address, batch_window_s=0.2)
+    await client.connect(timeout_s=10)
+    stream = client.generate(req("early", [5]))
+    task = asyncio.ensure_future(anext(stream))
+    await asyncio.sleep(0.05)
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    await stream.aclose()
+    outputs = [o async for o in client.generate(req("later", [7], max_tokens=1))]
+    assert outputs[-1].new_token_ids == [7]
+    assert engine.batches == [["later"]] and engine.aborted == []
+    await client.close()
+
+
+async def test_refusal_and_fatal_error(make_engine: Callable[..., FakeEngine]) -> None:
+    engine = make_engine(vocab_size=50, eos_token_ids=[1], refuse_token=9, step_s=0.05)
+    client = EngineClient(engine.address)
+    await client.connect(timeout_s=10)
+    with pytest.raises(EngineRequestError, match="refused"):
+        async for _ in client.generate(req("bad", [9])):
+            pass
+    assert client.healthy
+
+    async def consume() -> None:
+        async for _ in client.generate(req("long", [5], max_tokens=100)):
+            pass
+
+    task = asyncio.ensure_future(consume())
+    assert await asyncio.to_thread(engine.wait_for, lambda: bool(engine.active_ids))
+    engine.send_fatal("boom")
+    with pytest.raises(EngineDeadError, match="boom"):
+        await task
+    assert not client.healthy and client.dead_reason is not None
+    with pytest.raises(EngineDeadError):
+        await anext(client.generate(req("after", [5])))
+    await client.close()
