@@ -159,6 +159,10 @@ class ReplicaConfig:
     device: Literal["auto", "cpu", "cuda"] = "auto"
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 8192
+    block_size: int = 16
+    kv_cache_memory: int | None = None  # bytes per rank; default: see kv_cache_budget
+    gpu_memory_utilization: float = 0.9
+    enable_prefix_caching: bool = True
     max_model_len: int | None = None  # default: the model's max_position_embeddings
     collective_timeout_s: float = 120.0
     threads_per_rank: int | None = None  # CPU only; default: cores // world size, at least 1
@@ -177,6 +181,14 @@ class ReplicaConfig:
             raise ValueError(
                 f"--max-num-batched-tokens must be >= 1, got {self.max_num_batched_tokens}"
             )
+        if not 1 <= self.block_size <= 1024:
+            raise ValueError(f"--block-size must be in 1..1024, got {self.block_size}")
+        if self.kv_cache_memory is not None and self.kv_cache_memory <= 0:
+            raise ValueError(f"--kv-cache-memory must be positive, got {self.kv_cache_memory}")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(
+                f"--gpu-memory-utilization must be in (0, 1], got {self.gpu_memory_utilization}"
+            )
         if not Path(self.model_dir).is_dir():
             raise ValueError(f"--model {self.model_dir}: not a directory")
         model = ModelConfig.from_dir(self.model_dir)
@@ -192,3 +204,21 @@ class ReplicaConfig:
 
     def resolved_max_model_len(self, model: ModelConfig) -> int:
         return self.max_model_len or model.max_position_embeddings
+
+
+_SIZE_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "kib": 2**10, "m": 10**6, "mb": 10**6,
+               "mib": 2**20, "g": 10**9, "gb": 10**9, "gib": 2**30, "t": 10**12, "tb": 10**12,
+               "tib": 2**40}  # fmt: skip
+
+
+def parse_size(text: str) -> int:
+    """``"2GiB"``, ``"512MB"``, ``"1e9"`` → bytes; ``ValueError`` on anything else."""
+    s = text.strip().lower().replace(" ", "")
+    number = s.rstrip("abcdefghijklmnopqrstuvwxyz")
+    unit = s[len(number) :]
+    if unit not in _SIZE_UNITS or not number:
+        raise ValueError(f"invalid size {text!r}; use e.g. 512MiB, 2GiB, 4GB")
+    value = float(number) * _SIZE_UNITS[unit]
+    if not value > 0:
+        raise ValueError(f"size {text!r} must be positive")
+    return int(value)

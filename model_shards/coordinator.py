@@ -17,6 +17,7 @@ import logging
 import time
 from collections import defaultdict
 
+import msgspec
 import torch
 import zmq
 
@@ -29,7 +30,6 @@ from model_shards.messages import (
     NewSequence,
     RequestOutput,
     SamplingParams,
-    SeqChunk,
     Shutdown,
     StepOutputs,
     StepPlan,
@@ -37,7 +37,13 @@ from model_shards.messages import (
     decode_frontend_message,
     encode,
 )
-from model_shards.scheduler.fifo import FifoScheduler, SeqUpdate
+from model_shards.scheduler.scheduler import (
+    ScheduledStep,
+    Scheduler,
+    SchedulerConfig,
+    SchedulerStats,
+    SeqUpdate,
+)
 from model_shards.worker import StepResult, Worker, broadcast_plan
 
 log = logging.getLogger(__name__)
@@ -46,7 +52,7 @@ log = logging.getLogger(__name__)
 class Coordinator:
     def __init__(
         self, worker: Worker, *, max_num_seqs: int, max_num_batched_tokens: int,
-        max_model_len: int, keepalive_s: float = 10.0,
+        max_model_len: int, enable_prefix_caching: bool = True, keepalive_s: float = 10.0,
     ) -> None:  # fmt: skip
         self.worker = worker
         self.ps = worker.ps
@@ -54,16 +60,22 @@ class Coordinator:
         self.vocab_size = cfg.vocab_size
         self.max_model_len = max_model_len
         self.eos_token_ids = cfg.eos_token_ids
-        self.scheduler = FifoScheduler(
-            max_num_seqs=max_num_seqs,
-            max_num_batched_tokens=max_num_batched_tokens,
-            max_model_len=max_model_len,
-            eos_token_ids=cfg.eos_token_ids,
+        self.scheduler = Scheduler(
+            SchedulerConfig(
+                max_num_seqs=max_num_seqs,
+                max_num_batched_tokens=max_num_batched_tokens,
+                max_model_len=max_model_len,
+                block_size=worker.kv.block_size,
+                num_blocks=worker.kv.num_blocks,
+                enable_prefix_caching=enable_prefix_caching,
+                eos_token_ids=cfg.eos_token_ids,
+            )
         )
         self.keepalive_s = keepalive_s
         self._step_id = 0
         self._last_plan_at = time.monotonic()
         self._clients: set[bytes] = set()  # ZMQ identities of connected frontends
+        self._logits_wanted: dict[str, torch.Tensor | None] = {}
 
     # ---- in-process API (used by serve() and by tests) ----------------------
 
@@ -79,7 +91,9 @@ class Coordinator:
         if req.max_tokens < 1:
             return "max_tokens must be >= 1"
         s = req.sampling
-        if s.temperature < 0 or not 0 < s.top_p <= 1 or s.top_k < 0:
+        if s.temperature < 0 or not 0 < s.top_p <= 1 or s.top_k < 0 or not 0 <= s.min_p <= 1:
+            return "sampling parameters out of range"
+        if s.repetition_penalty <= 0 or (s.logprobs is not None and not 0 <= s.logprobs <= 20):
             return "sampling parameters out of range"
         return None
 
@@ -99,30 +113,67 @@ class Coordinator:
     def has_work(self) -> bool:
         return self.scheduler.has_work()
 
+    @property
+    def stats(self) -> SchedulerStats:
+        return self.scheduler.stats
+
     def step(self) -> list[SeqUpdate]:
-        """One iteration over the running batch (also flushes pending frees)."""
+        """One iteration: schedule, run on every rank, update (also flushes pending frees)."""
         scheduled = self.scheduler.schedule()
+        sampled = [seq for seq, c in zip(scheduled.sequences, scheduled.chunks, strict=True)
+                   if c.sample]  # fmt: skip
+        want_logits = any(s.request.request_id in self._logits_wanted for s in sampled)
         plan = StepPlan(
             step_id=self._next_step_id(),
             chunks=scheduled.chunks,
-            new_sequences=scheduled.new_sequences,
+            new_sequences=self._with_stop_ids(scheduled),
             freed_seq_ids=scheduled.freed_seq_ids,
+            copy_blocks=scheduled.copy_blocks,
+            return_logits=want_logits,
         )
         result = self._run(plan)
-        return self.scheduler.update(scheduled, result.tokens.tolist())
+        if result.logits is not None:
+            for row, seq in enumerate(sampled):
+                if seq.request.request_id in self._logits_wanted:
+                    self._logits_wanted[seq.request.request_id] = result.logits[row]
+        updates = self.scheduler.update(scheduled, result.tokens)
+        if result.logprobs is None:
+            return updates
+        by_seq = {id(seq): lp for seq, lp in zip(sampled, result.logprobs, strict=True)}
+        return [
+            SeqUpdate(u.sequence, msgspec.structs.replace(
+                u.output, logprobs=[by_seq[id(u.sequence)]]
+            )) if u.sequence.request.sampling.logprobs is not None else u
+            for u in updates
+        ]  # fmt: skip
 
-    def prompt_logits(self, token_ids: list[int], seq_id: int = -1) -> torch.Tensor:
+    def _with_stop_ids(self, scheduled: ScheduledStep) -> list[NewSequence]:
+        """Tell the sampler which tokens to mask while ``min_tokens`` are not yet out."""
+        requests = {seq.seq_id: seq.request for seq in scheduled.sequences}
+        out = []
+        for new in scheduled.new_sequences:
+            req = requests[new.seq_id]
+            if req.sampling.min_tokens > 0:
+                stops = list(req.stop_token_ids)
+                if not req.ignore_eos:
+                    stops += self.eos_token_ids
+                new = msgspec.structs.replace(new, stop_token_ids=sorted(set(stops)))
+            out.append(new)
+        return out
+
+    def prompt_logits(self, token_ids: list[int]) -> torch.Tensor:
         """Float32 logits ``[vocab]`` after ``token_ids``, computed through every rank."""
-        plan = StepPlan(
-            step_id=self._next_step_id(),
-            chunks=[SeqChunk(seq_id, 0, token_ids)],
-            new_sequences=[NewSequence(seq_id, SamplingParams(temperature=0.0))],
-            return_logits=True,
-        )
-        result = self._run(plan)
-        self._run(StepPlan(step_id=self._next_step_id(), freed_seq_ids=[seq_id]))
-        assert result.logits is not None
-        return result.logits[0]
+        rid = f"__logits-{self._step_id}"
+        self._logits_wanted[rid] = None
+        self.add_request(GenerateRequest(rid, token_ids, 1, SamplingParams(temperature=0.0)))
+        try:
+            while self._logits_wanted[rid] is None:
+                self.step()
+            self.step()  # release its blocks
+        finally:
+            logits = self._logits_wanted.pop(rid)
+        assert logits is not None
+        return logits
 
     def keepalive(self) -> None:
         """Broadcast an empty plan (and any pending frees) if none went out for a while."""
@@ -139,7 +190,7 @@ class Coordinator:
         broadcast_plan(plan, self.ps)
         self._last_plan_at = time.monotonic()
         result = self.worker.execute(plan)
-        return result if result is not None else StepResult(torch.empty(0, dtype=torch.int64))
+        return result if result is not None else StepResult([])
 
     def _next_step_id(self) -> int:
         self._step_id += 1

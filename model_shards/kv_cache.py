@@ -1,77 +1,57 @@
-"""A simple per-sequence KV cache: contiguous K/V tensors per (layer, sequence).
+"""Paged KV cache on a rank: a pool of fixed-size blocks per layer, and block tables.
 
-Each sequence's cache grows (by doubling) with the tokens it actually holds,
-so memory tracks tokens in flight, not batch × max length. Paged blocks replace
-this in the continuous-batching engine.
+Layout per layer: ``k, v: [num_blocks * block_size, nkv, D]`` — a flat array of
+slots; slot ``b * block_size + i`` is token ``i`` of block ``b``. A sequence's
+block table (kept in step with rank 0's by the plan's ``new_block_ids`` and
+``freed_seq_ids``) maps position ``p`` to slot ``table[p // bs] * bs + p % bs``.
+The pool is zero-filled so padded reads in batched decode are finite.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
-
-@dataclass
-class SequenceKV:
-    k: torch.Tensor  # [num_kv_heads, capacity, head_dim]
-    v: torch.Tensor
-    length: int = 0
+from model_shards.messages import SeqChunk
 
 
-class KVCache:
-    """K/V of every sequence for the attention layers of this rank's stage."""
-
+class PagedKVCache:
     def __init__(
-        self, num_kv_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device
-    ) -> None:
-        self.num_kv_heads = num_kv_heads
-        self.head_dim = head_dim
-        self.dtype = dtype
+        self, layers: range, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
+        dtype: torch.dtype, device: torch.device,
+    ) -> None:  # fmt: skip
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        shape = (num_blocks * block_size, num_kv_heads, head_dim)
+        self.k = {i: torch.zeros(shape, dtype=dtype, device=device) for i in layers}
+        self.v = {i: torch.zeros(shape, dtype=dtype, device=device) for i in layers}
+        self.tables: dict[int, list[int]] = {}
         self.device = device
-        self._layers: dict[int, dict[int, SequenceKV]] = {}
 
-    def append(
-        self, layer: int, seq_id: int, start: int, k: torch.Tensor, v: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write ``k, v: [nkv, L, D]`` at ``start..start+L``; return all ``[nkv, start+L, D]``."""
-        seqs = self._layers.setdefault(layer, {})
-        entry = seqs.get(seq_id)
-        if entry is None:
-            if start != 0:
-                raise RuntimeError(f"sequence {seq_id} has no KV cache but starts at {start}")
-            entry = seqs[seq_id] = SequenceKV(self._empty(k.shape[1]), self._empty(k.shape[1]))
-        if start > entry.length:
-            raise RuntimeError(f"sequence {seq_id}: gap in KV cache ({entry.length} < {start})")
-        end = start + k.shape[1]
-        if end > entry.k.shape[1]:
-            capacity = max(end, 2 * entry.k.shape[1])
-            entry.k = self._grow(entry.k, capacity, entry.length)
-            entry.v = self._grow(entry.v, capacity, entry.length)
-        entry.k[:, start:end] = k
-        entry.v[:, start:end] = v
-        entry.length = end
-        return entry.k[:, :end], entry.v[:, :end]
+    @staticmethod
+    def bytes_per_block(
+        num_layers: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype
+    ) -> int:
+        return 2 * num_layers * block_size * num_kv_heads * head_dim * dtype.itemsize
 
     def free(self, seq_id: int) -> None:
-        for seqs in self._layers.values():
-            seqs.pop(seq_id, None)
+        self.tables.pop(seq_id, None)
 
-    def num_tokens(self) -> int:
-        """Tokens held in the first layer (every layer holds the same)."""
-        first = next(iter(self._layers.values()), {})
-        return sum(e.length for e in first.values())
+    def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
+        bs = self.block_size
+        for src, dst in pairs:
+            for pool in (*self.k.values(), *self.v.values()):
+                pool[dst * bs : (dst + 1) * bs] = pool[src * bs : (src + 1) * bs]
 
-    def _empty(self, capacity: int) -> torch.Tensor:
-        return torch.empty(
-            self.num_kv_heads,
-            max(capacity, 16),
-            self.head_dim,
-            dtype=self.dtype,
-            device=self.device,
-        )
+    def extend_tables(self, chunks: list[SeqChunk]) -> None:
+        for chunk in chunks:
+            self.tables.setdefault(chunk.seq_id, []).extend(chunk.new_block_ids)
 
-    def _grow(self, t: torch.Tensor, capacity: int, used: int) -> torch.Tensor:
-        new = self._empty(capacity)
-        new[:, :used] = t[:, :used]
-        return new
+    def slots(self, seq_id: int, start: int, end: int) -> torch.Tensor:
+        """Slot of every position ``start..end-1`` of ``seq_id`` (``[end - start]`` int64)."""
+        table = self.tables[seq_id]
+        bs = self.block_size
+        if (end - 1) // bs >= len(table):
+            raise RuntimeError(f"sequence {seq_id}: block table too short for position {end - 1}")
+        positions = torch.arange(start, end)
+        blocks = torch.tensor(table, dtype=torch.int64)[positions // bs]
+        return blocks * bs + positions % bs

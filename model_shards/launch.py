@@ -113,7 +113,7 @@ def run_rank(
 
     from model_shards.coordinator import Coordinator
     from model_shards.parallel.state import destroy_parallel, init_parallel
-    from model_shards.worker import Worker, resolve_dtype
+    from model_shards.worker import Worker
 
     threads = config.threads_per_rank or max(1, (os.cpu_count() or 1) // config.world_size)
     torch.set_num_threads(threads)
@@ -124,12 +124,11 @@ def run_rank(
         device=config.device, timeout_s=config.collective_timeout_s,
     )  # fmt: skip
     try:
-        worker = Worker.build(
-            config.model_dir, model, ps, resolve_dtype(config.dtype, model), max_len
-        )
+        worker = Worker.build(config, model, ps, max_len)
         log.info(
-            "loaded stage %d/%d tp %d/%d: %.1f MiB read",
+            "loaded stage %d/%d tp %d/%d: %.1f MiB read; KV cache %d blocks x %d = %d tokens",
             ps.pp_rank, ps.pp_size, ps.tp_rank, ps.tp_size, worker.bytes_loaded / 2**20,
+            worker.kv.num_blocks, worker.kv.block_size, worker.kv.num_blocks * worker.kv.block_size,
         )  # fmt: skip
         if rank == 0:
             Coordinator(
@@ -137,6 +136,7 @@ def run_rank(
                 max_num_seqs=config.max_num_seqs,
                 max_num_batched_tokens=config.max_num_batched_tokens,
                 max_model_len=max_len,
+                enable_prefix_caching=config.enable_prefix_caching,
             ).serve(address)
         else:
             worker.serve_forever()

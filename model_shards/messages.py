@@ -22,12 +22,36 @@ import msgspec
 
 
 class SamplingParams(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """How to pick the next token. ``temperature == 0`` means greedy."""
+    """How to pick the next token. ``temperature == 0`` means greedy.
+
+    Penalties follow vLLM/OpenAI: ``repetition_penalty`` divides positive (and
+    multiplies negative) logits of tokens seen in prompt or output;
+    ``frequency_penalty`` subtracts ``count`` and ``presence_penalty`` subtracts
+    ``1`` per token already generated. ``min_p`` drops tokens whose probability
+    is below ``min_p`` times the top token's. ``logprobs``: also return the
+    sampled token's log-probability and the top-N alternatives (N <= 20).
+    """
 
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0  # 0 = disabled
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
     seed: int | None = None
+    logprobs: int | None = None
+    min_tokens: int = 0  # stop tokens are masked until this many tokens are out
+
+    @property
+    def is_greedy_plain(self) -> bool:
+        """Plain argmax: no randomness, no penalties."""
+        return (
+            self.temperature <= 0
+            and self.repetition_penalty == 1.0
+            and self.presence_penalty == 0.0
+            and self.frequency_penalty == 0.0
+        )
 
 
 class GenerateRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -39,6 +63,14 @@ class GenerateRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     sampling: SamplingParams = SamplingParams()
     stop_token_ids: list[int] = []
     ignore_eos: bool = False
+
+
+class TokenLogprob(msgspec.Struct, frozen=True, array_like=True):
+    """The sampled token's log-probability and the top alternatives (ids, logprobs)."""
+
+    logprob: float
+    top_ids: list[int]
+    top_logprobs: list[float]
 
 
 # ---- frontend → coordinator -------------------------------------------------
@@ -74,6 +106,7 @@ class RequestOutput(msgspec.Struct, frozen=True):
     new_token_ids: list[int]
     finish_reason: FinishReason | None = None
     num_prompt_tokens: int = 0
+    logprobs: list[TokenLogprob] | None = None  # one per new token, when asked
 
 
 class StepOutputs(msgspec.Struct, tag="outputs", frozen=True):
@@ -99,10 +132,16 @@ EngineMessage = EngineReady | StepOutputs | EngineError
 
 
 class NewSequence(msgspec.Struct, frozen=True):
-    """Sent once, in the first plan that schedules the sequence."""
+    """Sent once, in the first plan that schedules the sequence (again after a preemption).
+
+    ``sampling.seed`` is always set by rank 0, so draws are reproducible: the
+    token at position ``p`` is drawn with a generator seeded from ``(seed, p)``.
+    """
 
     seq_id: int
     sampling: SamplingParams
+    num_prompt_tokens: int = 0
+    stop_token_ids: list[int] = []  # masked while fewer than ``sampling.min_tokens`` are out
 
 
 class SeqChunk(msgspec.Struct, frozen=True):
@@ -110,22 +149,33 @@ class SeqChunk(msgspec.Struct, frozen=True):
 
     ``token_ids`` occupy positions ``start_pos .. start_pos + len(token_ids) - 1``;
     positions ``< start_pos`` are already in this sequence's KV cache on every rank.
-    ``sample`` says whether the last stage samples a token after the last one.
+    ``new_block_ids`` are appended to the sequence's block table before the step;
+    the table then covers every position up to the chunk's last.
+    ``sample`` says whether the last stage samples a token after the last one
+    (false for a prefill chunk that does not reach the end of the prompt).
     """
 
     seq_id: int
     start_pos: int
     token_ids: list[int]
     sample: bool = True
+    new_block_ids: list[int] = []
 
 
 class StepPlan(msgspec.Struct, frozen=True):
-    """What every rank does in one iteration. Rank 0 alone decides it."""
+    """What every rank does in one iteration. Rank 0 alone decides it.
+
+    Only what changed travels: new sequences' parameters once, block ids as
+    they are added, ids of sequences whose blocks were released. Order on the
+    ranks: drop ``freed_seq_ids``, copy ``copy_blocks`` (src, dst) pairs, then
+    run ``chunks``.
+    """
 
     step_id: int
     chunks: list[SeqChunk] = []
     new_sequences: list[NewSequence] = []
     freed_seq_ids: list[int] = []
+    copy_blocks: list[tuple[int, int]] = []
     return_logits: bool = False  # last stage also sends the sampled rows' full logits
     shutdown: bool = False
 

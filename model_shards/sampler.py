@@ -1,66 +1,149 @@
-"""Next-token sampling on the last pipeline stage.
+"""Next-token sampling on the last pipeline stage (TP rank 0).
 
-Per sequence: greedy when ``temperature == 0``; otherwise logits are divided by
-the temperature, cut to the ``top_k`` largest and to the smallest set whose
-probability mass reaches ``top_p`` (always keeping the most likely token), and
-a token is drawn from the softmax with the sequence's own generator. A seeded
-sequence owns a generator seeded once, so its draws do not depend on what else
-shares the batch.
+Per sequence, in this order (vLLM semantics):
+
+1. penalties from the tokens seen so far (repetition over prompt + output,
+   presence and frequency over output);
+2. stop tokens masked while fewer than ``min_tokens`` tokens are out;
+3. greedy when ``temperature == 0``; otherwise logits / temperature, cut to
+   ``top_k``, to the ``top_p`` mass (the top token always kept) and to
+   ``min_p`` × the top probability, then one draw from the softmax.
+
+Draws are stateless: the token at position ``p`` is drawn with a generator
+seeded from ``(seed, p)``. The same seed gives the same text whatever else is
+in the batch, and a preempted or replayed sequence draws exactly as before.
+Log-probabilities are those of the raw model distribution (before penalties
+and temperature).
 """
 
 from __future__ import annotations
 
-import secrets
+from dataclasses import dataclass
 
 import torch
 
-from model_shards.messages import SamplingParams
+from model_shards.messages import NewSequence, SamplingParams, SeqChunk
+
+_SEED_MIX = 0x9E3779B97F4A7C15
 
 
-def filter_top_k_top_p(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
-    """Mask (to -inf) tokens outside top-k / top-p of temperature-scaled ``logits [V]``."""
-    if 0 < top_k < logits.shape[-1]:
-        kth = torch.topk(logits, top_k).values[-1]
+def position_seed(seed: int, position: int) -> int:
+    """A 63-bit seed for the draw at ``position`` (splitmix-style mixing)."""
+    z = (seed * _SEED_MIX + position + 1) & (2**64 - 1)
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & (2**64 - 1)
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & (2**64 - 1)
+    return (z ^ (z >> 31)) & (2**63 - 1)
+
+
+def filter_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """Mask (to -inf) tokens outside top-k / top-p / min-p of temperature-scaled ``logits [V]``."""
+    if 0 < params.top_k < logits.shape[-1]:
+        kth = torch.topk(logits, params.top_k).values[-1]
         logits = logits.masked_fill(logits < kth, float("-inf"))
-    if top_p < 1.0:
+    if params.top_p < 1.0:
         sorted_logits, order = torch.sort(logits, descending=True)
-        cumulative = sorted_logits.softmax(-1).cumsum(-1)
-        remove = cumulative - sorted_logits.softmax(-1) >= top_p  # mass before this token
+        probs = sorted_logits.softmax(-1)
+        remove = probs.cumsum(-1) - probs >= params.top_p  # mass strictly before this token
         remove[0] = False
-        logits = logits.masked_fill(
-            torch.zeros_like(remove).scatter(0, order, remove), float("-inf")
-        )
+        logits = logits.masked_fill(torch.zeros_like(remove).scatter(0, order, remove), -torch.inf)
+    if params.min_p > 0.0:
+        probs = logits.softmax(-1)
+        logits = logits.masked_fill(probs < params.min_p * probs.max(), float("-inf"))
     return logits
+
+
+def apply_penalties(
+    logits: torch.Tensor, prompt: list[int], output: list[int], params: SamplingParams
+) -> torch.Tensor:
+    """Repetition (prompt + output), presence and frequency (output) penalties on ``logits [V]``."""
+    logits = logits.clone()
+    if params.repetition_penalty != 1.0 and (prompt or output):
+        seen = torch.tensor(sorted(set(prompt) | set(output)), dtype=torch.int64)
+        vals = logits[seen]
+        r = params.repetition_penalty
+        logits[seen] = torch.where(vals > 0, vals / r, vals * r)
+    if output and (params.presence_penalty or params.frequency_penalty):
+        counts = torch.bincount(torch.tensor(output), minlength=logits.shape[-1]).float()
+        logits -= params.frequency_penalty * counts
+        logits -= params.presence_penalty * (counts > 0).float()
+    return logits
+
+
+@dataclass
+class _SeqState:
+    params: SamplingParams
+    num_prompt_tokens: int
+    stop_token_ids: list[int]
+    history: list[int] | None  # every token fed so far; kept only when penalties need it
+
+
+@dataclass
+class SampleOutput:
+    tokens: torch.Tensor  # [S] int64
+    logprobs: torch.Tensor | None = None  # [S] float32, the sampled tokens'
+    top_ids: torch.Tensor | None = None  # [S, K] int64
+    top_logprobs: torch.Tensor | None = None  # [S, K] float32
 
 
 class Sampler:
     def __init__(self) -> None:
-        self._params: dict[int, SamplingParams] = {}
-        self._generators: dict[int, torch.Generator] = {}
+        self._seqs: dict[int, _SeqState] = {}
 
-    def add(self, seq_id: int, params: SamplingParams) -> None:
-        self._params[seq_id] = params
-        if params.temperature > 0:
-            seed = params.seed if params.seed is not None else secrets.randbits(63)
-            self._generators[seq_id] = torch.Generator().manual_seed(seed)
+    def add(self, new: NewSequence) -> None:
+        p = new.sampling
+        needs_history = (
+            p.repetition_penalty != 1.0 or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0
+        )
+        self._seqs[new.seq_id] = _SeqState(
+            p, new.num_prompt_tokens, list(new.stop_token_ids), [] if needs_history else None
+        )
 
     def remove(self, seq_id: int) -> None:
-        self._params.pop(seq_id, None)
-        self._generators.pop(seq_id, None)
+        self._seqs.pop(seq_id, None)
 
-    def sample(self, logits: torch.Tensor, seq_ids: list[int]) -> torch.Tensor:
-        """``logits [N, V]`` float32, one row per sequence → token ids ``[N]`` (int64, CPU)."""
+    def observe(self, chunk: SeqChunk) -> None:
+        """Record the tokens a step feeds (penalties need the history)."""
+        state = self._seqs.get(chunk.seq_id)
+        if state is not None and state.history is not None:
+            del state.history[chunk.start_pos :]
+            state.history.extend(chunk.token_ids)
+
+    def num_logprobs(self, chunks: list[SeqChunk]) -> int:
+        """The largest top-N any sampled sequence of this step asked for (0: none)."""
+        return max((self._seqs[c.seq_id].params.logprobs or 0 for c in chunks), default=0)
+
+    def sample(self, logits: torch.Tensor, chunks: list[SeqChunk]) -> SampleOutput:
+        """``logits [S, V]`` float32, one row per sampled chunk, in order → tokens ``[S]``."""
         logits = logits.float().cpu()
         tokens = logits.argmax(dim=-1)
-        for row, seq_id in enumerate(seq_ids):
-            params = self._params.get(seq_id)
-            if params is None:
-                raise RuntimeError(f"sequence {seq_id} has no sampling parameters")
-            if params.temperature <= 0:
+        for row, chunk in enumerate(chunks):
+            state = self._seqs.get(chunk.seq_id)
+            if state is None:
+                raise RuntimeError(f"sequence {chunk.seq_id} has no sampling parameters")
+            params = state.params
+            position = chunk.start_pos + len(chunk.token_ids)
+            num_out = position - state.num_prompt_tokens
+            masks_stops = num_out < params.min_tokens and state.stop_token_ids
+            if params.is_greedy_plain and not masks_stops:
                 continue
-            scaled = filter_top_k_top_p(
-                logits[row] / params.temperature, params.top_k, params.top_p
-            )
-            probs = scaled.softmax(-1)
-            tokens[row] = torch.multinomial(probs, 1, generator=self._generators[seq_id])[0]
-        return tokens
+            x = logits[row]
+            if state.history is not None:
+                history = state.history[:position]
+                n = state.num_prompt_tokens
+                x = apply_penalties(x, history[:n], history[n:], params)
+            if masks_stops:
+                x = x.clone()
+                x[state.stop_token_ids] = float("-inf")
+            if params.temperature <= 0:
+                tokens[row] = x.argmax()
+                continue
+            assert params.seed is not None, "rank 0 assigns every sequence a seed"
+            gen = torch.Generator().manual_seed(position_seed(params.seed, position))
+            probs = filter_logits(x / params.temperature, params).softmax(-1)
+            tokens[row] = torch.multinomial(probs, 1, generator=gen)[0]
+        k = self.num_logprobs(chunks)
+        if not k:
+            return SampleOutput(tokens)
+        logp = logits.log_softmax(-1)
+        top = logp.topk(k, dim=-1)
+        return SampleOutput(tokens, logp.gather(1, tokens[:, None])[:, 0], top.indices, top.values)

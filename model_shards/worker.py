@@ -2,35 +2,40 @@
 
 Data flow of one step (the same plan on every rank):
 
-1. free the KV cache of finished sequences; the sampling rank registers new ones;
+1. drop the block tables of freed sequences, copy blocks, extend block tables;
+   the sampling rank registers new sequences and records fed tokens;
 2. first stage embeds the plan's token ids, later stages receive the previous
    stage's hidden states ``[T, H]``;
-3. run this stage's layers (TP all-reduces inside);
+3. run this stage's layers (TP all-reduces inside), writing K/V into the pool;
 4. non-last stages send ``[T, H]`` on; the last stage computes logits for each
-   chunk's final token, its TP rank 0 samples, and sends the tokens (and, when
-   asked, the logits) to global rank 0.
+   sampled chunk's final token, its TP rank 0 samples and sends the result to
+   global rank 0 (see :func:`_send_result` for the wire order).
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from itertools import accumulate
 
 import torch
 
 from model_shards.checkpoint import Checkpoint
-from model_shards.config import ModelConfig
-from model_shards.kv_cache import KVCache
+from model_shards.config import ModelConfig, ReplicaConfig
+from model_shards.kv_cache import PagedKVCache
 from model_shards.layers.attention import ForwardBatch
 from model_shards.loader import load_weights
-from model_shards.messages import StepPlan, decode_plan, encode
+from model_shards.messages import StepPlan, TokenLogprob, decode_plan, encode
 from model_shards.models import MODEL_REGISTRY
 from model_shards.models.llama import LlamaForCausalLM
 from model_shards.parallel import comm
 from model_shards.parallel.state import ParallelState
-from model_shards.sampler import Sampler
+from model_shards.sampler import SampleOutput, Sampler
+
+log = logging.getLogger(__name__)
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+CPU_KV_CACHE_DEFAULT = 1 << 30  # bytes per rank when neither flag nor GPU says otherwise
 
 
 def resolve_dtype(flag: str, model: ModelConfig) -> torch.dtype:
@@ -43,7 +48,8 @@ def resolve_dtype(flag: str, model: ModelConfig) -> torch.dtype:
 class StepResult:
     """What global rank 0 learns from one step."""
 
-    tokens: torch.Tensor  # [S] int64, one per chunk with ``sample``
+    tokens: list[int]  # one per chunk with ``sample``
+    logprobs: list[TokenLogprob] | None = None
     logits: torch.Tensor | None = None  # [S, vocab] float32 when the plan asked
 
 
@@ -55,29 +61,70 @@ def receive_plan(ps: ParallelState) -> StepPlan:
     return decode_plan(comm.broadcast_bytes(None, ps, src=0))
 
 
+def kv_cache_blocks(
+    cfg: ModelConfig, replica: ReplicaConfig, ps: ParallelState, dtype: torch.dtype,
+    num_layers: int, max_model_len: int,
+) -> int:  # fmt: skip
+    """Blocks this rank's memory budget allows, agreed (minimum) over the whole replica.
+
+    Budget: ``--kv-cache-memory``; else on GPU ``--gpu-memory-utilization`` of the
+    device minus what is already used; else 1 GiB. Never more than
+    ``max_num_seqs`` full-length sequences need.
+    """
+    nkv = max(1, cfg.num_kv_heads // ps.tp_size)
+    per_block = PagedKVCache.bytes_per_block(
+        num_layers, replica.block_size, nkv, cfg.head_dim, dtype
+    )
+    if replica.kv_cache_memory is not None:
+        budget = replica.kv_cache_memory
+    elif ps.device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(ps.device)
+        budget = int(replica.gpu_memory_utilization * total) - (total - free)
+    else:
+        budget = CPU_KV_CACHE_DEFAULT
+    per_seq = -(-max_model_len // replica.block_size)
+    blocks = min(max(budget, 0) // per_block, per_seq * replica.max_num_seqs)
+    blocks = comm.all_reduce_min_int(blocks, ps)
+    if blocks < per_seq:
+        raise ValueError(
+            f"KV cache of {blocks} blocks cannot hold one {max_model_len}-token sequence; "
+            f"raise --kv-cache-memory (or --gpu-memory-utilization) or lower --max-model-len"
+        )
+    return blocks
+
+
 class Worker:
-    def __init__(self, model: LlamaForCausalLM, ps: ParallelState, dtype: torch.dtype) -> None:
+    def __init__(
+        self, model: LlamaForCausalLM, ps: ParallelState, dtype: torch.dtype, num_blocks: int,
+        block_size: int,
+    ) -> None:  # fmt: skip
         self.model = model
         self.ps = ps
         self.dtype = dtype
         cfg = model.config
-        num_kv_heads = max(1, cfg.num_kv_heads // ps.tp_size)
-        self.kv = KVCache(num_kv_heads, cfg.head_dim, dtype, ps.device)
+        self.kv = PagedKVCache(
+            range(model.model.start, model.model.end), num_blocks, block_size,
+            max(1, cfg.num_kv_heads // ps.tp_size), cfg.head_dim, dtype, ps.device,
+        )  # fmt: skip
         self.sampler = Sampler()
         self.bytes_loaded = 0
 
     @staticmethod
     def build(
-        model_dir: str, cfg: ModelConfig, ps: ParallelState, dtype: torch.dtype, max_positions: int
+        replica: ReplicaConfig, cfg: ModelConfig, ps: ParallelState, max_model_len: int
     ) -> Worker:
-        """Build this rank's stage of the model and load its slices of the checkpoint."""
+        """Build this rank's stage, load its slices of the checkpoint, size the KV pool."""
+        dtype = resolve_dtype(replica.dtype, cfg)
         model_cls = MODEL_REGISTRY[cfg.architecture]
         with torch.device(ps.device):
-            model = model_cls(cfg, dtype, ps, max_positions)
-        with Checkpoint(model_dir) as checkpoint:
+            model = model_cls(cfg, dtype, ps, max_model_len)
+        with Checkpoint(replica.model_dir) as checkpoint:
             load_weights(model, checkpoint)
-            worker = Worker(model.eval(), ps, dtype)
-            worker.bytes_loaded = checkpoint.bytes_read
+            bytes_read = checkpoint.bytes_read
+        num_layers = model.model.end - model.model.start
+        blocks = kv_cache_blocks(cfg, replica, ps, dtype, num_layers, max_model_len)
+        worker = Worker(model.eval(), ps, dtype, blocks, replica.block_size)
+        worker.bytes_loaded = bytes_read
         return worker
 
     @property
@@ -91,64 +138,49 @@ class Worker:
         for seq_id in plan.freed_seq_ids:
             self.kv.free(seq_id)
             self.sampler.remove(seq_id)
+        self.kv.copy_blocks(plan.copy_blocks)
         if self.is_sampler:
             for new in plan.new_sequences:
-                self.sampler.add(new.seq_id, new.sampling)
+                self.sampler.add(new)
+            for chunk in plan.chunks:
+                self.sampler.observe(chunk)
         if not plan.chunks:
             return None
-        lengths = [len(c.token_ids) for c in plan.chunks]
-        batch = ForwardBatch(
-            positions=torch.cat(
-                [
-                    torch.arange(c.start_pos, c.start_pos + n)
-                    for c, n in zip(plan.chunks, lengths, strict=True)
-                ]
-            ).to(ps.device),
-            seq_ids=[c.seq_id for c in plan.chunks],
-            starts=[c.start_pos for c in plan.chunks],
-            lengths=lengths,
-            kv=self.kv,
-        )
-        sampled = [i for i, c in enumerate(plan.chunks) if c.sample]
-        hidden_shape = (batch.num_tokens, self.model.config.hidden_size)
+        self.kv.extend_tables(plan.chunks)
+        batch = ForwardBatch.build(plan.chunks, self.kv)
         if ps.is_first_stage:
             ids = [t for c in plan.chunks for t in c.token_ids]
             x = torch.tensor(ids, dtype=torch.int64, device=ps.device)
         else:
-            x = comm.recv_from_prev_stage(hidden_shape, self.dtype, ps)
+            shape = (batch.num_tokens, self.model.config.hidden_size)
+            x = comm.recv_from_prev_stage(shape, self.dtype, ps)
         hidden = self.model(x, batch)  # [T, H]
         if not ps.is_last_stage:
             comm.send_to_next_stage(hidden, ps)
             return self._receive_result(plan)
+        sampled = [i for i, c in enumerate(plan.chunks) if c.sample]
         if not sampled:
             return self._receive_result(plan)
-        ends = list(accumulate(lengths))
+        ends = list(accumulate(len(c.token_ids) for c in plan.chunks))
         rows = torch.tensor([ends[i] - 1 for i in sampled], device=ps.device)
         logits = self.model.compute_logits(hidden[rows])  # [S, V] float32
         if ps.tp_rank != 0:
             return None
-        tokens = self.sampler.sample(logits, [plan.chunks[i].seq_id for i in sampled])
+        out = self.sampler.sample(logits, [plan.chunks[i] for i in sampled])
+        full = logits.cpu() if plan.return_logits else None
         if ps.rank == 0:
-            return StepResult(tokens, logits.cpu() if plan.return_logits else None)
-        comm.send_cpu(tokens, 0, ps)
-        if plan.return_logits:
-            comm.send_cpu(logits, 0, ps)
+            return _to_result(out, full)
+        _send_result(out, full, ps)
         return None
 
     def _receive_result(self, plan: StepPlan) -> StepResult | None:
-        """Global rank 0, when it is not the sampler, waits for the sampler's tokens."""
+        """Global rank 0, when it is not the sampler, waits for the sampler's result."""
         if self.ps.rank != 0:
             return None
-        num_sampled = sum(1 for c in plan.chunks if c.sample)
-        if num_sampled == 0:
-            return StepResult(torch.empty(0, dtype=torch.int64))
-        leader = self.ps.last_stage_leader
-        tokens = comm.recv_cpu((num_sampled,), torch.int64, leader, self.ps)
-        logits = None
-        if plan.return_logits:
-            vocab = self.model.config.vocab_size
-            logits = comm.recv_cpu((num_sampled, vocab), torch.float32, leader, self.ps)
-        return StepResult(tokens, logits)
+        if not any(c.sample for c in plan.chunks):
+            return StepResult([])
+        vocab = self.model.config.vocab_size
+        return _recv_result(self.ps, self.ps.last_stage_leader, plan.return_logits, vocab)
 
     def serve_forever(self) -> None:
         """Non-zero ranks: execute plans from rank 0 until a shutdown plan."""
@@ -157,3 +189,44 @@ class Worker:
             if plan.shutdown:
                 return
             self.execute(plan)
+
+
+def _to_result(out: SampleOutput, logits: torch.Tensor | None) -> StepResult:
+    logprobs = None
+    if out.logprobs is not None and out.top_ids is not None and out.top_logprobs is not None:
+        logprobs = [
+            TokenLogprob(lp, ids, tops)
+            for lp, ids, tops in zip(
+                out.logprobs.tolist(), out.top_ids.tolist(), out.top_logprobs.tolist(), strict=True
+            )
+        ]
+    return StepResult(out.tokens.tolist(), logprobs, logits)
+
+
+def _send_result(out: SampleOutput, logits: torch.Tensor | None, ps: ParallelState) -> None:
+    """Wire order to rank 0: header ``[S, K]``, tokens, then (K > 0) logprobs, top ids, top
+    logprobs, then (when asked) logits."""
+    k = 0 if out.top_ids is None else int(out.top_ids.shape[1])
+    comm.send_cpu(torch.tensor([out.tokens.shape[0], k], dtype=torch.int64), 0, ps)
+    comm.send_cpu(out.tokens, 0, ps)
+    if k:
+        assert out.logprobs is not None and out.top_logprobs is not None
+        assert out.top_ids is not None
+        comm.send_cpu(out.logprobs, 0, ps)
+        comm.send_cpu(out.top_ids, 0, ps)
+        comm.send_cpu(out.top_logprobs, 0, ps)
+    if logits is not None:
+        comm.send_cpu(logits, 0, ps)
+
+
+def _recv_result(ps: ParallelState, src: int, with_logits: bool, vocab: int) -> StepResult:
+    s, k = comm.recv_cpu((2,), torch.int64, src, ps).tolist()
+    out = SampleOutput(comm.recv_cpu((s,), torch.int64, src, ps))
+    if k:
+        out.logprobs = comm.recv_cpu((s,), torch.float32, src, ps)
+        out.top_ids = comm.recv_cpu((s, k), torch.int64, src, ps)
+        out.top_logprobs = comm.recv_cpu((s, k), torch.float32, src, ps)
+    logits = comm.recv_cpu((s, vocab), torch.float32, src, ps) if with_logits else None
+    return _to_result(out, logits)
+
+

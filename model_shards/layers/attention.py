@@ -1,8 +1,10 @@
-"""Causal self-attention over packed sequences with a KV cache.
+"""Causal self-attention over packed sequences and a paged KV cache.
 
 A step packs the new tokens of several sequences into one ``[T, ...]`` batch.
-:class:`ForwardBatch` says which rows belong to which sequence and where each
-chunk starts; attention runs per sequence against that sequence's cached keys.
+:class:`ForwardBatch` (built once per step, shared by all layers) says where
+each new token's K/V goes (``slot_mapping``) and which slots each sequence
+attends to. Single-token chunks (decodes) run as one padded batch; longer
+chunks (prefill) run one by one with a causal mask offset by their start.
 Grouped-query attention: ``nh`` query heads share ``nkv`` key/value heads.
 """
 
@@ -14,22 +16,68 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from model_shards.kv_cache import KVCache
+from model_shards.kv_cache import PagedKVCache
+from model_shards.messages import SeqChunk
+
+
+@dataclass
+class PrefillSegment:
+    row: int  # first row of the chunk in the packed batch
+    length: int
+    start: int  # position of the first token
+    context_slots: torch.Tensor  # [start + length] slots of every position so far
 
 
 @dataclass
 class ForwardBatch:
-    """Metadata of one packed step, the same on every rank."""
+    """Metadata of one packed step, the same on every rank of a stage."""
 
     positions: torch.Tensor  # [T] absolute position of each token
-    seq_ids: list[int]
-    starts: list[int]  # first position of each chunk
-    lengths: list[int]  # tokens of each chunk; sum == T
-    kv: KVCache
+    slot_mapping: torch.Tensor  # [T] where each token's K/V is written
+    decode_rows: torch.Tensor  # [B] rows of single-token chunks
+    decode_slots: torch.Tensor  # [B, Lmax] context slots (padded with 0)
+    decode_mask: torch.Tensor  # [B, 1, 1, Lmax] True where a slot is real
+    prefills: list[PrefillSegment]
+    kv: PagedKVCache
 
     @property
     def num_tokens(self) -> int:
-        return sum(self.lengths)
+        return int(self.positions.shape[0])
+
+    @staticmethod
+    def build(chunks: list[SeqChunk], kv: PagedKVCache) -> ForwardBatch:
+        positions, slots, prefills = [], [], []
+        decode_rows: list[int] = []
+        decode_ctx: list[torch.Tensor] = []
+        row = 0
+        for c in chunks:
+            n = len(c.token_ids)
+            end = c.start_pos + n
+            ctx = kv.slots(c.seq_id, 0, end)
+            positions.append(torch.arange(c.start_pos, end))
+            slots.append(ctx[c.start_pos :])
+            if n == 1:
+                decode_rows.append(row)
+                decode_ctx.append(ctx)
+            else:
+                prefills.append(PrefillSegment(row, n, c.start_pos, ctx.to(kv.device)))
+            row += n
+        lmax = max((len(s) for s in decode_ctx), default=0)
+        dslots = torch.zeros(len(decode_ctx), lmax, dtype=torch.int64)
+        dmask = torch.zeros(len(decode_ctx), 1, 1, lmax, dtype=torch.bool)
+        for i, s in enumerate(decode_ctx):
+            dslots[i, : len(s)] = s
+            dmask[i, :, :, : len(s)] = True
+        dev = kv.device
+        return ForwardBatch(
+            positions=torch.cat(positions).to(dev),
+            slot_mapping=torch.cat(slots).to(dev),
+            decode_rows=torch.tensor(decode_rows, dtype=torch.int64, device=dev),
+            decode_slots=dslots.to(dev),
+            decode_mask=dmask.to(dev),
+            prefills=prefills,
+            kv=kv,
+        )
 
 
 class Attention(nn.Module):
@@ -45,27 +93,32 @@ class Attention(nn.Module):
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: ForwardBatch
     ) -> torch.Tensor:
         """``q: [T, nh, D]``, ``k, v: [T, nkv, D]`` → ``[T, nh * D]``."""
+        k_pool = batch.kv.k[self.layer_idx]  # [slots, nkv, D]
+        v_pool = batch.kv.v[self.layer_idx]
+        k_pool.index_copy_(0, batch.slot_mapping, k)
+        v_pool.index_copy_(0, batch.slot_mapping, v)
+        gqa = self.num_heads != self.num_kv_heads
         out = torch.empty_like(q)
-        row = 0
-        for seq_id, start, length in zip(batch.seq_ids, batch.starts, batch.lengths, strict=True):
-            q_s = q[row : row + length].transpose(0, 1)  # (nh, L, D)
-            k_all, v_all = batch.kv.append(
-                self.layer_idx,
-                seq_id,
-                start,
-                k[row : row + length].transpose(0, 1),
-                v[row : row + length].transpose(0, 1),
-            )  # (nkv, start+L, D)
+        if batch.decode_rows.numel():
+            qd = q[batch.decode_rows].unsqueeze(2)  # (B, nh, 1, D)
+            kd = k_pool[batch.decode_slots].transpose(1, 2)  # (B, nkv, Lmax, D)
+            vd = v_pool[batch.decode_slots].transpose(1, 2)
+            od = F.scaled_dot_product_attention(
+                qd, kd, vd, attn_mask=batch.decode_mask, scale=self.scale, enable_gqa=gqa
+            )  # (B, nh, 1, D)
+            out[batch.decode_rows] = od.squeeze(2)
+        for seg in batch.prefills:
+            rows = slice(seg.row, seg.row + seg.length)
+            qp = q[rows].transpose(0, 1).unsqueeze(0)  # (1, nh, L, D)
+            kp = k_pool[seg.context_slots].transpose(0, 1).unsqueeze(0)  # (1, nkv, S+L, D)
+            vp = v_pool[seg.context_slots].transpose(0, 1).unsqueeze(0)
             mask = None
-            causal = length > 1 and start == 0
-            if length > 1 and start > 0:
-                rows = torch.arange(length, device=q.device).unsqueeze(1) + start
-                mask = torch.arange(start + length, device=q.device).unsqueeze(0) <= rows
-            o = F.scaled_dot_product_attention(
-                q_s.unsqueeze(0), k_all.unsqueeze(0), v_all.unsqueeze(0),
-                attn_mask=mask, is_causal=causal, scale=self.scale,
-                enable_gqa=self.num_heads != self.num_kv_heads,
+            if seg.start > 0:
+                qpos = torch.arange(seg.length, device=q.device).unsqueeze(1) + seg.start
+                mask = torch.arange(seg.start + seg.length, device=q.device).unsqueeze(0) <= qpos
+            op = F.scaled_dot_product_attention(
+                qp, kp, vp, attn_mask=mask, is_causal=seg.start == 0, scale=self.scale,
+                enable_gqa=gqa,
             )  # fmt: skip  # (1, nh, L, D)
-            out[row : row + length] = o[0].transpose(0, 1)
-            row += length
+            out[rows] = op[0].transpose(0, 1)
         return out.reshape(out.shape[0], self.num_heads * self.head_dim)

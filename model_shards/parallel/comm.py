@@ -76,3 +76,12 @@ def recv_cpu(
     out = torch.empty(shape, dtype=dtype)
     dist.recv(out, src=src, group=ps.cpu_group)
     return out
+
+
+def all_reduce_min_int(value: int, ps: ParallelState) -> int:
+    """The minimum of an integer over every rank of the replica (CPU group)."""
+    if ps.world_size == 1:
+        return value
+    t = torch.tensor([value], dtype=torch.int64)
+    dist.all_reduce(t, op=dist.ReduceOp.MIN, group=ps.cpu_group)
+    return int(t.item())

@@ -1,0 +1,68 @@
+"""The scheduler's configuration (validated once) and its counters."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Limits of one replica's continuous-batching scheduler.
+
+    ``max_num_seqs``: sequences in one step (also the most that run at once).
+    ``max_num_batched_tokens``: tokens in one step, decodes and prefill chunks
+    together; must be ``>= max_num_seqs`` so every running decode always fits.
+    ``max_model_len``: a sequence stops ("length") when prompt + output reaches it.
+    ``block_size`` / ``num_blocks``: the paged KV pool, ``num_blocks`` blocks of
+    ``block_size`` token slots each, shared by all sequences.
+    ``enable_prefix_caching``: reuse full blocks whose tokens were computed before.
+    ``eos_token_ids``: tokens that end a sequence ("stop") unless ``ignore_eos``.
+    """
+
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    max_model_len: int
+    block_size: int
+    num_blocks: int
+    enable_prefix_caching: bool = True
+    eos_token_ids: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
+        if self.block_size < 1:
+            raise ValueError("--block-size must be >= 1")
+        if self.num_blocks < 1:
+            raise ValueError("--num-blocks must be >= 1 (give the KV cache more memory)")
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise ValueError(
+                f"--max-num-batched-tokens {self.max_num_batched_tokens} is smaller than "
+                f"--max-num-seqs {self.max_num_seqs}; raise it to at least "
+                f"{self.max_num_seqs} so every running sequence can decode each step"
+            )
+
+    @property
+    def pool_tokens(self) -> int:
+        """Token slots in the whole KV pool."""
+        return self.num_blocks * self.block_size
+
+
+@dataclass(frozen=True)
+class SchedulerStats:
+    """A snapshot of the scheduler's counters (totals since start-up, then gauges).
+
+    ``prefill_tokens_computed``: tokens run as prefill (prompts, and prompt +
+    generated tokens when a preempted sequence is recomputed), excluding tokens
+    served from the prefix cache and excluding decode tokens.
+    ``prefix_cache_hit_tokens``: tokens whose KV was taken from the prefix cache.
+    """
+
+    prefill_tokens_computed: int
+    prefix_cache_hit_tokens: int
+    num_preemptions: int
+    num_free_blocks: int
+    num_cached_blocks: int
+    num_blocks: int
+    num_running: int
+    num_waiting: int
