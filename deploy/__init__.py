@@ -1,0 +1,1 @@
+"""Deployment helpers: the load generator (``deploy/loadtest.py``) and its library."""
