@@ -108,9 +108,10 @@ class Sampler:
             del state.history[chunk.start_pos :]
             state.history.extend(chunk.token_ids)
 
-    def num_logprobs(self, chunks: list[SeqChunk]) -> int:
-        """The largest top-N any sampled sequence of this step asked for (0: none)."""
-        return max((self._seqs[c.seq_id].params.logprobs or 0 for c in chunks), default=0)
+    def num_logprobs(self, chunks: list[SeqChunk]) -> int | None:
+        """The largest top-N any sampled sequence of this step asked for (``None``: none asked)."""
+        asked = [n for c in chunks if (n := self._seqs[c.seq_id].params.logprobs) is not None]
+        return max(asked) if asked else None
 
     def sample(self, logits: torch.Tensor, chunks: list[SeqChunk]) -> SampleOutput:
         """``logits [S, V]`` float32, one row per sampled chunk, in order → tokens ``[S]``."""
@@ -142,7 +143,7 @@ class Sampler:
             probs = filter_logits(x / params.temperature, params).softmax(-1)
             tokens[row] = torch.multinomial(probs, 1, generator=gen)[0]
         k = self.num_logprobs(chunks)
-        if not k:
+        if k is None:
             return SampleOutput(tokens)
         logp = logits.log_softmax(-1)
         top = logp.topk(k, dim=-1)

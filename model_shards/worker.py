@@ -204,17 +204,18 @@ def _to_result(out: SampleOutput, logits: torch.Tensor | None) -> StepResult:
 
 
 def _send_result(out: SampleOutput, logits: torch.Tensor | None, ps: ParallelState) -> None:
-    """Wire order to rank 0: header ``[S, K]``, tokens, then (K > 0) logprobs, top ids, top
-    logprobs, then (when asked) logits."""
-    k = 0 if out.top_ids is None else int(out.top_ids.shape[1])
+    """Wire order to rank 0: header ``[S, K]``, tokens, then (K >= 0) logprobs, top ids, top
+    logprobs, then (when asked) logits. ``K = -1`` when no sequence asked for logprobs."""
+    k = -1 if out.top_ids is None else int(out.top_ids.shape[1])  # -1: no logprobs
     comm.send_cpu(torch.tensor([out.tokens.shape[0], k], dtype=torch.int64), 0, ps)
     comm.send_cpu(out.tokens, 0, ps)
-    if k:
+    if k >= 0:
         assert out.logprobs is not None and out.top_logprobs is not None
         assert out.top_ids is not None
         comm.send_cpu(out.logprobs, 0, ps)
-        comm.send_cpu(out.top_ids, 0, ps)
-        comm.send_cpu(out.top_logprobs, 0, ps)
+        if k > 0:  # gloo cannot send empty tensors
+            comm.send_cpu(out.top_ids, 0, ps)
+            comm.send_cpu(out.top_logprobs, 0, ps)
     if logits is not None:
         comm.send_cpu(logits, 0, ps)
 
@@ -222,10 +223,13 @@ def _send_result(out: SampleOutput, logits: torch.Tensor | None, ps: ParallelSta
 def _recv_result(ps: ParallelState, src: int, with_logits: bool, vocab: int) -> StepResult:
     s, k = comm.recv_cpu((2,), torch.int64, src, ps).tolist()
     out = SampleOutput(comm.recv_cpu((s,), torch.int64, src, ps))
-    if k:
+    if k >= 0:
         out.logprobs = comm.recv_cpu((s,), torch.float32, src, ps)
-        out.top_ids = comm.recv_cpu((s, k), torch.int64, src, ps)
-        out.top_logprobs = comm.recv_cpu((s, k), torch.float32, src, ps)
+        out.top_ids = torch.empty(s, 0, dtype=torch.int64)
+        out.top_logprobs = torch.empty(s, 0)
+        if k > 0:
+            out.top_ids = comm.recv_cpu((s, k), torch.int64, src, ps)
+            out.top_logprobs = comm.recv_cpu((s, k), torch.float32, src, ps)
     logits = comm.recv_cpu((s, vocab), torch.float32, src, ps) if with_logits else None
     return _to_result(out, logits)
 
