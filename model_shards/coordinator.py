@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
+from dataclasses import dataclass
 
 import msgspec
 import torch
@@ -42,6 +43,7 @@ from model_shards.scheduler.scheduler import (
     Scheduler,
     SchedulerConfig,
     SchedulerStats,
+    Sequence,
     SeqUpdate,
 )
 from model_shards.worker import StepResult, Worker, broadcast_plan
@@ -49,10 +51,21 @@ from model_shards.worker import StepResult, Worker, broadcast_plan
 log = logging.getLogger(__name__)
 
 
+@dataclass
+class _InFlight:
+    """A launched step whose tokens rank 0 has not applied yet."""
+
+    scheduled: ScheduledStep
+    plan: StepPlan
+    sampled: list[Sequence]  # the sequences of the sampled chunks, in order
+    result: StepResult | None  # already known when rank 0 is the sampler (pp == 1)
+
+
 class Coordinator:
     def __init__(
         self, worker: Worker, *, max_num_seqs: int, max_num_batched_tokens: int,
-        max_model_len: int, enable_prefix_caching: bool = True, keepalive_s: float = 10.0,
+        max_model_len: int, enable_prefix_caching: bool = True, pipeline_overlap: bool = True,
+        keepalive_s: float = 10.0,
     ) -> None:  # fmt: skip
         self.worker = worker
         self.ps = worker.ps
@@ -76,6 +89,8 @@ class Coordinator:
         self._last_plan_at = time.monotonic()
         self._clients: set[bytes] = set()  # ZMQ identities of connected frontends
         self._logits_wanted: dict[str, torch.Tensor | None] = {}
+        self.max_in_flight = self.ps.pp_size if pipeline_overlap else 1
+        self._in_flight: deque[_InFlight] = deque()
 
     # ---- in-process API (used by serve() and by tests) ----------------------
 
@@ -111,35 +126,62 @@ class Coordinator:
         ]
 
     def has_work(self) -> bool:
-        return self.scheduler.has_work()
+        return self.scheduler.has_work() or bool(self._in_flight)
 
     @property
     def stats(self) -> SchedulerStats:
         return self.scheduler.stats
 
     def step(self) -> list[SeqUpdate]:
-        """One iteration: schedule, run on every rank, update (also flushes pending frees)."""
+        """One iteration, not overlapped: schedule, run on every rank, update."""
+        launched = self._launch()
+        return self._finish(launched) if launched is not None else []
+
+    def pump(self) -> list[SeqUpdate]:
+        """Keep up to ``max_in_flight`` steps in the pipeline, then finish the oldest.
+
+        With ``pp > 1`` every stage works on a different micro-batch (disjoint
+        sequences: the scheduler skips sequences in flight); with one step in
+        flight this is :meth:`step`.
+        """
+        while len(self._in_flight) < self.max_in_flight and self.scheduler.has_schedulable():
+            launched = self._launch()
+            if launched is None:
+                break
+            self._in_flight.append(launched)
+        return self._finish(self._in_flight.popleft()) if self._in_flight else []
+
+    def _launch(self) -> _InFlight | None:
+        """Schedule a step, send its plan, run stage 0; ``None`` when it ran no chunk."""
         scheduled = self.scheduler.schedule()
         sampled = [seq for seq, c in zip(scheduled.sequences, scheduled.chunks, strict=True)
                    if c.sample]  # fmt: skip
-        want_logits = any(s.request.request_id in self._logits_wanted for s in sampled)
         plan = StepPlan(
             step_id=self._next_step_id(),
             chunks=scheduled.chunks,
             new_sequences=self._with_stop_ids(scheduled),
             freed_seq_ids=scheduled.freed_seq_ids,
             copy_blocks=scheduled.copy_blocks,
-            return_logits=want_logits,
+            return_logits=any(s.request.request_id in self._logits_wanted for s in sampled),
         )
-        result = self._run(plan)
+        broadcast_plan(plan, self.ps, self.worker.pending)
+        self._last_plan_at = time.monotonic()
+        result = self.worker.execute(plan, wait=False)
+        if not plan.chunks:
+            return None
+        return _InFlight(scheduled, plan, sampled, result)
+
+    def _finish(self, step: _InFlight) -> list[SeqUpdate]:
+        """Wait for a launched step's tokens and apply them."""
+        result = step.result if step.result is not None else self.worker.collect(step.plan)
         if result.logits is not None:
-            for row, seq in enumerate(sampled):
+            for row, seq in enumerate(step.sampled):
                 if seq.request.request_id in self._logits_wanted:
                     self._logits_wanted[seq.request.request_id] = result.logits[row]
-        updates = self.scheduler.update(scheduled, result.tokens)
+        updates = self.scheduler.update(step.scheduled, result.tokens)
         if result.logprobs is None:
             return updates
-        by_seq = {id(seq): lp for seq, lp in zip(sampled, result.logprobs, strict=True)}
+        by_seq = {id(seq): lp for seq, lp in zip(step.sampled, result.logprobs, strict=True)}
         return [
             SeqUpdate(u.sequence, msgspec.structs.replace(
                 u.output, logprobs=[by_seq[id(u.sequence)]]
@@ -183,14 +225,13 @@ class Coordinator:
             self.step()
 
     def shutdown(self) -> None:
-        """Tell every rank to leave its loop."""
-        broadcast_plan(StepPlan(step_id=self._next_step_id(), shutdown=True), self.ps)
-
-    def _run(self, plan: StepPlan) -> StepResult:
-        broadcast_plan(plan, self.ps)
-        self._last_plan_at = time.monotonic()
-        result = self.worker.execute(plan)
-        return result if result is not None else StepResult([])
+        """Finish the steps in flight, then tell every rank to leave its loop."""
+        while self._in_flight:
+            self._finish(self._in_flight.popleft())
+        broadcast_plan(
+            StepPlan(step_id=self._next_step_id(), shutdown=True), self.ps, self.worker.pending
+        )
+        self.worker.pending.wait_all()
 
     def _next_step_id(self) -> int:
         self._step_id += 1
@@ -213,20 +254,19 @@ class Coordinator:
                 if sock.poll(timeout_ms):
                     running = self._drain(sock, ready)
                 if self.has_work():
-                    self._send(sock, self.step())
+                    self._send(sock, self.pump())
                 else:
                     self.keepalive()
+            self.shutdown()
         except Exception as exc:
+            # A rank failed: its peers' collectives time out and they exit too.
             log.exception("engine failed")
             for client in self._clients:
                 sock.send_multipart([client, encode(EngineError(f"engine failed: {exc}"))])
             raise
         finally:
-            try:
-                self.shutdown()
-            finally:
-                sock.close()
-                ctx.term()
+            sock.close()
+            ctx.term()
 
     def _drain(self, sock: zmq.Socket[bytes], ready: bytes) -> bool:
         """Handle every queued frontend message; ``False`` on ``Shutdown``."""

@@ -53,8 +53,9 @@ class StepResult:
     logits: torch.Tensor | None = None  # [S, vocab] float32 when the plan asked
 
 
-def broadcast_plan(plan: StepPlan, ps: ParallelState) -> None:
-    comm.broadcast_bytes(encode(plan), ps, src=0)
+def broadcast_plan(plan: StepPlan, ps: ParallelState, pending: comm.Pending) -> None:
+    """Rank 0: send the plan to every rank without waiting for them to take it."""
+    comm.broadcast_bytes_from_root(encode(plan), ps, pending)
 
 
 def receive_plan(ps: ParallelState) -> StepPlan:
@@ -108,6 +109,7 @@ class Worker:
         )  # fmt: skip
         self.sampler = Sampler()
         self.bytes_loaded = 0
+        self.pending = comm.Pending()  # non-blocking sends in progress
 
     @staticmethod
     def build(
@@ -132,8 +134,12 @@ class Worker:
         return self.ps.is_last_stage and self.ps.tp_rank == 0
 
     @torch.inference_mode()
-    def execute(self, plan: StepPlan) -> StepResult | None:
-        """Run one step; returns the sampled tokens on global rank 0, else ``None``."""
+    def execute(self, plan: StepPlan, wait: bool = True) -> StepResult | None:
+        """Run this rank's stage of one step.
+
+        On global rank 0 returns the step's result — when it is the sampler, or
+        ``wait`` (else call :meth:`collect` later, in plan order). ``None`` elsewhere.
+        """
         ps = self.ps
         for seq_id in plan.freed_seq_ids:
             self.kv.free(seq_id)
@@ -156,11 +162,11 @@ class Worker:
             x = comm.recv_from_prev_stage(shape, self.dtype, ps)
         hidden = self.model(x, batch)  # [T, H]
         if not ps.is_last_stage:
-            comm.send_to_next_stage(hidden, ps)
-            return self._receive_result(plan)
+            comm.send_to_next_stage(hidden, ps, self.pending)
+            return self.collect(plan) if wait and ps.rank == 0 else None
         sampled = [i for i, c in enumerate(plan.chunks) if c.sample]
         if not sampled:
-            return self._receive_result(plan)
+            return StepResult([]) if ps.rank == 0 else None
         ends = list(accumulate(len(c.token_ids) for c in plan.chunks))
         rows = torch.tensor([ends[i] - 1 for i in sampled], device=ps.device)
         logits = self.model.compute_logits(hidden[rows])  # [S, V] float32
@@ -170,13 +176,11 @@ class Worker:
         full = logits.cpu() if plan.return_logits else None
         if ps.rank == 0:
             return _to_result(out, full)
-        _send_result(out, full, ps)
+        _send_result(out, full, ps, self.pending)
         return None
 
-    def _receive_result(self, plan: StepPlan) -> StepResult | None:
-        """Global rank 0, when it is not the sampler, waits for the sampler's result."""
-        if self.ps.rank != 0:
-            return None
+    def collect(self, plan: StepPlan) -> StepResult:
+        """Global rank 0, when it is not the sampler: wait for the sampler's result of ``plan``."""
         if not any(c.sample for c in plan.chunks):
             return StepResult([])
         vocab = self.model.config.vocab_size
@@ -187,6 +191,7 @@ class Worker:
         while True:
             plan = receive_plan(self.ps)
             if plan.shutdown:
+                self.pending.wait_all()
                 return
             self.execute(plan)
 
@@ -203,21 +208,23 @@ def _to_result(out: SampleOutput, logits: torch.Tensor | None) -> StepResult:
     return StepResult(out.tokens.tolist(), logprobs, logits)
 
 
-def _send_result(out: SampleOutput, logits: torch.Tensor | None, ps: ParallelState) -> None:
+def _send_result(
+    out: SampleOutput, logits: torch.Tensor | None, ps: ParallelState, pending: comm.Pending
+) -> None:
     """Wire order to rank 0: header ``[S, K]``, tokens, then (K >= 0) logprobs, top ids, top
     logprobs, then (when asked) logits. ``K = -1`` when no sequence asked for logprobs."""
     k = -1 if out.top_ids is None else int(out.top_ids.shape[1])  # -1: no logprobs
-    comm.send_cpu(torch.tensor([out.tokens.shape[0], k], dtype=torch.int64), 0, ps)
-    comm.send_cpu(out.tokens, 0, ps)
+    comm.send_cpu(torch.tensor([out.tokens.shape[0], k], dtype=torch.int64), 0, ps, pending)
+    comm.send_cpu(out.tokens, 0, ps, pending)
     if k >= 0:
         assert out.logprobs is not None and out.top_logprobs is not None
         assert out.top_ids is not None
-        comm.send_cpu(out.logprobs, 0, ps)
+        comm.send_cpu(out.logprobs, 0, ps, pending)
         if k > 0:  # gloo cannot send empty tensors
-            comm.send_cpu(out.top_ids, 0, ps)
-            comm.send_cpu(out.top_logprobs, 0, ps)
+            comm.send_cpu(out.top_ids, 0, ps, pending)
+            comm.send_cpu(out.top_logprobs, 0, ps, pending)
     if logits is not None:
-        comm.send_cpu(logits, 0, ps)
+        comm.send_cpu(logits, 0, ps, pending)
 
 
 def _recv_result(ps: ParallelState, src: int, with_logits: bool, vocab: int) -> StepResult:

@@ -8,6 +8,8 @@ dead peer turns into an exception, not a hang.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import torch
 import torch.distributed as dist
 
@@ -30,9 +32,42 @@ def tp_all_gather_last_dim(x: torch.Tensor, ps: ParallelState) -> torch.Tensor:
     return torch.cat(parts, dim=-1)
 
 
-def send_to_next_stage(x: torch.Tensor, ps: ParallelState) -> None:
-    """Hand this stage's activations to the same TP slot of the next stage."""
-    dist.send(x.contiguous(), dst=ps.next_stage_rank)
+@dataclass
+class Pending:
+    """Non-blocking sends in progress: their buffers stay referenced until they complete."""
+
+    works: list[dist.Work] = field(default_factory=list)
+    buffers: list[torch.Tensor] = field(default_factory=list)
+
+    def add(self, work: dist.Work | None, buffer: torch.Tensor) -> None:
+        self.prune()
+        if work is not None:
+            self.works.append(work)
+            self.buffers.append(buffer)
+
+    def prune(self) -> None:
+        """Forget completed work (raising if one failed)."""
+        keep = [i for i, w in enumerate(self.works) if not w.is_completed()]
+        for i, w in enumerate(self.works):
+            if i not in keep:
+                w.wait()
+        self.works = [self.works[i] for i in keep]
+        self.buffers = [self.buffers[i] for i in keep]
+
+    def wait_all(self) -> None:
+        for w in self.works:
+            w.wait()
+        self.works, self.buffers = [], []
+
+
+def send_to_next_stage(x: torch.Tensor, ps: ParallelState, pending: Pending) -> None:
+    """Hand this stage's activations to the same TP slot of the next stage (non-blocking).
+
+    Non-blocking so a stage never waits for its neighbour while that neighbour
+    waits on someone else (pipeline micro-batches in flight would deadlock).
+    """
+    buf = x.contiguous()
+    pending.add(dist.isend(buf, dst=ps.next_stage_rank), buf)
 
 
 def recv_from_prev_stage(
@@ -42,6 +77,17 @@ def recv_from_prev_stage(
     out = torch.empty(shape, dtype=dtype, device=ps.device)
     dist.recv(out, src=ps.prev_stage_rank)
     return out
+
+
+def broadcast_bytes_from_root(data: bytes, ps: ParallelState, pending: Pending) -> None:
+    """Rank 0's side of :func:`broadcast_bytes`, without waiting for the receivers."""
+    if ps.world_size == 1:
+        return
+    length = torch.tensor([len(data)], dtype=torch.int64)
+    pending.add(dist.broadcast(length, src=0, group=ps.cpu_group, async_op=True), length)
+    if data:
+        payload = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        pending.add(dist.broadcast(payload, src=0, group=ps.cpu_group, async_op=True), payload)
 
 
 def broadcast_bytes(data: bytes | None, ps: ParallelState, src: int = 0) -> bytes:
@@ -65,9 +111,10 @@ def broadcast_bytes(data: bytes | None, ps: ParallelState, src: int = 0) -> byte
     return payload.numpy().tobytes()
 
 
-def send_cpu(x: torch.Tensor, dst: int, ps: ParallelState) -> None:
-    """Send a small CPU tensor (sampled tokens, logits) over the CPU group."""
-    dist.send(x.cpu().contiguous(), dst=dst, group=ps.cpu_group)
+def send_cpu(x: torch.Tensor, dst: int, ps: ParallelState, pending: Pending) -> None:
+    """Send a small CPU tensor (sampled tokens, logits) over the CPU group, non-blocking."""
+    buf = x.cpu().contiguous()
+    pending.add(dist.isend(buf, dst=dst, group=ps.cpu_group), buf)
 
 
 def recv_cpu(

@@ -1,8 +1,7 @@
 """Rank 0's scheduling decisions, in pure Python (no torch).
 
 ``Scheduler`` (continuous batching, chunked prefill, paged KV with prefix
-caching and recompute preemption) is the one the coordinator uses;
-``fifo.FifoScheduler`` is the earlier whole-prompt scheduler it replaces.
+caching and recompute preemption) is the one the coordinator uses.
 
 Files: ``config`` (SchedulerConfig, SchedulerStats), ``sequence`` (per-request
 state, ScheduledStep, SeqUpdate), ``prefix_cache`` (block hashing, LRU of

@@ -20,10 +20,13 @@ recomputed over prompt + output (the ranks' sampler is deterministic per
 position, so the output continues unchanged). No new sequence is admitted in
 a step that preempted.
 
-``update(step, tokens)`` must be called with each step's sampled tokens before
-the next ``schedule()`` (one step in flight). It advances the KV cursor,
-offers newly computed full blocks to the prefix cache, appends tokens and
-decides finishes.
+Several steps may be in flight (pipeline micro-batches): a sequence in an
+unfinished step is neither scheduled nor preempted until ``update(step,
+tokens)`` records that step's sampled tokens. ``update`` advances the KV
+cursor, offers newly computed full blocks to the prefix cache, appends
+tokens and decides finishes. Steps run on every stage in the order they were
+scheduled, so a block released by an abort can be handed to a later step at
+once.
 
 Invariant: a block is written only by the one sequence that holds it. Shared
 blocks are full, computed, cached blocks: a hit never covers the block of the
@@ -93,6 +96,7 @@ class Scheduler:
         self._prefill_tokens = 0
         self._hit_tokens = 0
         self._preemptions = 0
+        self._in_flight: set[int] = set()  # seq ids of scheduled steps not yet updated
 
     # ---- requests in and out ------------------------------------------------
 
@@ -156,20 +160,28 @@ class Scheduler:
         step = _StepBuilder(self.config.max_num_batched_tokens, self._to_free)
         self._to_free = []
         for seq in list(self.running):
-            if seq.status is SeqStatus.RUNNING and not seq.is_prefilling:
+            if self._ready(seq, step) and not seq.is_prefilling:
                 self._schedule_decode(seq, step)
         for seq in list(self.running):
             if step.budget == 0:
                 break
-            if (
-                seq.status is SeqStatus.RUNNING
-                and seq.is_prefilling
-                and seq.seq_id not in step.scheduled
-            ):
+            if self._ready(seq, step) and seq.is_prefilling:
                 self._schedule_prefill(seq, step)
         while not step.preempted and self._admit(step):
             pass
+        self._in_flight |= step.scheduled
         return step.build()
+
+    def has_schedulable(self) -> bool:
+        """Whether a ``schedule()`` now could run anything (waiting, or running not in flight)."""
+        return bool(self.waiting) or any(s.seq_id not in self._in_flight for s in self.running)
+
+    def _ready(self, seq: Sequence, step: _StepBuilder) -> bool:
+        return (
+            seq.status is SeqStatus.RUNNING
+            and seq.seq_id not in step.scheduled
+            and seq.seq_id not in self._in_flight
+        )
 
     def update(self, step: ScheduledStep, tokens: list[int]) -> list[SeqUpdate]:
         """Record a step's results; ``tokens``: one per ``sample`` chunk, in chunk order.
@@ -182,6 +194,7 @@ class Scheduler:
         if len(tokens) != num_sampled:
             raise ValueError(f"step sampled {num_sampled} chunks but got {len(tokens)} tokens")
         sampled = iter(tokens)
+        self._in_flight.difference_update(c.seq_id for c in step.chunks)
         updates = []
         for seq, chunk in zip(step.sequences, step.chunks, strict=True):
             token = next(sampled) if chunk.sample else None
@@ -264,7 +277,16 @@ class Scheduler:
         ``False`` if ``seq`` itself had to go.
         """
         while self.blocks.num_free < need:
-            victim = next(s for s in reversed(self.running) if s.seq_id not in step.scheduled)
+            victim = next(
+                (
+                    s
+                    for s in reversed(self.running)
+                    if s.seq_id not in step.scheduled and s.seq_id not in self._in_flight
+                ),
+                None,
+            )
+            if victim is None:  # everyone else is in flight: wait for them
+                return False
             self._preempt(victim, step)
             if victim is seq:
                 return False

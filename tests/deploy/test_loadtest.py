@@ -57,7 +57,10 @@ async def test_latencies_match_injected_delays(endpoint: str) -> None:
     assert m.ttft_ms.mean == pytest.approx(50.0, abs=SLACK_MS + TTFT_HTTP_MS)
     assert m.itl_ms.mean == pytest.approx(20.0, abs=SLACK_MS)
     assert m.tpot_ms.mean == pytest.approx(20.0, abs=SLACK_MS)
-    assert m.e2e_ms.mean == pytest.approx(50.0 + 9 * 20.0, abs=2 * SLACK_MS + TTFT_HTTP_MS)
+    # End to end is the first token plus nine gaps; each gap's few ms of machine noise add up,
+    # so check the sum against the measured parts, and the floor against the injected ones.
+    assert m.e2e_ms.mean == pytest.approx(m.ttft_ms.mean + 9 * m.itl_ms.mean, abs=2 * SLACK_MS)
+    assert m.e2e_ms.mean >= 50.0 + 9 * 20.0 - 1.0
     for r in point.requests:  # TPOT is (e2e - ttft) / (output_tokens - 1), per request
         assert r.tpot_ms == pytest.approx((r.e2e_ms - r.ttft_ms) / 9)  # type: ignore[operator]
     assert m.output_throughput == pytest.approx(80 / m.duration_s)
