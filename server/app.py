@@ -1,38 +1,52 @@
-"""The FastAPI application: routes only; the work is in :mod:`server.completions`.
+"""The FastAPI application: routes only; the work is in the route modules.
 
 :func:`build_app` is a factory (no module globals): everything a route needs
 is captured from its arguments. Routes:
 
-* ``POST /v1/completions``: OpenAI completions, JSON or SSE (``stream: true``);
+* ``POST /v1/completions`` (:mod:`server.completions`) and
+  ``POST /v1/chat/completions`` (:mod:`server.chat`): JSON or SSE
+  (``stream: true``);
 * ``GET /v1/models``: the one served model, with ``max_model_len``;
-* ``GET /health``: 200 when the engine is ready and the replica alive, else 503.
+* ``GET /health``: 200 when the engine is ready and the replica alive, else 503;
+* ``GET /metrics``: Prometheus text (:mod:`server.metrics`).
 
-Order of checks for a completion: body (400) → model name (404) → engine
-health (503) → vocabulary/context (400) → generation. A non-streamed request
-whose client disconnects is aborted on the engine, as a streamed one is.
+Every request first passes the front door (:mod:`server.middleware`:
+request id, API key, body size, metrics). Order of checks for a generation:
+body (400) → model name (404) → engine health (503) → vocabulary/context
+(400) → generation. A non-streamed request whose client disconnects is
+aborted on the engine, as a streamed one is.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncGenerator, Awaitable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import TypeVar
 
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
-from server.completions import complete, prepare, stream
+from server import chat, completions
+from server.chat_protocol import ChatCompletionRequest
+from server.choices import Plan
+from server.completion_protocol import CompletionRequest
 from server.engine_client import EngineClient
 from server.errors import APIError, install_error_handlers, validation_error
-from server.protocol import CompletionRequest, ModelCard, ModelList, new_completion_id
+from server.metrics import Metrics
+from server.middleware import DEFAULT_MAX_REQUEST_BYTES, FrontDoor
+from server.protocol import ModelCard, ModelList, new_id
+from server.serving import Serving
 from server.tokenizer import Tokenizer
 
 T = TypeVar("T")
+B = TypeVar("B", bound=BaseModel)
 
 #: How often a non-streamed request checks whether its client is still there.
 DISCONNECT_POLL_S = 0.5
+
+ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics")
 
 
 class _ClientGone(Exception):
@@ -63,15 +77,68 @@ async def _chain(first: bytes, rest: AsyncGenerator[bytes, None]) -> AsyncGenera
             yield frame
 
 
+async def _parse(request: Request, model: type[B]) -> B:
+    try:
+        return model.model_validate_json(await request.body())
+    except ValidationError as exc:
+        raise validation_error(list(exc.errors())) from None
+
+
+async def _respond(
+    request: Request,
+    streamed: bool,
+    frames: Callable[[], AsyncGenerator[bytes, None]],
+    whole: Callable[[], Awaitable[BaseModel]],
+) -> Response:
+    """Send ``frames()`` as SSE or ``whole()`` as JSON; abort if the client leaves."""
+    if streamed:
+        stream = frames()
+        try:  # the first frame decides the status: a refusal is still a 4xx
+            first = await _unless_disconnected(request, anext(stream))
+        except _ClientGone:
+            await stream.aclose()
+            return Response(status_code=499)
+        except StopAsyncIteration:  # cannot happen: a stream always ends with [DONE]
+            first = b""
+        return StreamingResponse(
+            _chain(first, stream),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+    try:
+        result = await _unless_disconnected(request, whole())
+    except _ClientGone:
+        return Response(status_code=499)
+    return JSONResponse(result.model_dump())
+
+
 def build_app(
     engine_client: EngineClient,
     tokenizer: Tokenizer,
     served_model_name: str,
     max_model_len: int,
+    *,
+    api_key: str | None = None,
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+    metrics: Metrics | None = None,
 ) -> FastAPI:
-    """An OpenAI-compatible app serving ``served_model_name`` through ``engine_client``."""
+    """An OpenAI-compatible app serving ``served_model_name`` through ``engine_client``.
+
+    ``api_key`` (if set) guards every ``/v1/*`` route. A checkpoint chat
+    template that does not compile raises ``ValueError`` here, at start-up.
+    """
+    metrics = metrics or Metrics()
+    serving = Serving(engine_client, tokenizer, served_model_name, max_model_len, metrics)
+    template = chat.load_template(serving)
     app = FastAPI(title="shardserve", summary="OpenAI-compatible completions")
     install_error_handlers(app)
+    app.add_middleware(
+        FrontDoor,
+        metrics=metrics,
+        routes=ROUTES,
+        api_key=api_key,
+        max_request_bytes=max_request_bytes,
+    )
 
     @app.get("/health")
     async def health() -> Response:
@@ -80,49 +147,35 @@ def build_app(
         reason = engine_client.dead_reason or "engine is not ready"
         return APIError.unavailable(reason).response()
 
+    @app.get("/metrics")
+    async def metrics_text() -> Response:
+        return Response(metrics.render(), media_type=metrics.content_type)
+
     @app.get("/v1/models")
     async def models() -> ModelList:
         card = ModelCard(id=served_model_name, root=served_model_name, max_model_len=max_model_len)
         return ModelList(data=[card])
 
     @app.post("/v1/completions", response_model=None)
-    async def completions(request: Request) -> Response:
-        try:
-            body = CompletionRequest.model_validate_json(await request.body())
-        except ValidationError as exc:
-            raise validation_error(list(exc.errors())) from None
-        if body.model is not None and body.model != served_model_name:
-            raise APIError(
-                404,
-                f"The model `{body.model}` does not exist; this server serves "
-                f"`{served_model_name}`.",
-                param="model",
-                code="model_not_found",
-            )
-        info = engine_client.info
-        if info is None or not engine_client.healthy:
-            raise APIError.unavailable(engine_client.dead_reason or "engine is not ready")
-        generate = prepare(body, new_completion_id(), tokenizer, info.vocab_size, max_model_len)
-        if body.stream:
-            frames = stream(engine_client, tokenizer, generate, body, served_model_name)
-            try:  # the first frame decides the status: a refusal is still a 4xx
-                first = await _unless_disconnected(request, anext(frames))
-            except _ClientGone:
-                await frames.aclose()
-                return Response(status_code=499)
-            except StopAsyncIteration:  # cannot happen: a stream always ends with [DONE]
-                first = b""
-            return StreamingResponse(
-                _chain(first, frames),
-                media_type="text/event-stream",
-                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-            )
-        try:
-            result = await _unless_disconnected(
-                request, complete(engine_client, tokenizer, generate, body, served_model_name)
-            )
-        except _ClientGone:
-            return Response(status_code=499)
-        return JSONResponse(result.model_dump())
+    async def create_completion(request: Request) -> Response:
+        body = await _parse(request, CompletionRequest)
+        work: Plan = completions.prepare(serving, body, new_id("cmpl"))
+        return await _respond(
+            request,
+            body.stream,
+            lambda: completions.stream(serving, work, body),
+            lambda: completions.complete(serving, work, body),
+        )
+
+    @app.post("/v1/chat/completions", response_model=None)
+    async def create_chat_completion(request: Request) -> Response:
+        body = await _parse(request, ChatCompletionRequest)
+        work = chat.prepare(serving, template, body, new_id("chatcmpl"))
+        return await _respond(
+            request,
+            body.stream,
+            lambda: chat.stream(serving, work, body),
+            lambda: chat.complete(serving, work, body),
+        )
 
     return app

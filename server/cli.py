@@ -1,7 +1,8 @@
 """``shardserve serve``: validate flags, start one replica, serve HTTP until told to stop.
 
 Start-up order, so a mistake costs nothing: parse flags → validate the
-replica config and load the tokenizer (a ``ValueError`` prints
+replica config, load the tokenizer and compile its chat template (a
+``ValueError`` prints
 ``shardserve: error: <message>`` and exits 2, nothing spawned) → bind the
 HTTP socket (a busy port fails here, still nothing spawned) → spawn the
 replica's ranks → wait for ``EngineReady`` (exit 1 naming the ranks' exit
@@ -22,6 +23,7 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import socket
 import sys
@@ -32,6 +34,9 @@ from types import FrameType
 from typing import Protocol
 
 from model_shards.config import DTYPE_CHOICES, ReplicaConfig
+from server.chat_template import ChatTemplate
+from server.middleware import DEFAULT_MAX_REQUEST_BYTES
+from server.request_context import RequestIdFilter
 from server.tokenizer import Tokenizer
 
 logger = logging.getLogger("shardserve")
@@ -40,6 +45,8 @@ READY_TIMEOUT_S = 300.0
 DEFAULT_MODEL_NAME = "shardserve-default"
 GRACEFUL_SHUTDOWN_S = 5
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
+API_KEY_ENV = "SHARDSERVE_API_KEY"
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s [%(request_id)s]: %(message)s"
 
 
 class ReplicaHandle(Protocol):
@@ -75,8 +82,29 @@ def build_parser() -> argparse.ArgumentParser:
         default=2.0,
         help="how long the frontend gathers requests into one batch",
     )
+    serve.add_argument(
+        "--api-key",
+        default=os.environ.get(API_KEY_ENV) or None,
+        help=f"require 'Authorization: Bearer KEY' on /v1/* (default: ${API_KEY_ENV})",
+    )
+    serve.add_argument(
+        "--max-request-bytes",
+        type=_positive_int,
+        default=DEFAULT_MAX_REQUEST_BYTES,
+        help="larger request bodies get a 413 (default: 8 MiB)",
+    )
     serve.add_argument("--log-level", choices=LOG_LEVELS, default="info")
     return parser
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
 
 
 def _non_negative_float(text: str) -> float:
@@ -92,9 +120,9 @@ def _non_negative_float(text: str) -> float:
 def main(argv: list[str] | None = None) -> int:
     """Console script ``shardserve``; returns the process exit status."""
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    logging.basicConfig(level=args.log_level.upper(), format=LOG_FORMAT)
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(RequestIdFilter())
     return serve(args)
 
 
@@ -191,6 +219,8 @@ def serve(args: argparse.Namespace) -> int:
         try:
             config.validate()
             tokenizer = Tokenizer.from_dir(model_dir)
+            if tokenizer.chat_template is not None:  # compiles, or exit 2 before spawning
+                ChatTemplate(tokenizer.chat_template, tokenizer.special_tokens)
         except ValueError as exc:
             _error(str(exc))
             return 2
@@ -251,10 +281,18 @@ async def _serve_async(
         except TimeoutError as exc:
             _error(f"{exc}; rank exit codes: {_exitcodes(handle)}")
             return 1
-        app = build_app(client, tokenizer, name, ready.max_model_len)
+        app = build_app(
+            client,
+            tokenizer,
+            name,
+            ready.max_model_len,
+            api_key=args.api_key,
+            max_request_bytes=args.max_request_bytes,
+        )
         config = uvicorn.Config(
             app,
             log_level=args.log_level,
+            access_log=False,  # the front door logs each request with its id
             lifespan="off",
             timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
         )

@@ -1,30 +1,37 @@
-"""OpenAI-compatible request and response bodies for ``/v1/completions`` and ``/v1/models``.
+"""OpenAI-compatible pieces shared by every route: sampling fields, usage, models, errors.
 
-Requests are validated here and nowhere else: a :class:`CompletionRequest` that
+Requests are validated by pydantic and nowhere else: a request model that
 constructs is well-formed except for the checks that need the engine's numbers
-(vocabulary size, context length), which :mod:`server.completions` makes.
-Unknown fields are ignored (clients send ``user`` and friends); fields we know
-but do not implement (``n > 1``, ``echo``, ``logprobs``, ...) are refused with
-a message naming them rather than silently ignored.
+(vocabulary size, context length), which the route modules make. Unknown
+fields are ignored (clients send ``user`` and friends); fields we know but do
+not implement are refused with a message naming them rather than silently
+ignored. The route-specific bodies are in :mod:`server.completion_protocol`
+and :mod:`server.chat_protocol`; both extend :class:`SamplingFields`.
 """
 
 from __future__ import annotations
 
 import time
 import uuid
-from typing import Annotated, Any, Literal, cast
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
 from pydantic_core import PydanticCustomError
 
-from model_shards.messages import FinishReason, SamplingParams
+from model_shards.messages import SamplingParams
 
 MAX_STOP_STRINGS = 4
+#: Most choices one request may ask for (``n``); vLLM has no cap, OpenAI 128.
+MAX_N = 16
+#: Most top alternatives per token (the engine's limit).
+MAX_LOGPROBS = 20
 
 TokenId = Annotated[StrictInt, Field(ge=0)]
+Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
 
 
-def _unsupported(message: str) -> PydanticCustomError:
+def unsupported(message: str) -> PydanticCustomError:
+    """A validation error for a known field we do not implement (a 400 naming it)."""
     return PydanticCustomError("unsupported", message)
 
 
@@ -34,49 +41,33 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
-class CompletionRequest(BaseModel):
-    """``POST /v1/completions``. After validation ``prompt`` is a non-empty ``str``
-    or a non-empty ``list[int]`` and ``stop`` is a list of non-empty strings."""
+class SamplingFields(BaseModel):
+    """Fields every generating route accepts; ``None`` means the OpenAI default.
+
+    ``top_k``, ``min_p``, ``repetition_penalty``, ``min_tokens``,
+    ``stop_token_ids`` and ``ignore_eos`` are vLLM extensions.
+    """
 
     model_config = ConfigDict(extra="ignore")
 
     model: str | None = None
-    prompt: str | list[TokenId] | list[str] | list[list[TokenId]]
-    max_tokens: Annotated[StrictInt, Field(ge=1)] | None = 16
     temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
     top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
     top_k: StrictInt | None = None
-    seed: StrictInt | None = None
+    min_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
+    repetition_penalty: Annotated[float, Field(gt=0.0, le=2.0)] | None = None
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+    min_tokens: Annotated[StrictInt, Field(ge=0)] = 0
+    seed: Annotated[StrictInt, Field(ge=-(2**63), le=2**63 - 1)] | None = None
     stop: str | list[str] | None = None
-    stop_token_ids: list[TokenId] | None = None  # vLLM extension
+    stop_token_ids: list[TokenId] | None = None
+    ignore_eos: bool = False
+    n: Annotated[StrictInt, Field(ge=1, le=MAX_N)] = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
-    n: StrictInt = 1
-    ignore_eos: bool = False  # vLLM extension
-    # Known OpenAI fields we do not implement: accepted only at their defaults.
-    best_of: StrictInt | None = None
-    echo: bool = False
-    logprobs: StrictInt | None = None
-    suffix: str | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
     user: str | None = None  # accepted and ignored
-
-    @field_validator("prompt", mode="after")
-    @classmethod
-    def _one_prompt(cls, value: Any) -> str | list[int]:
-        if isinstance(value, str):
-            if not value:
-                raise PydanticCustomError("empty", "prompt must not be empty")
-            return value
-        if not value:
-            raise PydanticCustomError("empty", "prompt must not be empty")
-        if isinstance(value[0], str | list):  # a batch of prompts
-            if len(value) != 1:
-                raise _unsupported("only one prompt per request is supported")
-            return cls._one_prompt(value[0])
-        return list(value)
 
     @field_validator("top_k", mode="after")
     @classmethod
@@ -97,67 +88,53 @@ class CompletionRequest(BaseModel):
             raise PydanticCustomError("empty", "stop strings must not be empty")
         return stops
 
-    @field_validator("n", mode="after")
+    @field_validator("logit_bias", mode="after")
     @classmethod
-    def _n(cls, value: int) -> int:
-        if value != 1:
-            raise _unsupported("only n=1 is supported")
-        return value
-
-    @field_validator("best_of", mode="after")
-    @classmethod
-    def _best_of(cls, value: int | None) -> int | None:
-        if value not in (None, 1):
-            raise _unsupported("best_of is not supported (only 1)")
-        return value
-
-    @field_validator("echo", mode="after")
-    @classmethod
-    def _echo(cls, value: bool) -> bool:
+    def _no_logit_bias(cls, value: dict[str, float] | None) -> dict[str, float] | None:
         if value:
-            raise _unsupported("echo is not supported")
+            raise unsupported("logit_bias is not supported")
         return value
-
-    @field_validator("logprobs", "suffix", "logit_bias", mode="after")
-    @classmethod
-    def _absent(cls, value: Any) -> Any:
-        if value:
-            raise _unsupported("this field is not supported")
-        return value
-
-    @field_validator("presence_penalty", "frequency_penalty", mode="after")
-    @classmethod
-    def _no_penalty(cls, value: float | None) -> float | None:
-        if value:
-            raise _unsupported("penalties are not supported (only 0)")
-        return value
-
-    @property
-    def prompt_input(self) -> str | list[int]:
-        """``prompt`` after validation: one non-empty string or token-id list."""
-        return cast("str | list[int]", self.prompt)
 
     @property
     def stop_strings(self) -> list[str]:
         """``stop`` after validation (always a list)."""
         return self.stop if isinstance(self.stop, list) else []
 
-    def sampling_params(self) -> SamplingParams:
-        """The engine's sampling parameters; OpenAI defaults where a field is null."""
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+    def sampling_params(self, logprobs: int | None) -> SamplingParams:
+        """The engine's sampling parameters (seed as given; choices re-seed them)."""
         top_k = self.top_k or 0
+
+        def pick(value: float | None, default: float) -> float:
+            return default if value is None else value
+
         return SamplingParams(
-            temperature=1.0 if self.temperature is None else self.temperature,
-            top_p=1.0 if self.top_p is None else self.top_p,
+            temperature=pick(self.temperature, 1.0),
+            top_p=pick(self.top_p, 1.0),
             top_k=0 if top_k < 0 else top_k,
+            min_p=pick(self.min_p, 0.0),
+            repetition_penalty=pick(self.repetition_penalty, 1.0),
+            presence_penalty=pick(self.presence_penalty, 0.0),
+            frequency_penalty=pick(self.frequency_penalty, 0.0),
             seed=self.seed,
+            logprobs=logprobs,
+            min_tokens=self.min_tokens,
         )
 
 
 # ---- responses --------------------------------------------------------------
 
 
-def new_completion_id() -> str:
-    return f"cmpl-{uuid.uuid4().hex}"
+def new_id(prefix: str) -> str:
+    """A fresh response id, e.g. ``cmpl-<hex>`` or ``chatcmpl-<hex>``."""
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def now() -> int:
+    return int(time.time())
 
 
 class Usage(BaseModel):
@@ -174,28 +151,10 @@ class Usage(BaseModel):
         )
 
 
-class CompletionChoice(BaseModel):
-    index: int = 0
-    text: str
-    logprobs: None = None
-    finish_reason: FinishReason | None = None
-
-
-class CompletionResponse(BaseModel):
-    """A whole completion, or one streamed chunk (``text`` is then the delta)."""
-
-    id: str
-    object: Literal["text_completion"] = "text_completion"
-    created: int = Field(default_factory=lambda: int(time.time()))
-    model: str
-    choices: list[CompletionChoice]
-    usage: Usage | None = None
-
-
 class ModelCard(BaseModel):
     id: str
     object: Literal["model"] = "model"
-    created: int = Field(default_factory=lambda: int(time.time()))
+    created: int = Field(default_factory=now)
     owned_by: str = "shardserve"
     root: str
     max_model_len: int

@@ -11,6 +11,12 @@ once, here too) and drops ``add_bos_token``/``add_eos_token`` from
 :meth:`Tokenizer.decode` skips special tokens and ids outside the vocabulary
 (an engine's embedding table may be padded past it). Text cleanup
 (``clean_up_tokenization_spaces``) is not applied, as in vLLM's streaming path.
+
+The chat template is read as transformers reads it: ``chat_template.jinja`` in
+the checkpoint directory if present, else ``chat_template`` in
+``tokenizer_config.json`` (a string, or a list of ``{name, template}`` of which
+``default`` is used). :attr:`Tokenizer.special_tokens` holds the special-token
+strings a template may use (``bos_token``, ``eos_token``, ...).
 """
 
 from __future__ import annotations
@@ -31,14 +37,48 @@ def _token_string(value: Any) -> str | None:
     return None
 
 
+_SPECIAL_TOKEN_KEYS = (
+    "bos_token",
+    "eos_token",
+    "unk_token",
+    "sep_token",
+    "pad_token",
+    "cls_token",
+    "mask_token",
+)
+
+
+def _template_from_config(config: dict[str, Any]) -> str | None:
+    value = config.get("chat_template")
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):  # [{"name": ..., "template": ...}, ...]
+        named = {t.get("name"): t.get("template") for t in value if isinstance(t, dict)}
+        default = named.get("default")
+        return default if isinstance(default, str) else None
+    return None
+
+
 class Tokenizer:
     """A checkpoint's tokenizer: ``tokenizer.json`` plus ``tokenizer_config.json``."""
 
-    def __init__(self, backend: _HFTokenizer, config: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        backend: _HFTokenizer,
+        config: dict[str, Any] | None = None,
+        chat_template: str | None = None,
+    ) -> None:
         self._backend = backend
         config = config or {}
-        self.bos_token = _token_string(config.get("bos_token"))
-        self.eos_token = _token_string(config.get("eos_token"))
+        self.special_tokens = {
+            key: token
+            for key in _SPECIAL_TOKEN_KEYS
+            if (token := _token_string(config.get(key))) is not None
+        }
+        self.bos_token = self.special_tokens.get("bos_token")
+        self.eos_token = self.special_tokens.get("eos_token")
+        self.chat_template = chat_template or _template_from_config(config)
+        self._token_texts: dict[int, str] = {}
         self.bos_token_id = self._id_of(self.bos_token)
         self.eos_token_id = self._id_of(self.eos_token)
         self.vocab_size = backend.get_vocab_size(with_added_tokens=True)
@@ -60,14 +100,33 @@ class Tokenizer:
                 config = json.loads(config_path.read_text())
             except (OSError, json.JSONDecodeError) as exc:
                 raise ValueError(f"{config_path}: not valid JSON ({exc})") from exc
-        return Tokenizer(backend, config)
+        template_path = Path(model_dir) / "chat_template.jinja"
+        template = template_path.read_text() if template_path.is_file() else None
+        return Tokenizer(backend, config, template)
 
     def _id_of(self, token: str | None) -> int | None:
         return None if token is None else self._backend.token_to_id(token)
 
-    def encode(self, text: str) -> list[int]:
-        """Prompt ids, special tokens added exactly as transformers adds them."""
-        return list(self._backend.encode(text, add_special_tokens=True).ids)
+    def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
+        """Prompt ids, special tokens added exactly as transformers adds them.
+
+        A rendered chat template already holds its special tokens: encode it with
+        ``add_special_tokens=False``, as ``apply_chat_template`` does.
+        """
+        return list(self._backend.encode(text, add_special_tokens=add_special_tokens).ids)
+
+    def token_text(self, token_id: int) -> str:
+        """One token's own text, special tokens included (for logprobs); ``""`` if unknown.
+
+        A token holding part of a multi-byte character decodes to ``\ufffd``.
+        """
+        text = self._token_texts.get(token_id)
+        if text is None:
+            text = ""
+            if 0 <= token_id < self.vocab_size:
+                text = str(self._backend.decode([token_id], skip_special_tokens=False))
+            self._token_texts[token_id] = text
+        return text
 
     def decode(self, token_ids: list[int]) -> str:
         """Text of ``token_ids``, special tokens and out-of-vocabulary ids skipped."""

@@ -28,10 +28,31 @@ CORPUS = [
 ]
 SPECIALS = ["<s>", "</s>", "<unk>"]
 BOS_ID, EOS_ID = 0, 1
+API_KEY = "sk-test-key"
+
+#: A Zephyr/Llama-style template: BOS, an optional system message (else a default),
+#: a loop with a role check, EOS after each turn, and the generation prompt.
+CHAT_TEMPLATE = (
+    "{{ bos_token }}"
+    "{% if messages[0]['role'] == 'system' %}"
+    "{% set system = messages[0]['content'] %}{% set loop_messages = messages[1:] %}"
+    "{% else %}{% set system = 'You are a helpful assistant.' %}"
+    "{% set loop_messages = messages %}{% endif %}\n"
+    "<|system|>\n{{ system | trim }}{{ eos_token }}\n"
+    "{% for message in loop_messages %}\n"
+    "{% if message['role'] not in ['user', 'assistant'] %}"
+    "{{ raise_exception('Conversation roles must be user or assistant') }}{% endif %}\n"
+    "<|{{ message['role'] }}|>\n{{ message['content'] | trim }}{{ eos_token }}\n"
+    "{% endfor %}\n"
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
 
 
-def write_tiny_tokenizer(directory: Path, *, bos_post_processor: bool = True) -> Path:
-    """A byte-level BPE (specials <s>=0, </s>=1) saved as tokenizer.json + tokenizer_config.json."""
+def write_tiny_tokenizer(
+    directory: Path, *, bos_post_processor: bool = True, chat_template: str | None = CHAT_TEMPLATE
+) -> Path:
+    """A byte-level BPE (specials <s>=0, </s>=1) saved as tokenizer.json + tokenizer_config.json
+    (with ``chat_template`` unless it is ``None``)."""
     tok = HFTokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -48,7 +69,13 @@ def write_tiny_tokenizer(directory: Path, *, bos_post_processor: bool = True) ->
         )
     directory.mkdir(parents=True, exist_ok=True)
     tok.save(str(directory / "tokenizer.json"))
-    config = {"bos_token": "<s>", "eos_token": "</s>", "add_bos_token": bos_post_processor}
+    config: dict[str, Any] = {
+        "bos_token": "<s>",
+        "eos_token": "</s>",
+        "add_bos_token": bos_post_processor,
+    }
+    if chat_template is not None:
+        config["chat_template"] = chat_template
     (directory / "tokenizer_config.json").write_text(json.dumps(config))
     return directory
 
@@ -130,7 +157,8 @@ ServeFactory = Callable[..., Any]
 async def serve(
     make_engine: Callable[..., FakeEngine], tokenizer: Tokenizer
 ) -> AsyncIterator[ServeFactory]:
-    """``await serve(**engine_kwargs, batch_window_s=..., wait_ready=True)`` → :class:`Served`."""
+    """``await serve(**engine_kwargs, batch_window_s=..., wait_ready=True, api_key=...,
+    max_request_bytes=..., served_tokenizer=...)`` → :class:`Served`."""
     cleanups: list[Callable[[], Any]] = []
 
     async def start(
@@ -138,6 +166,9 @@ async def serve(
         batch_window_s: float = 0.002,
         wait_ready: bool = True,
         max_model_len: int = 256,
+        api_key: str | None = None,
+        max_request_bytes: int | None = None,
+        served_tokenizer: Tokenizer | None = None,
         **engine_kwargs: Any,
     ) -> Served:
         engine = make_engine(max_model_len=max_model_len, **engine_kwargs)
@@ -150,7 +181,10 @@ async def serve(
         connecting = asyncio.ensure_future(client.connect(timeout_s=30))
         if wait_ready:
             await connecting
-        app = build_app(client, tokenizer, "tiny", max_model_len)
+        options: dict[str, Any] = {"api_key": api_key}
+        if max_request_bytes is not None:
+            options["max_request_bytes"] = max_request_bytes
+        app = build_app(client, served_tokenizer or tokenizer, "tiny", max_model_len, **options)
         sock = free_socket()
         config = uvicorn.Config(app, log_level="warning", lifespan="off")
         server = uvicorn.Server(config)

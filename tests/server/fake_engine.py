@@ -8,7 +8,8 @@ is therefore predictable from the prompt. It honours ``max_tokens``,
 ``max_model_len``, EOS (unless ``ignore_eos``), ``stop_token_ids`` and aborts,
 and records what it received (``batches``, ``aborted``, ``shutdowns``) for
 tests to assert on. Finishing tokens (EOS / stop ids) are included in the last
-output, as the real engine does.
+output, as the real engine does. When ``sampling.logprobs`` is set, each output
+carries :func:`fake_logprob` of its token (the same for every request).
 """
 
 from __future__ import annotations
@@ -31,9 +32,16 @@ from model_shards.messages import (
     Shutdown,
     StepOutputs,
     SubmitBatch,
+    TokenLogprob,
     decode_frontend_message,
     encode,
 )
+
+
+def fake_logprob(token: int, top_n: int, vocab_size: int) -> TokenLogprob:
+    """Sampled token at -0.5; alternatives ``token, token+1, ...`` at -0.5, -1.5, ..."""
+    ids = [(token + k) % vocab_size for k in range(top_n)]
+    return TokenLogprob(-0.5, ids, [-0.5 - k for k in range(top_n)])
 
 
 def echo_script(special_ids: set[int]) -> Callable[[GenerateRequest], list[int]]:
@@ -199,8 +207,10 @@ class FakeEngine:
             ):
                 finish = "length"
             first = active.produced == 1
+            top_n = request.sampling.logprobs
+            logprobs = None if top_n is None else [fake_logprob(token, top_n, self.vocab_size)]
             output = RequestOutput(
-                rid, [token], finish, len(request.prompt_token_ids) if first else 0
+                rid, [token], finish, len(request.prompt_token_ids) if first else 0, logprobs
             )
             by_peer.setdefault(active.peer, []).append(output)
             if finish is not None:

@@ -186,3 +186,26 @@ def test_rank_death_before_ready_exits_1(launch: Callable[..., Server]) -> None:
     assert code == 1, log
     assert "rank 1: 3" in log and "Traceback" not in log
     assert json.loads(server.record.read_text())["stopped"]
+
+
+def test_api_key_and_body_limit_flags(monkeypatch: pytest.MonkeyPatch) -> None:
+    from server.cli import API_KEY_ENV, build_parser
+
+    monkeypatch.delenv(API_KEY_ENV, raising=False)
+    args = build_parser().parse_args(["serve"])
+    assert args.api_key is None and args.max_request_bytes == 8 * 1024 * 1024
+    monkeypatch.setenv(API_KEY_ENV, "from-env")
+    args = build_parser().parse_args(["serve", "--max-request-bytes", "1000"])
+    assert (args.api_key, args.max_request_bytes) == ("from-env", 1000)
+    assert build_parser().parse_args(["serve", "--api-key", "flag"]).api_key == "flag"
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--max-request-bytes", "0"])
+
+
+def test_broken_chat_template_exits_2_before_spawning(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = write_tiny_tokenizer(tmp_path / "m", chat_template="{% for %}")
+    write_tiny_model_config(model, vocab_size=400)
+    assert main(["serve", "--model", str(model), "--device", "cpu"]) == 2
+    assert "chat template does not compile" in capsys.readouterr().err

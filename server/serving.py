@@ -1,0 +1,69 @@
+"""What every generating route shares: the served model, its checks, errors and SSE framing.
+
+:class:`Serving` bundles the engine client, tokenizer, model name, context
+length and metrics that a route needs. :meth:`Serving.check` makes the checks
+common to every generating request, in order: model name (404) → engine
+health (503) → token ids inside the vocabulary (400 naming the field).
+:func:`engine_api_error` maps engine failures to HTTP errors: a refused
+request is a 400, a dead engine a 503.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from server.engine_client import EngineClient, EngineDeadError, EngineRequestError
+from server.errors import APIError
+from server.metrics import Metrics
+from server.tokenizer import Tokenizer
+
+
+@dataclass(frozen=True)
+class Serving:
+    engine: EngineClient
+    tokenizer: Tokenizer
+    model_name: str
+    max_model_len: int
+    metrics: Metrics
+
+    def check(self, model: str | None) -> int:
+        """Raise the 404/503 a request for ``model`` gets now; return the vocabulary size."""
+        if model is not None and model != self.model_name:
+            raise APIError(
+                404,
+                f"The model `{model}` does not exist; this server serves `{self.model_name}`.",
+                param="model",
+                code="model_not_found",
+            )
+        info = self.engine.info
+        if info is None or not self.engine.healthy:
+            raise APIError.unavailable(self.engine.dead_reason or "engine is not ready")
+        return info.vocab_size
+
+
+def check_ids(ids: list[int], vocab_size: int, param: str) -> None:
+    """400 naming ``param`` if an id is outside ``0..vocab_size-1``."""
+    bad = [t for t in ids if not 0 <= t < vocab_size]
+    if bad:
+        raise APIError.bad_request(
+            f"token id {bad[0]} in '{param}' is out of range: the vocabulary has "
+            f"{vocab_size} tokens (ids 0..{vocab_size - 1})",
+            param=param,
+        )
+
+
+def engine_api_error(exc: Exception) -> APIError:
+    """Map an engine-side failure to the HTTP error the client sees."""
+    if isinstance(exc, EngineRequestError):
+        return APIError.bad_request(f"the engine refused the request: {exc}", code="engine_refused")
+    if isinstance(exc, EngineDeadError):
+        return APIError.unavailable(f"the engine is unavailable: {exc}")
+    return APIError(500, "internal server error", type="server_error")
+
+
+def sse(payload: str) -> bytes:
+    """One server-sent event carrying ``payload``."""
+    return f"data: {payload}\n\n".encode()
+
+
+ENGINE_ERRORS = (EngineRequestError, EngineDeadError)
