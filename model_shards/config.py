@@ -163,6 +163,7 @@ class ReplicaConfig:
     kv_cache_memory: int | None = None  # bytes per rank; default: see kv_cache_budget
     gpu_memory_utilization: float = 0.9
     enable_prefix_caching: bool = True
+    pipeline_overlap: bool = True  # up to pp micro-batches in flight when pp > 1
     max_model_len: int | None = None  # default: the model's max_position_embeddings
     collective_timeout_s: float = 120.0
     threads_per_rank: int | None = None  # CPU only; default: cores // world size, at least 1

@@ -137,6 +137,7 @@ def run_rank(
                 max_num_batched_tokens=config.max_num_batched_tokens,
                 max_model_len=max_len,
                 enable_prefix_caching=config.enable_prefix_caching,
+                pipeline_overlap=config.pipeline_overlap,
             ).serve(address)
         else:
             worker.serve_forever()

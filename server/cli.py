@@ -33,7 +33,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Protocol
 
-from model_shards.config import DTYPE_CHOICES, ReplicaConfig
+from model_shards.config import DTYPE_CHOICES, ReplicaConfig, parse_size
 from server.chat_template import ChatTemplate
 from server.middleware import DEFAULT_MAX_REQUEST_BYTES
 from server.request_context import RequestIdFilter
@@ -76,6 +76,22 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     serve.add_argument("--max-num-seqs", type=int, default=64)
     serve.add_argument("--max-model-len", type=int, default=None)
+    engine = serve.add_argument_group("engine (continuous batching, paged KV cache)")
+    engine.add_argument("--max-num-batched-tokens", type=int, default=8192, metavar="T")
+    engine.add_argument("--block-size", type=int, default=16, help="KV cache block size (tokens)")
+    engine.add_argument(
+        "--kv-cache-memory", type=_size, default=None, metavar="SIZE",
+        help="KV cache bytes per rank, e.g. 2GiB (default: GPU memory utilization, or 1GiB on CPU)",
+    )  # fmt: skip
+    engine.add_argument("--gpu-memory-utilization", type=float, default=0.9, metavar="F")
+    engine.add_argument(
+        "--no-prefix-caching", dest="prefix_caching", action="store_false",
+        help="turn off automatic prefix caching",
+    )  # fmt: skip
+    engine.add_argument(
+        "--no-pipeline-overlap", dest="pipeline_overlap", action="store_false",
+        help="with -pp > 1, run one micro-batch at a time (for comparison)",
+    )  # fmt: skip
     serve.add_argument(
         "--batch-window-ms",
         type=_non_negative_float,
@@ -105,6 +121,13 @@ def _positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
     return value
+
+
+def _size(text: str) -> int:
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
 def _non_negative_float(text: str) -> float:
@@ -215,6 +238,12 @@ def serve(args: argparse.Namespace) -> int:
             device=args.device,
             max_num_seqs=args.max_num_seqs,
             max_model_len=args.max_model_len,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+            block_size=args.block_size,
+            kv_cache_memory=args.kv_cache_memory,
+            gpu_memory_utilization=args.gpu_memory_utilization,
+            enable_prefix_caching=args.prefix_caching,
+            pipeline_overlap=args.pipeline_overlap,
         )
         try:
             config.validate()
