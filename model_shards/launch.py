@@ -1,9 +1,18 @@
-"""Start one replica: validate, then spawn its ``tp * pp`` rank processes.
+"""Start replicas: validate, then run each replica's ``tp * pp`` rank processes.
 
-Rank 0 runs the :class:`~model_shards.coordinator.Coordinator` (and stage 0,
-TP slot 0); every other rank runs :meth:`Worker.serve_forever`. All ranks are
-children of the caller, die with it (``PR_SET_PDEATHSIG``) and are stopped by
-:meth:`ReplicaHandle.stop`.
+Two ways in, one rank body (:func:`serve_rank`):
+
+* :func:`start_replicas` spawns ``dp`` replicas on this machine as children of
+  the caller (``shardserve serve``). They die with it (``PR_SET_PDEATHSIG``)
+  and are stopped by :meth:`ReplicaHandle.stop`; each rank joins its world
+  with ``tcp://127.0.0.1:<free port>`` (:func:`run_rank`).
+* :func:`run_torchrun_rank` is what each ``torchrun`` worker runs
+  (``shardserve engine``, possibly over several nodes); it joins the world with
+  ``env://`` from the variables torchrun sets.
+
+Either way rank 0 runs the :class:`~model_shards.coordinator.Coordinator`
+(and stage 0, TP slot 0) on a ZMQ ROUTER at the replica's address; every
+other rank runs :meth:`Worker.serve_forever`.
 """
 
 from __future__ import annotations
@@ -16,23 +25,31 @@ import shutil
 import signal
 import socket
 import tempfile
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
 from multiprocessing.process import BaseProcess
+from typing import TYPE_CHECKING
 
 from model_shards.checkpoint import verify_checkpoint
 from model_shards.config import ModelConfig, ReplicaConfig
 
+if TYPE_CHECKING:
+    from model_shards.parallel.state import ParallelState
+
 log = logging.getLogger(__name__)
 
 
-def validate_replica(config: ReplicaConfig) -> ModelConfig:
-    """Every start-up check that needs no spawned process; ``ValueError`` names the flag."""
+def validate_replica(config: ReplicaConfig, local_world_size: int | None = None) -> ModelConfig:
+    """Every start-up check that needs no spawned process; ``ValueError`` names the flag.
+
+    ``local_world_size``: ranks on this machine (default: all ``tp * pp``).
+    """
     model = config.validate()
     verify_checkpoint(config.model_dir)
     if config.device != "cpu":
         from model_shards.parallel.state import choose_backend
 
-        choose_backend(config.world_size, config.device)
+        choose_backend(local_world_size or config.world_size, config.device)
     return model
 
 
@@ -70,8 +87,69 @@ class ReplicaHandle:
             self._tmpdir = None
 
 
-def start_replica(config: ReplicaConfig, address: str | None = None) -> ReplicaHandle:
-    """Validate, spawn the ranks, return at once; rank 0 answers ``Hello`` when loaded."""
+def plan_data_parallel(
+    config: ReplicaConfig, dp: int, cpu_count: int | None = None, gpu_count: int = 0
+) -> list[tuple[ReplicaConfig, list[int] | None]]:
+    """Each replica's config and GPU ids (``None``: CPU) for ``dp`` replicas on this machine.
+
+    With ``dp > 1``, GPUs go to replicas in contiguous slices of ``tp * pp``
+    (indices into the visible devices) when there are enough for all of them (else ``--device cuda`` is an error naming the
+    flags, and ``auto`` falls back to CPU). CPU replicas split the cores:
+    ``threads_per_rank`` defaults to ``cores // (dp * tp * pp)``, at least 1.
+    """
+    if dp < 1:
+        raise ValueError(f"--data-parallel-size must be >= 1, got {dp}")
+    world = config.world_size
+    use_gpus = config.device != "cpu" and gpu_count >= dp * world
+    if config.device == "cuda" and not use_gpus:
+        raise ValueError(
+            f"--device cuda needs one GPU per rank: dp*tp*pp = {dp * world} but "
+            f"{gpu_count} CUDA device(s) are visible; lower -dp/-tp/-pp or use --device cpu"
+        )
+    if not use_gpus:
+        threads = config.threads_per_rank or max(1, (cpu_count or 1) // (dp * world))
+        cpu_config = replace(config, threads_per_rank=threads, device="cpu")
+        return [(cpu_config, None) for _ in range(dp)]
+    if dp == 1:
+        return [(config, None)]  # the ranks see what this process sees
+    return [(config, list(range(r * world, (r + 1) * world))) for r in range(dp)]
+
+
+def start_replicas(config: ReplicaConfig, dp: int = 1) -> list[ReplicaHandle]:
+    """Validate once, then spawn ``dp`` replicas; each listens on its own ``ipc://`` address.
+
+    ``ValueError`` (naming the flag) before anything is spawned. If starting a
+    later replica fails, the ones already started are stopped.
+    """
+    validate_replica(config)
+    gpu_count = 0
+    if config.device != "cpu":
+        import torch
+
+        gpu_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    plan = plan_data_parallel(config, dp, os.cpu_count(), gpu_count)
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    physical = visible.split(",") if visible else [str(i) for i in range(gpu_count)]
+    handles: list[ReplicaHandle] = []
+    try:
+        for replica_config, gpus in plan:
+            ids = [physical[i] for i in gpus] if gpus is not None else None
+            handles.append(start_replica(replica_config, gpus=ids))
+    except BaseException:
+        for handle in handles:
+            handle.stop()
+        raise
+    return handles
+
+
+def start_replica(
+    config: ReplicaConfig, address: str | None = None, *, gpus: list[str] | None = None
+) -> ReplicaHandle:
+    """Validate, spawn the ranks, return at once; rank 0 answers ``Hello`` when loaded.
+
+    ``address`` defaults to a fresh ``ipc://`` path; ``gpus`` (one device id
+    or UUID per rank) become each rank's ``CUDA_VISIBLE_DEVICES``.
+    """
     validate_replica(config)
     tmpdir = None
     if address is None:
@@ -79,11 +157,12 @@ def start_replica(config: ReplicaConfig, address: str | None = None) -> ReplicaH
         address = f"ipc://{tmpdir}/engine"
     ctx = mp.get_context("spawn")
     port = free_port()
+    visible = ",".join(map(str, gpus)) if gpus is not None else None
     procs: list[BaseProcess] = []
     for rank in range(config.world_size):
         p = ctx.Process(
             target=run_rank,
-            args=(rank, config, "127.0.0.1", port, address),
+            args=(rank, config, "127.0.0.1", port, address, visible),
             name=f"shardserve-rank{rank}",
             daemon=True,
         )
@@ -100,29 +179,114 @@ def _die_with_parent() -> None:
         pass
 
 
-def run_rank(
-    rank: int, config: ReplicaConfig, master_addr: str, master_port: int, address: str
-) -> None:
-    """Entry point of every rank process."""
-    _die_with_parent()
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the frontend, which stops us
+def _log_as(rank: int) -> None:
     logging.basicConfig(
         level=logging.INFO, format=f"%(asctime)s rank{rank} %(levelname)s %(message)s"
     )
+
+
+def run_rank(
+    rank: int, config: ReplicaConfig, master_addr: str, master_port: int, address: str,
+    visible_devices: str | None = None,
+) -> None:  # fmt: skip
+    """Entry point of a rank process spawned by :func:`start_replica`."""
+    _die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the frontend, which stops us
+    if visible_devices is not None:  # before CUDA is initialised
+        os.environ["CUDA_VISIBLE_DEVICES"] = visible_devices
+    _log_as(rank)
+    from model_shards.parallel.state import init_parallel
+
+    serve_rank(
+        rank, config, address,
+        lambda: init_parallel(
+            rank, config.tp, config.pp, master_addr=master_addr, master_port=master_port,
+            device=config.device, timeout_s=config.collective_timeout_s,
+        ),
+    )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class TorchrunRank:
+    """This worker's place, from the variables ``torchrun`` sets.
+
+    ``rank`` is the replica rank shardserve uses: ``node_rank * nproc_per_node
+    + local index``. torchrun's own ``RANK`` follows the c10d rendezvous,
+    which orders nodes by host name and process id, not by ``--node-rank``;
+    re-deriving it from ``--node-rank`` puts rank 0 (the coordinator, which
+    the frontend connects to) on node 0 every time. The world is the same
+    set of processes either way, so ``env://`` (``MASTER_ADDR``/``MASTER_PORT``
+    from torchrun) still joins it.
+    """
+
+    rank: int
+    world_size: int
+    nproc_per_node: int
+    torchrun_rank: int
+
+    @staticmethod
+    def from_env(env: Mapping[str, str], node_rank: int, world_size: int) -> TorchrunRank:
+        """Read ``RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``/``PORT``.
+
+        ``ValueError`` when a variable is missing or the world is not ``world_size``.
+        """
+        missing = [k for k in ("RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+                               "MASTER_PORT") if k not in env]  # fmt: skip
+        if missing:
+            raise ValueError(f"not started by torchrun: {', '.join(missing)} unset")
+        torchrun_rank, world = int(env["RANK"]), int(env["WORLD_SIZE"])
+        nproc = int(env["LOCAL_WORLD_SIZE"])
+        if world != world_size:
+            raise ValueError(
+                f"torchrun started {world} processes but the replica has tp*pp = {world_size}; "
+                f"use --nnodes N --nproc-per-node tp*pp/N"
+            )
+        rank = node_rank * nproc + torchrun_rank % nproc
+        if not 0 <= rank < world:
+            raise ValueError(f"--node-rank {node_rank} out of range for {world // nproc} nodes")
+        return TorchrunRank(rank, world, nproc, torchrun_rank)
+
+
+def run_torchrun_rank(config: ReplicaConfig, address: str, node_rank: int) -> None:
+    """Entry point of each torchrun worker: join the replica with ``env://`` and serve.
+
+    Rank 0 binds the ZMQ ROUTER at ``address`` (e.g. ``tcp://0.0.0.0:5555``).
+    """
+    me = TorchrunRank.from_env(os.environ, node_rank, config.world_size)
+    _log_as(me.rank)
+    if me.rank != me.torchrun_rank:
+        log.info("torchrun rank %d serves as replica rank %d", me.torchrun_rank, me.rank)
+    from model_shards.parallel.state import init_parallel
+
+    serve_rank(
+        me.rank, config, address,
+        lambda: init_parallel(
+            me.rank, config.tp, config.pp, master_addr=None, master_port=None,
+            device=config.device, timeout_s=config.collective_timeout_s,
+            local_world_size=me.nproc_per_node,
+        ),
+    )  # fmt: skip
+
+
+def serve_rank(
+    rank: int, config: ReplicaConfig, address: str, init: Callable[[], ParallelState]
+) -> None:
+    """The body every rank runs: join the world (``init``), load this rank's shard, serve.
+
+    Rank 0 runs the coordinator on a ZMQ ROUTER at ``address`` until a
+    frontend sends ``Shutdown``; the others follow its step plans.
+    """
     import torch
 
     from model_shards.coordinator import Coordinator
-    from model_shards.parallel.state import destroy_parallel, init_parallel
+    from model_shards.parallel.state import destroy_parallel
     from model_shards.worker import Worker
 
     threads = config.threads_per_rank or max(1, (os.cpu_count() or 1) // config.world_size)
     torch.set_num_threads(threads)
     model = ModelConfig.from_dir(config.model_dir)
     max_len = config.resolved_max_model_len(model)
-    ps = init_parallel(
-        rank, config.tp, config.pp, master_addr=master_addr, master_port=master_port,
-        device=config.device, timeout_s=config.collective_timeout_s,
-    )  # fmt: skip
+    ps = init()
     try:
         worker = Worker.build(config, model, ps, max_len)
         log.info(
@@ -137,7 +301,6 @@ def run_rank(
                 max_num_batched_tokens=config.max_num_batched_tokens,
                 max_model_len=max_len,
                 enable_prefix_caching=config.enable_prefix_caching,
-                pipeline_overlap=config.pipeline_overlap,
             ).serve(address)
         else:
             worker.serve_forever()

@@ -239,5 +239,3 @@ def _recv_result(ps: ParallelState, src: int, with_logits: bool, vocab: int) -> 
             out.top_logprobs = comm.recv_cpu((s, k), torch.float32, src, ps)
     logits = comm.recv_cpu((s, vocab), torch.float32, src, ps) if with_logits else None
     return _to_result(out, logits)
-
-

@@ -35,10 +35,12 @@ class ForwardBatch:
     positions: torch.Tensor  # [T] absolute position of each token
     slot_mapping: torch.Tensor  # [T] where each token's K/V is written
     decode_rows: torch.Tensor  # [B] rows of single-token chunks
-    decode_slots: torch.Tensor  # [B, Lmax] context slots (padded with 0)
-    decode_mask: torch.Tensor  # [B, 1, 1, Lmax] True where a slot is real
+    decode_blocks: torch.Tensor  # [B * nblk] block ids of each decode's table (padded with 0)
+    decode_mask: torch.Tensor  # [B, 1, 1, nblk * bs] True where a slot holds a real position
     prefills: list[PrefillSegment]
     kv: PagedKVCache
+    cos: torch.Tensor | None = None  # [T, 1, D] rotary tables for ``positions``, set per step
+    sin: torch.Tensor | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -48,33 +50,35 @@ class ForwardBatch:
     def build(chunks: list[SeqChunk], kv: PagedKVCache) -> ForwardBatch:
         positions, slots, prefills = [], [], []
         decode_rows: list[int] = []
-        decode_ctx: list[torch.Tensor] = []
+        decode_tables: list[list[int]] = []
+        decode_lens: list[int] = []
+        bs = kv.block_size
         row = 0
         for c in chunks:
             n = len(c.token_ids)
             end = c.start_pos + n
-            ctx = kv.slots(c.seq_id, 0, end)
             positions.append(torch.arange(c.start_pos, end))
-            slots.append(ctx[c.start_pos :])
             if n == 1:
+                slots.append(kv.slots(c.seq_id, c.start_pos, end))
                 decode_rows.append(row)
-                decode_ctx.append(ctx)
+                decode_tables.append(kv.tables[c.seq_id][: -(-end // bs)])
+                decode_lens.append(end)
             else:
+                ctx = kv.slots(c.seq_id, 0, end)
+                slots.append(ctx[c.start_pos :])
                 prefills.append(PrefillSegment(row, n, c.start_pos, ctx.to(kv.device)))
             row += n
-        lmax = max((len(s) for s in decode_ctx), default=0)
-        dslots = torch.zeros(len(decode_ctx), lmax, dtype=torch.int64)
-        dmask = torch.zeros(len(decode_ctx), 1, 1, lmax, dtype=torch.bool)
-        for i, s in enumerate(decode_ctx):
-            dslots[i, : len(s)] = s
-            dmask[i, :, :, : len(s)] = True
+        nblk = max((len(t) for t in decode_tables), default=0)
+        blocks = torch.tensor([t + [0] * (nblk - len(t)) for t in decode_tables], dtype=torch.int64)
+        lengths = torch.tensor(decode_lens, dtype=torch.int64)
+        mask = torch.arange(nblk * bs).unsqueeze(0) < lengths.unsqueeze(1)  # [B, nblk * bs]
         dev = kv.device
         return ForwardBatch(
             positions=torch.cat(positions).to(dev),
             slot_mapping=torch.cat(slots).to(dev),
             decode_rows=torch.tensor(decode_rows, dtype=torch.int64, device=dev),
-            decode_slots=dslots.to(dev),
-            decode_mask=dmask.to(dev),
+            decode_blocks=blocks.reshape(-1).to(dev),
+            decode_mask=mask[:, None, None, :].to(dev),
             prefills=prefills,
             kv=kv,
         )
@@ -100,9 +104,14 @@ class Attention(nn.Module):
         gqa = self.num_heads != self.num_kv_heads
         out = torch.empty_like(q)
         if batch.decode_rows.numel():
+            b, bs = batch.decode_rows.shape[0], batch.kv.block_size
+            nkv, hd = self.num_kv_heads, self.head_dim
             qd = q[batch.decode_rows].unsqueeze(2)  # (B, nh, 1, D)
-            kd = k_pool[batch.decode_slots].transpose(1, 2)  # (B, nkv, Lmax, D)
-            vd = v_pool[batch.decode_slots].transpose(1, 2)
+            # whole blocks: (B * nblk, bs, nkv, D) -> (B, nkv, nblk * bs, D)
+            kd = k_pool.view(-1, bs, nkv, hd).index_select(0, batch.decode_blocks)
+            vd = v_pool.view(-1, bs, nkv, hd).index_select(0, batch.decode_blocks)
+            kd = kd.view(b, -1, nkv, hd).transpose(1, 2)
+            vd = vd.view(b, -1, nkv, hd).transpose(1, 2)
             od = F.scaled_dot_product_attention(
                 qd, kd, vd, attn_mask=batch.decode_mask, scale=self.scale, enable_gqa=gqa
             )  # (B, nh, 1, D)

@@ -53,10 +53,17 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos_cached", emb.cos(), persistent=False)
         self.register_buffer("sin_cached", emb.sin(), persistent=False)
 
-    def forward(
-        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
+    def tables(
+        self, positions: torch.Tensor, dtype: torch.dtype
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``q: [T, nh, D]``, ``k: [T, nkv, D]``, ``positions: [T]``; returns rotated q, k."""
-        cos = self.cos_cached[positions].unsqueeze(1).to(q.dtype)  # [T, 1, D]
-        sin = self.sin_cached[positions].unsqueeze(1).to(q.dtype)
-        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+        """``cos, sin: [T, 1, D]`` for ``positions [T]``, computed once per step for all layers."""
+        cos = self.cos_cached[positions].unsqueeze(1).to(dtype)
+        sin = self.sin_cached[positions].unsqueeze(1).to(dtype)
+        return cos, sin
+
+
+def apply_rotary(
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``q: [T, nh, D]``, ``k: [T, nkv, D]``, ``cos, sin: [T, 1, D]`` → rotated q, k."""
+    return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin

@@ -21,7 +21,7 @@ from model_shards.layers.linear import (
     RowParallelLinear,
 )
 from model_shards.layers.norm import RMSNorm
-from model_shards.layers.rotary import RotaryEmbedding
+from model_shards.layers.rotary import RotaryEmbedding, apply_rotary
 from model_shards.layers.vocab import ParallelLMHead, VocabParallelEmbedding
 from model_shards.models.stages import MissingLayer, stage_layer_range
 from model_shards.parallel.state import ParallelState
@@ -29,8 +29,7 @@ from model_shards.parallel.state import ParallelState
 
 class LlamaAttention(nn.Module):
     def __init__(
-        self, cfg: ModelConfig, layer_idx: int, rotary: RotaryEmbedding, dtype: torch.dtype,
-        ps: ParallelState,
+        self, cfg: ModelConfig, layer_idx: int, dtype: torch.dtype, ps: ParallelState,
     ) -> None:  # fmt: skip
         super().__init__()
         self.qkv_proj = QKVParallelLinear(
@@ -43,7 +42,6 @@ class LlamaAttention(nn.Module):
         self.num_heads = self.qkv_proj.num_heads  # per rank
         self.num_kv_heads = self.qkv_proj.num_kv_heads
         self.head_dim = cfg.head_dim
-        self.rotary = rotary
         self.attn = Attention(layer_idx, self.num_heads, self.num_kv_heads, cfg.head_dim)
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
@@ -52,8 +50,9 @@ class LlamaAttention(nn.Module):
         q, k, v = qkv.split(
             [self.num_heads * hd, self.num_kv_heads * hd, self.num_kv_heads * hd], -1
         )
-        q, k = self.rotary(
-            batch.positions, q.view(t, self.num_heads, hd), k.view(t, self.num_kv_heads, hd)
+        assert batch.cos is not None and batch.sin is not None
+        q, k = apply_rotary(
+            q.view(t, self.num_heads, hd), k.view(t, self.num_kv_heads, hd), batch.cos, batch.sin
         )
         o = self.attn(q, k, v.view(t, self.num_kv_heads, hd), batch)  # [T, nh * D]
         return self.o_proj(o)  # [T, H]
@@ -76,12 +75,11 @@ class LlamaMLP(nn.Module):
 
 class LlamaDecoderLayer(nn.Module):
     def __init__(
-        self, cfg: ModelConfig, layer_idx: int, rotary: RotaryEmbedding, dtype: torch.dtype,
-        ps: ParallelState,
+        self, cfg: ModelConfig, layer_idx: int, dtype: torch.dtype, ps: ParallelState,
     ) -> None:  # fmt: skip
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
-        self.self_attn = LlamaAttention(cfg, layer_idx, rotary, dtype, ps)
+        self.self_attn = LlamaAttention(cfg, layer_idx, dtype, ps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
         self.mlp = LlamaMLP(cfg, dtype, ps)
 
@@ -100,9 +98,9 @@ class LlamaModel(nn.Module):
         self.embed_tokens: VocabParallelEmbedding | None = None
         if ps.is_first_stage:
             self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, dtype, ps)
-        rotary = RotaryEmbedding(cfg.head_dim, max_positions, cfg.rope)
+        self.rotary = RotaryEmbedding(cfg.head_dim, max_positions, cfg.rope)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(cfg, i, rotary, dtype, ps) if self.start <= i < self.end
+            LlamaDecoderLayer(cfg, i, dtype, ps) if self.start <= i < self.end
             else MissingLayer()
             for i in range(cfg.num_layers)
         )  # fmt: skip
@@ -114,6 +112,7 @@ class LlamaModel(nn.Module):
         """``x``: token ids ``[T]`` on stage 0, else hidden ``[T, H]``; returns ``[T, H]``."""
         if self.embed_tokens is not None:
             x = self.embed_tokens(x)  # [T, H]
+        batch.cos, batch.sin = self.rotary.tables(batch.positions, x.dtype)
         for i in range(self.start, self.end):
             x = self.layers[i](x, batch)
         return x

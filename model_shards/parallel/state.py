@@ -92,12 +92,18 @@ def choose_backend(world_size: int, device: str) -> tuple[str, torch.device | No
 
 
 def init_parallel(
-    rank: int, tp: int, pp: int, *, master_addr: str, master_port: int, device: str,
-    timeout_s: float,
+    rank: int, tp: int, pp: int, *, master_addr: str | None, master_port: int | None,
+    device: str, timeout_s: float, local_world_size: int | None = None,
 ) -> ParallelState:  # fmt: skip
-    """Join the replica's world and build its TP, PP and CPU groups (every rank calls this)."""
+    """Join the replica's world and build its TP, PP and CPU groups (every rank calls this).
+
+    ``master_addr``/``master_port`` ``None``: join with ``init_method="env://"``
+    (``MASTER_ADDR``/``MASTER_PORT`` as torchrun sets them). ``local_world_size``:
+    ranks on this node (default: all of them), each needing its own GPU for
+    NCCL; the CUDA device is ``LOCAL_RANK`` when set, else ``rank``.
+    """
     world = tp * pp
-    backend, cuda = choose_backend(world, device)
+    backend, cuda = choose_backend(local_world_size or world, device)
     timeout = timedelta(seconds=timeout_s)
     local_device = torch.device("cpu")
     if cuda is not None:
@@ -106,7 +112,7 @@ def init_parallel(
         local_device = torch.device("cuda", local_rank)
     dist.init_process_group(
         backend=backend,
-        init_method=f"tcp://{master_addr}:{master_port}",
+        init_method="env://" if master_addr is None else f"tcp://{master_addr}:{master_port}",
         rank=rank,
         world_size=world,
         timeout=timeout,
