@@ -20,23 +20,20 @@ from dataclasses import dataclass
 
 import msgspec
 import torch
-import zmq
 
+from model_shards.engine_loop import Reply, serve_frontends
 from model_shards.messages import (
     AbortRequests,
     EngineError,
     EngineReady,
+    FrontendMessage,
     GenerateRequest,
-    Hello,
     NewSequence,
     RequestOutput,
     SamplingParams,
-    Shutdown,
     StepOutputs,
     StepPlan,
     SubmitBatch,
-    decode_frontend_message,
-    encode,
 )
 from model_shards.scheduler.scheduler import (
     ScheduledStep,
@@ -239,61 +236,35 @@ class Coordinator:
 
     # ---- ZMQ loop -----------------------------------------------------------
 
+    # ---- FrontendEngine (model_shards.engine_loop) ---------------------------
+
+    def ready(self) -> EngineReady:
+        return EngineReady(self.max_model_len, self.vocab_size, list(self.eos_token_ids))
+
+    def handle(self, message: FrontendMessage, client: bytes) -> list[Reply]:
+        if isinstance(message, SubmitBatch):
+            refused: list[Reply] = []
+            for req in message.requests:
+                try:
+                    self.add_request(req, client)
+                except ValueError as exc:
+                    refused.append((client, EngineError(str(exc), req.request_id)))
+            return refused
+        if isinstance(message, AbortRequests):
+            return _by_client(self.abort(message.request_ids))
+        return [(client, EngineError(f"this replica generates; cannot {type(message).__name__}"))]
+
+    def work(self) -> list[Reply]:
+        return _by_client(self.pump())
+
     def serve(self, address: str) -> None:
         """Serve frontends on a ZMQ ROUTER at ``address`` until ``Shutdown``; then stop ranks."""
-        ctx = zmq.Context()
-        sock = ctx.socket(zmq.ROUTER)
-        sock.setsockopt(zmq.LINGER, 1000)
-        sock.bind(address)
-        ready = encode(EngineReady(self.max_model_len, self.vocab_size, list(self.eos_token_ids)))
-        log.info("rank 0 serving on %s", address)
-        try:
-            running = True
-            while running:
-                timeout_ms = 0 if self.has_work() else int(self.keepalive_s * 1000 / 2)
-                if sock.poll(timeout_ms):
-                    running = self._drain(sock, ready)
-                if self.has_work():
-                    self._send(sock, self.pump())
-                else:
-                    self.keepalive()
-            self.shutdown()
-        except Exception as exc:
-            # A rank failed: its peers' collectives time out and they exit too.
-            log.exception("engine failed")
-            for client in self._clients:
-                sock.send_multipart([client, encode(EngineError(f"engine failed: {exc}"))])
-            raise
-        finally:
-            sock.close()
-            ctx.term()
+        serve_frontends(self, address)
 
-    def _drain(self, sock: zmq.Socket[bytes], ready: bytes) -> bool:
-        """Handle every queued frontend message; ``False`` on ``Shutdown``."""
-        while True:
-            try:
-                client, payload = sock.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                return True
-            self._clients.add(client)
-            msg = decode_frontend_message(payload)
-            if isinstance(msg, Hello):
-                sock.send_multipart([client, ready])
-            elif isinstance(msg, SubmitBatch):
-                for req in msg.requests:
-                    try:
-                        self.add_request(req, client)
-                    except ValueError as exc:
-                        err = EngineError(str(exc), req.request_id)
-                        sock.send_multipart([client, encode(err)])
-            elif isinstance(msg, AbortRequests):
-                self._send(sock, self.abort(msg.request_ids))
-            elif isinstance(msg, Shutdown):
-                return False
 
-    def _send(self, sock: zmq.Socket[bytes], updates: list[SeqUpdate]) -> None:
-        by_client: dict[bytes, list[RequestOutput]] = defaultdict(list)
-        for update in updates:
-            by_client[update.sequence.client].append(update.output)
-        for client, outputs in by_client.items():
-            sock.send_multipart([client, encode(StepOutputs(outputs))])
+def _by_client(updates: list[SeqUpdate]) -> list[Reply]:
+    """One ``StepOutputs`` per frontend, holding its requests' outputs in order."""
+    by_client: dict[bytes, list[RequestOutput]] = defaultdict(list)
+    for update in updates:
+        by_client[update.sequence.client].append(update.output)
+    return [(client, StepOutputs(outputs)) for client, outputs in by_client.items()]

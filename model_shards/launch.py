@@ -31,7 +31,7 @@ from multiprocessing.process import BaseProcess
 from typing import TYPE_CHECKING
 
 from model_shards.checkpoint import verify_checkpoint
-from model_shards.config import ModelConfig, ReplicaConfig
+from model_shards.config import EncoderConfig, ModelConfig, ReplicaConfig
 
 if TYPE_CHECKING:
     from model_shards.parallel.state import ParallelState
@@ -39,7 +39,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def validate_replica(config: ReplicaConfig, local_world_size: int | None = None) -> ModelConfig:
+def validate_replica(
+    config: ReplicaConfig, local_world_size: int | None = None
+) -> ModelConfig | EncoderConfig:
     """Every start-up check that needs no spawned process; ``ValueError`` names the flag.
 
     ``local_world_size``: ranks on this machine (default: all ``tp * pp``).
@@ -93,8 +95,9 @@ def plan_data_parallel(
     """Each replica's config and GPU ids (``None``: CPU) for ``dp`` replicas on this machine.
 
     With ``dp > 1``, GPUs go to replicas in contiguous slices of ``tp * pp``
-    (indices into the visible devices) when there are enough for all of them (else ``--device cuda`` is an error naming the
-    flags, and ``auto`` falls back to CPU). CPU replicas split the cores:
+    (indices into the visible devices) when there are enough for all of them
+    (else ``--device cuda`` is an error naming the flags, and ``auto`` falls
+    back to CPU). CPU replicas split the cores:
     ``threads_per_rank`` defaults to ``cores // (dp * tp * pp)``, at least 1.
     """
     if dp < 1:

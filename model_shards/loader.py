@@ -8,47 +8,45 @@ of other pipeline stages are checked by name but never read.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import ClassVar, Protocol
+
 from torch import nn
 
 from model_shards.checkpoint import Checkpoint, CheckpointError
-from model_shards.models.llama import LlamaForCausalLM
 
 
-def _to_param_name(model: LlamaForCausalLM, name: str) -> tuple[str, str | int | None]:
+class LoadableModel(Protocol):
+    """What a model file tells the loader (see models/llama.py, models/bert.py)."""
+
+    packed_modules_mapping: ClassVar[dict[str, tuple[str, str | int]]]
+    ignored_suffixes: ClassVar[tuple[str, ...]]
+
+    @property
+    def tied_sources(self) -> dict[str, str]: ...
+
+    def owns(self, name: str) -> bool: ...
+
+    def expected_checkpoint_names(self) -> set[str]: ...
+
+    def named_parameters(self) -> Iterator[tuple[str, nn.Parameter]]: ...
+
+
+def _to_param_name(model: LoadableModel, name: str) -> tuple[str, str | int | None]:
     for part, (fused, shard_id) in model.packed_modules_mapping.items():
         if f".{part}." in name:
             return name.replace(f".{part}.", f".{fused}."), shard_id
     return name, None
 
 
-def expected_checkpoint_names(model: LlamaForCausalLM) -> set[str]:
-    """Every tensor name the *whole* model (all stages) reads from a checkpoint."""
-    first_local = model.model.layers[model.model.start]
-    layer_suffixes: set[str] = set()
-    fused_to_parts: dict[str, list[str]] = {}
-    for part, (fused, _) in model.packed_modules_mapping.items():
-        fused_to_parts.setdefault(fused, []).append(part)
-    for pname, _ in first_local.named_parameters():
-        module, _, leaf = pname.rpartition(".")
-        parent, _, last = module.rpartition(".")
-        for part in fused_to_parts.get(last, [last]):
-            layer_suffixes.add(f"{parent}.{part}.{leaf}" if parent else f"{part}.{leaf}")
-    names = {
-        f"model.layers.{i}.{s}" for i in range(model.config.num_layers) for s in layer_suffixes
-    }
-    names |= {"model.embed_tokens.weight", "model.norm.weight"}
-    if not model.config.tie_word_embeddings:
-        names.add("lm_head.weight")
-    return names
-
-
-def load_weights(model: LlamaForCausalLM, checkpoint: Checkpoint) -> None:
+def load_weights(model: LoadableModel, checkpoint: Checkpoint) -> None:
     """Fill every parameter of ``model`` (this stage, this TP rank) from ``checkpoint``."""
-    expected = expected_checkpoint_names(model)
+    expected = model.expected_checkpoint_names()
     present = {
         n for n in checkpoint.names()
         if not n.endswith(model.ignored_suffixes)
-        and not (model.config.tie_word_embeddings and n == "lm_head.weight")
+        and not n.startswith(getattr(model, "ignored_prefixes", ()))
+        and n not in model.tied_sources
     }  # fmt: skip
     unexpected = sorted(present - expected)
     if unexpected:

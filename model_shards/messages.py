@@ -84,6 +84,17 @@ class SubmitBatch(msgspec.Struct, tag="submit", frozen=True):
     requests: list[GenerateRequest]
 
 
+class EmbedRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """One input to embed (an encoder replica); already tokenized and truncated."""
+
+    request_id: str
+    token_ids: list[int]
+
+
+class SubmitEmbeddings(msgspec.Struct, tag="embed", frozen=True):
+    requests: list[EmbedRequest]
+
+
 class AbortRequests(msgspec.Struct, tag="abort", frozen=True):
     request_ids: list[str]
 
@@ -92,7 +103,7 @@ class Shutdown(msgspec.Struct, tag="shutdown", frozen=True):
     pass
 
 
-FrontendMessage = Hello | SubmitBatch | AbortRequests | Shutdown
+FrontendMessage = Hello | SubmitBatch | SubmitEmbeddings | AbortRequests | Shutdown
 
 # ---- coordinator → frontend -------------------------------------------------
 
@@ -113,10 +124,21 @@ class StepOutputs(msgspec.Struct, tag="outputs", frozen=True):
     outputs: list[RequestOutput]
 
 
+class EmbeddingResult(msgspec.Struct, frozen=True):
+    request_id: str
+    embedding: list[float]
+    num_tokens: int
+
+
+class EmbeddingOutputs(msgspec.Struct, tag="embeddings", frozen=True):
+    outputs: list[EmbeddingResult]
+
+
 class EngineReady(msgspec.Struct, tag="ready", frozen=True):
     max_model_len: int
     vocab_size: int
     eos_token_ids: list[int]
+    task: Literal["generate", "embed"] = "generate"
 
 
 class EngineError(msgspec.Struct, tag="error", frozen=True):
@@ -126,7 +148,7 @@ class EngineError(msgspec.Struct, tag="error", frozen=True):
     request_id: str | None = None
 
 
-EngineMessage = EngineReady | StepOutputs | EngineError
+EngineMessage = EngineReady | StepOutputs | EmbeddingOutputs | EngineError
 
 # ---- coordinator → every rank -----------------------------------------------
 
@@ -177,6 +199,7 @@ class StepPlan(msgspec.Struct, frozen=True):
     freed_seq_ids: list[int] = []
     copy_blocks: list[tuple[int, int]] = []
     return_logits: bool = False  # last stage also sends the sampled rows' full logits
+    encode: list[list[int]] = []  # encoder replicas: token ids of each input to embed
     shutdown: bool = False
 
 

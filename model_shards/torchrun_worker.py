@@ -4,13 +4,16 @@
 each node::
 
     python -m torch.distributed.run --nnodes N --nproc-per-node tp*pp/N
-        --node-rank R --rdzv-backend c10d --rdzv-endpoint HOST:PORT --rdzv-id ID
-        --max-restarts 0 -m model_shards.torchrun_worker --config-json ... --address ...
+        --rdzv-backend c10d --rdzv-endpoint HOST:PORT --rdzv-id ID --max-restarts 0
+        -m model_shards.torchrun_worker --config-json ... --address ... --node-rank R
 
 and each worker process torchrun starts runs :func:`main`, which calls
 :func:`model_shards.launch.run_torchrun_rank` (the same rank body as a
 replica spawned by ``shardserve serve``). A single node with no rendezvous
-endpoint uses ``--standalone``. The replica's configuration travels as the
+endpoint uses ``--standalone``. torchrun ignores ``--node-rank`` under c10d
+(it orders nodes itself), so the node rank goes to the workers instead,
+which derive the replica rank from it (see
+:class:`model_shards.launch.TorchrunRank`). The replica's configuration travels as the
 JSON of :class:`~model_shards.config.ReplicaConfig`, so every node runs the
 exact flags its ``shardserve engine`` validated.
 """
@@ -58,10 +61,8 @@ def torchrun_command(
     command = [python, "-m", "torch.distributed.run", "--nnodes", str(layout.nnodes),
                "--nproc-per-node", str(nproc), "--max-restarts", "0"]  # fmt: skip
     if layout.rdzv_endpoint:
-        command += [
-            "--node-rank", str(layout.node_rank), "--rdzv-backend", "c10d",
-            "--rdzv-endpoint", layout.rdzv_endpoint, "--rdzv-id", layout.rdzv_id,
-        ]  # fmt: skip
+        command += ["--rdzv-backend", "c10d", "--rdzv-endpoint", layout.rdzv_endpoint,
+                    "--rdzv-id", layout.rdzv_id]  # fmt: skip
     else:
         command += ["--standalone"]
     config_json = json.dumps(dataclasses.asdict(config))

@@ -21,7 +21,7 @@ from itertools import accumulate
 import torch
 
 from model_shards.checkpoint import Checkpoint
-from model_shards.config import ModelConfig, ReplicaConfig
+from model_shards.config import EncoderConfig, ModelConfig, ReplicaConfig
 from model_shards.kv_cache import PagedKVCache
 from model_shards.layers.attention import ForwardBatch
 from model_shards.loader import load_weights
@@ -38,7 +38,7 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 CPU_KV_CACHE_DEFAULT = 1 << 30  # bytes per rank when neither flag nor GPU says otherwise
 
 
-def resolve_dtype(flag: str, model: ModelConfig) -> torch.dtype:
+def resolve_dtype(flag: str, model: ModelConfig | EncoderConfig) -> torch.dtype:
     """``--dtype`` to a torch dtype; ``auto`` takes the checkpoint config's."""
     name = model.torch_dtype if flag == "auto" else flag
     return _DTYPES.get(name, torch.float32)

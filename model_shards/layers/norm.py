@@ -26,3 +26,22 @@ class RMSNorm(nn.Module):
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x32.to(dtype)
+
+
+class LayerNorm(nn.Module):
+    """``y = w * (x - mean) / sqrt(var + eps) + b`` (BERT), computed in float32."""
+
+    def __init__(self, hidden_size: int, eps: float, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(hidden_size, dtype=dtype), False)
+        self.bias = nn.Parameter(torch.zeros(hidden_size, dtype=dtype), False)
+        set_weight_loader(self.weight, self.weight_loader)
+        set_weight_loader(self.bias, self.weight_loader)
+
+    def weight_loader(self, param: nn.Parameter, source: TensorSource) -> None:
+        copy_checked(param.data, source.read(), source.name)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = nn.functional.layer_norm(x.float(), x.shape[-1:], None, None, self.eps)
+        return (y * self.weight.float() + self.bias.float()).to(x.dtype)

@@ -60,3 +60,18 @@ class ParallelLMHead(VocabParallelEmbedding):
         local = F.linear(hidden, self.weight)  # [N, V / tp]
         full = tp_all_gather_last_dim(local, self.ps)  # [N, V_padded]
         return full[..., : self.vocab_size]
+
+
+class ReplicatedEmbedding(nn.Module):
+    """A small table held whole on every rank (BERT position and token-type embeddings)."""
+
+    def __init__(self, num: int, hidden_size: int, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(num, hidden_size, dtype=dtype), False)
+        set_weight_loader(self.weight, self.weight_loader)
+
+    def weight_loader(self, param: nn.Parameter, source: TensorSource) -> None:
+        copy_checked(param.data, source.read(), source.name)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(ids, self.weight)

@@ -23,6 +23,7 @@ from model_shards.layers.linear import (
 from model_shards.layers.norm import RMSNorm
 from model_shards.layers.rotary import RotaryEmbedding, apply_rotary
 from model_shards.layers.vocab import ParallelLMHead, VocabParallelEmbedding
+from model_shards.models.naming import checkpoint_names_of
 from model_shards.models.stages import MissingLayer, stage_layer_range
 from model_shards.parallel.state import ParallelState
 
@@ -130,7 +131,7 @@ class LlamaForCausalLM(nn.Module):
         "up_proj": ("gate_up_proj", 1),
     }
     # checkpoint tensors that carry no weights (older HF exports)
-    ignored_suffixes: tuple[str, ...] = ("rotary_emb.inv_freq",)
+    ignored_suffixes: ClassVar[tuple[str, ...]] = ("rotary_emb.inv_freq",)
 
     def __init__(
         self, cfg: ModelConfig, dtype: torch.dtype, ps: ParallelState, max_positions: int
@@ -147,10 +148,21 @@ class LlamaForCausalLM(nn.Module):
 
     @property
     def tied_sources(self) -> dict[str, str]:
-        """Parameters read from another checkpoint tensor (tied LM head)."""
-        if self.config.tie_word_embeddings and self.lm_head is not None:
+        """Parameters read from another checkpoint tensor (tied LM head); a checkpoint
+        tensor of that name, if any, is ignored."""
+        if self.config.tie_word_embeddings:
             return {"lm_head.weight": "model.embed_tokens.weight"}
         return {}
+
+    def expected_checkpoint_names(self) -> set[str]:
+        """Every tensor name the *whole* model (all stages) reads from a checkpoint."""
+        first_local = self.model.layers[self.model.start]
+        suffixes = checkpoint_names_of(first_local, self.packed_modules_mapping)
+        names = {f"model.layers.{i}.{s}" for i in range(self.config.num_layers) for s in suffixes}
+        names |= {"model.embed_tokens.weight", "model.norm.weight"}
+        if not self.config.tie_word_embeddings:
+            names.add("lm_head.weight")
+        return names
 
     def layer_index(self, name: str) -> int | None:
         """The decoder layer a checkpoint name belongs to, or ``None``."""
@@ -165,7 +177,7 @@ class LlamaForCausalLM(nn.Module):
         if layer is not None:
             return self.model.start <= layer < self.model.end
         if name.startswith("model.embed_tokens."):
-            return self.ps.is_first_stage or bool(self.tied_sources)
+            return self.ps.is_first_stage or (self.ps.is_last_stage and bool(self.tied_sources))
         if name.startswith(("model.norm.", "lm_head.")):
             return self.ps.is_last_stage
         return True

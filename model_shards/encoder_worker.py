@@ -1,0 +1,56 @@
+"""Every rank's step executor for an encoder replica (embeddings; ``tp`` ranks, ``pp == 1``).
+
+A step's plan lists the inputs to embed (``StepPlan.encode``); every rank runs
+the padded batch through its shard of the encoder (TP all-reduces inside) and
+ends with the same pooled vectors; global rank 0 returns them.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from model_shards.checkpoint import Checkpoint
+from model_shards.config import EncoderConfig, ReplicaConfig
+from model_shards.loader import load_weights
+from model_shards.messages import StepPlan
+from model_shards.models.bert import BertModel
+from model_shards.parallel import comm
+from model_shards.parallel.state import ParallelState
+from model_shards.worker import receive_plan, resolve_dtype
+
+
+class EncoderWorker:
+    def __init__(self, model: BertModel, ps: ParallelState) -> None:
+        self.model = model
+        self.ps = ps
+        self.pending = comm.Pending()  # rank 0's plan broadcasts in progress
+        self.bytes_loaded = 0
+
+    @staticmethod
+    def build(replica: ReplicaConfig, cfg: EncoderConfig, ps: ParallelState) -> EncoderWorker:
+        with torch.device(ps.device):
+            model = BertModel(cfg, resolve_dtype(replica.dtype, cfg), ps)
+        with Checkpoint(replica.model_dir) as checkpoint:
+            load_weights(model, checkpoint)
+            worker = EncoderWorker(model.eval(), ps)
+            worker.bytes_loaded = checkpoint.bytes_read
+        return worker
+
+    @torch.inference_mode()
+    def execute(self, plan: StepPlan) -> torch.Tensor | None:
+        """Embed ``plan.encode``; ``[B, H]`` float32 on every rank (``None`` when empty)."""
+        if not plan.encode:
+            return None
+        longest = max(len(ids) for ids in plan.encode)
+        padded = [ids + [0] * (longest - len(ids)) for ids in plan.encode]
+        input_ids = torch.tensor(padded, dtype=torch.int64, device=self.ps.device)
+        lengths = torch.tensor([len(ids) for ids in plan.encode], device=self.ps.device)
+        return self.model(input_ids, lengths).cpu()
+
+    def serve_forever(self) -> None:
+        """Non-zero ranks: execute plans from rank 0 until a shutdown plan."""
+        while True:
+            plan = receive_plan(self.ps)
+            if plan.shutdown:
+                return
+            self.execute(plan)

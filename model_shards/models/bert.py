@@ -1,0 +1,156 @@
+"""BERT encoder (Hugging Face ``BertModel``) with sentence pooling, tensor-parallel.
+
+Same sharding as the decoders: Q/K/V column-parallel by heads, attention
+output row-parallel (all-reduce), intermediate column-parallel, output
+row-parallel (all-reduce), vocabulary-parallel word embeddings. Attention is
+bidirectional over each sequence; a padded batch masks the padding keys.
+Pooling (mean over real tokens, or the [CLS] token) and L2 normalisation follow
+the checkpoint's sentence-transformers config.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from model_shards.config import EncoderConfig
+from model_shards.layers.linear import ColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from model_shards.layers.norm import LayerNorm
+from model_shards.layers.vocab import ReplicatedEmbedding, VocabParallelEmbedding
+from model_shards.models.naming import checkpoint_names_of
+from model_shards.parallel.state import ParallelState
+
+
+class BertEmbeddings(nn.Module):
+    def __init__(self, cfg: EncoderConfig, dtype: torch.dtype, ps: ParallelState) -> None:
+        super().__init__()
+        self.word_embeddings = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, dtype, ps)
+        self.position_embeddings = ReplicatedEmbedding(
+            cfg.max_position_embeddings, cfg.hidden_size, dtype
+        )
+        self.token_type_embeddings = ReplicatedEmbedding(
+            cfg.type_vocab_size, cfg.hidden_size, dtype
+        )
+        self.LayerNorm = LayerNorm(cfg.hidden_size, cfg.layer_norm_eps, dtype)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """``input_ids [B, L]`` → ``[B, L, H]`` (token type 0 everywhere, as for one sentence)."""
+        positions = torch.arange(input_ids.shape[1], device=input_ids.device)
+        x = self.word_embeddings(input_ids) + self.position_embeddings(positions)
+        x = x + self.token_type_embeddings(torch.zeros_like(positions))
+        return self.LayerNorm(x)
+
+
+class BertSelfAttention(nn.Module):
+    def __init__(self, cfg: EncoderConfig, dtype: torch.dtype, ps: ParallelState) -> None:
+        super().__init__()
+        self.qkv_proj = QKVParallelLinear(
+            cfg.hidden_size, cfg.head_dim, cfg.num_heads, cfg.num_heads, True, dtype, ps
+        )
+        self.num_heads = self.qkv_proj.num_heads  # per rank
+        self.head_dim = cfg.head_dim
+
+    def forward(self, x: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
+        """``x [B, L, H]``, ``key_mask [B, 1, 1, L]`` → ``[B, L, nh * D]`` (this rank's heads)."""
+        b, length, _ = x.shape
+        q, k, v = self.qkv_proj(x).chunk(3, dim=-1)  # [B, L, nh * D] each (nkv == nh)
+        q, k, v = (
+            t.view(b, length, self.num_heads, self.head_dim).transpose(1, 2) for t in (q, k, v)
+        )
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask)  # (B, nh, L, D)
+        return o.transpose(1, 2).reshape(b, length, self.num_heads * self.head_dim)
+
+
+class BertSelfOutput(nn.Module):
+    def __init__(self, cfg: EncoderConfig, dtype: torch.dtype, ps: ParallelState) -> None:
+        super().__init__()
+        self.dense = RowParallelLinear(cfg.hidden_size, cfg.hidden_size, True, dtype, ps)
+        self.LayerNorm = LayerNorm(cfg.hidden_size, cfg.layer_norm_eps, dtype)
+
+
+class BertAttention(nn.Module):
+    def __init__(self, cfg: EncoderConfig, dtype: torch.dtype, ps: ParallelState) -> None:
+        super().__init__()
+        self.self = BertSelfAttention(cfg, dtype, ps)  # HF name: attention.self
+        self.output = BertSelfOutput(cfg, dtype, ps)
+
+    def forward(self, x: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
+        return self.output.LayerNorm(x + self.output.dense(self.self(x, key_mask)))
+
+
+class BertIntermediate(nn.Module):
+    def __init__(self, cfg: EncoderConfig, dtype: torch.dtype, ps: ParallelState) -> None:
+        super().__init__()
+        self.dense = ColumnParallelLinear(cfg.hidden_size, cfg.intermediate_size, True, dtype, ps)
+
+
+class BertOutput(nn.Module):
+    def __init__(self, cfg: EncoderConfig, dtype: torch.dtype, ps: ParallelState) -> None:
+        super().__init__()
+        self.dense = RowParallelLinear(cfg.intermediate_size, cfg.hidden_size, True, dtype, ps)
+        self.LayerNorm = LayerNorm(cfg.hidden_size, cfg.layer_norm_eps, dtype)
+
+
+class BertLayer(nn.Module):
+    def __init__(self, cfg: EncoderConfig, dtype: torch.dtype, ps: ParallelState) -> None:
+        super().__init__()
+        self.attention = BertAttention(cfg, dtype, ps)
+        self.intermediate = BertIntermediate(cfg, dtype, ps)
+        self.output = BertOutput(cfg, dtype, ps)
+
+    def forward(self, x: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
+        x = self.attention(x, key_mask)  # [B, L, H]
+        h = F.gelu(self.intermediate.dense(x))  # [B, L, I / tp]
+        return self.output.LayerNorm(x + self.output.dense(h))
+
+
+class BertEncoder(nn.Module):
+    def __init__(self, cfg: EncoderConfig, dtype: torch.dtype, ps: ParallelState) -> None:
+        super().__init__()
+        self.layer = nn.ModuleList(BertLayer(cfg, dtype, ps) for _ in range(cfg.num_layers))
+
+
+class BertModel(nn.Module):
+    """HF ``BertModel`` (the pooler head is not used: sentence pooling replaces it)."""
+
+    packed_modules_mapping: ClassVar[dict[str, tuple[str, str | int]]] = {
+        "query": ("qkv_proj", "q"),
+        "key": ("qkv_proj", "k"),
+        "value": ("qkv_proj", "v"),
+    }
+    ignored_suffixes: ClassVar[tuple[str, ...]] = ("position_ids",)
+    ignored_prefixes: ClassVar[tuple[str, ...]] = ("pooler.",)
+
+    def __init__(self, cfg: EncoderConfig, dtype: torch.dtype, ps: ParallelState) -> None:
+        super().__init__()
+        self.config = cfg
+        self.embeddings = BertEmbeddings(cfg, dtype, ps)
+        self.encoder = BertEncoder(cfg, dtype, ps)
+
+    @property
+    def tied_sources(self) -> dict[str, str]:
+        return {}
+
+    def owns(self, name: str) -> bool:
+        return True
+
+    def expected_checkpoint_names(self) -> set[str]:
+        return checkpoint_names_of(self, self.packed_modules_mapping)
+
+    def forward(self, input_ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """``input_ids [B, L]`` (right-padded), ``lengths [B]`` → pooled embeddings ``[B, H]``."""
+        real = torch.arange(input_ids.shape[1], device=input_ids.device) < lengths[:, None]
+        key_mask = real[:, None, None, :]  # (B, 1, 1, L)
+        x = self.embeddings(input_ids)
+        for layer in self.encoder.layer:
+            x = layer(x, key_mask)
+        if self.config.pooling == "cls":
+            pooled = x[:, 0]
+        else:
+            weights = real.unsqueeze(-1).to(x.dtype)
+            pooled = (x * weights).sum(1) / weights.sum(1).clamp(min=1e-9)
+        pooled = pooled.float()
+        return F.normalize(pooled, p=2, dim=-1) if self.config.normalize else pooled

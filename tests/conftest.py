@@ -1,0 +1,8 @@
+"""Test-wide settings: nothing may reach a model hub."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
