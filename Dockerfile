@@ -1,19 +1,56 @@
-# shardserve image. CPU by default; GPU images come with the deployment work (docs/deploy.md).
-FROM python:3.11-slim AS build
-WORKDIR /src
-COPY pyproject.toml README.md ./
-COPY server ./server
-COPY model_shards ./model_shards
-RUN pip install --no-cache-dir --prefix=/install \
-        --index-url https://download.pytorch.org/whl/cpu torch==2.13.0 \
-    && pip install --no-cache-dir --prefix=/install .
+# shardserve image: the frontend (`shardserve serve`) and the ranks (`shardserve engine`).
+#
+#   docker build -t shardserve:cuda .                        # GPUs: CUDA runtime + CUDA torch
+#   docker build -t shardserve:cpu --build-arg DEVICE=cpu .  # no GPU: slim Python + CPU torch
+#
+# Stages: base-cuda / base-cpu (Python on the runtime base) -> build (a venv with torch
+# and shardserve) -> runtime (the venv on the same base, non-root). docs/deploy.md.
+ARG DEVICE=cuda
+ARG CUDA_IMAGE=nvidia/cuda:12.8.1-runtime-ubuntu24.04
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
-FROM python:3.11-slim
-COPY --from=build /install /usr/local
-RUN useradd --create-home --uid 1000 shardserve
-USER shardserve
-EXPOSE 8000
-HEALTHCHECK --interval=10s --timeout=3s --start-period=120s \
-    CMD python -c "import urllib.request,sys; sys.exit(urllib.request.urlopen('http://127.0.0.1:8000/health').status != 200)"
+FROM ${CUDA_IMAGE} AS base-cuda
+# The distribution's python3 (3.12 on 24.04). DL3008 (pin apt versions) is ignored: the
+# base image tag fixes the release, and exact pins break as soon as Ubuntu ships a fix.
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends python3 python3-venv \
+    && rm -rf /var/lib/apt/lists/*
+ENV TORCH_INDEX=https://download.pytorch.org/whl/cu128
+
+FROM ${PYTHON_IMAGE} AS base-cpu
+ENV TORCH_INDEX=https://download.pytorch.org/whl/cpu
+
+# ---- build: a self-contained virtual environment in /opt/shardserve ----------
+# base-${DEVICE} is one of the two stages above, whose images are tagged: DL3006 does not apply.
+# hadolint ignore=DL3006
+FROM base-${DEVICE} AS build
+ARG TORCH_VERSION=2.13.0
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+RUN python3 -m venv /opt/shardserve
+WORKDIR /src
+# torch first and alone: the CUDA (or CPU) wheel from its own index, cached as a layer.
+RUN /opt/shardserve/bin/pip install --index-url "${TORCH_INDEX}" "torch==${TORCH_VERSION}"
+COPY pyproject.toml README.md ./
+COPY model_shards ./model_shards
+COPY server ./server
+RUN /opt/shardserve/bin/pip install .
+
+# ---- runtime -----------------------------------------------------------------
+# base-${DEVICE}: a stage of this file, as for `build` (DL3006 does not apply).
+# hadolint ignore=DL3006
+FROM base-${DEVICE} AS runtime
+RUN useradd --create-home --uid 10001 --user-group shardserve
+COPY --from=build /opt/shardserve /opt/shardserve
+ENV PATH=/opt/shardserve/bin:$PATH \
+    PYTHONUNBUFFERED=1 \
+    SHARDSERVE_CACHE_DIR=/home/shardserve/.cache/shardserve
+USER 10001:10001
+WORKDIR /home/shardserve
+# 8000: HTTP (shardserve serve). 5555: rank 0's ZMQ ROUTER (shardserve engine).
+# 29500: torchrun's c10d rendezvous (node 0 of a multi-node replica).
+EXPOSE 8000 5555 29500
+HEALTHCHECK --interval=10s --timeout=3s --start-period=300s --retries=3 \
+    CMD ["python3", "-c", "import sys, urllib.request; sys.exit(urllib.request.urlopen('http://127.0.0.1:8000/health', timeout=2).status != 200)"]
 ENTRYPOINT ["shardserve"]
 CMD ["serve", "--host", "0.0.0.0", "--port", "8000"]

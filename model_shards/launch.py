@@ -31,7 +31,7 @@ from multiprocessing.process import BaseProcess
 from typing import TYPE_CHECKING
 
 from model_shards.checkpoint import verify_checkpoint
-from model_shards.config import EncoderConfig, ModelConfig, ReplicaConfig
+from model_shards.config import EncoderConfig, ModelConfig, ReplicaConfig, load_model_config
 
 if TYPE_CHECKING:
     from model_shards.parallel.state import ParallelState
@@ -287,10 +287,13 @@ def serve_rank(
 
     threads = config.threads_per_rank or max(1, (os.cpu_count() or 1) // config.world_size)
     torch.set_num_threads(threads)
-    model = ModelConfig.from_dir(config.model_dir)
+    model = load_model_config(config.model_dir)
     max_len = config.resolved_max_model_len(model)
     ps = init()
     try:
+        if isinstance(model, EncoderConfig):
+            _serve_encoder(rank, config, model, ps, address, max_len)
+            return
         worker = Worker.build(config, model, ps, max_len)
         log.info(
             "loaded stage %d/%d tp %d/%d: %.1f MiB read; KV cache %d blocks x %d = %d tokens",
@@ -304,8 +307,31 @@ def serve_rank(
                 max_num_batched_tokens=config.max_num_batched_tokens,
                 max_model_len=max_len,
                 enable_prefix_caching=config.enable_prefix_caching,
+                pipeline_overlap=config.pipeline_overlap,
             ).serve(address)
         else:
             worker.serve_forever()
     finally:
         destroy_parallel()
+
+
+def _serve_encoder(
+    rank: int, config: ReplicaConfig, model: EncoderConfig, ps: ParallelState, address: str,
+    max_len: int,
+) -> None:  # fmt: skip
+    """An embedding replica: rank 0 batches inputs, every rank runs its encoder shard."""
+    from model_shards.embedding_coordinator import EmbeddingCoordinator
+    from model_shards.encoder_worker import EncoderWorker
+
+    worker = EncoderWorker.build(config, model, ps)
+    log.info("loaded encoder tp %d/%d: %.1f MiB read", ps.tp_rank, ps.tp_size,
+             worker.bytes_loaded / 2**20)  # fmt: skip
+    if rank == 0:
+        EmbeddingCoordinator(
+            worker,
+            max_num_seqs=config.max_num_seqs,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+            max_model_len=max_len,
+        ).serve(address)
+    else:
+        worker.serve_forever()

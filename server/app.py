@@ -6,6 +6,7 @@ is captured from its arguments. Routes:
 * ``POST /v1/completions`` (:mod:`server.completions`) and
   ``POST /v1/chat/completions`` (:mod:`server.chat`): JSON or SSE
   (``stream: true``);
+* ``POST /v1/embeddings`` (:mod:`server.embeddings`): encoder replicas only;
 * ``GET /v1/models``: the one served model, with ``max_model_len``;
 * ``GET /health``: 200 when the engine is ready and the replica alive, else 503;
 * ``GET /metrics``: Prometheus text (:mod:`server.metrics`).
@@ -32,7 +33,8 @@ from server import chat, completions
 from server.chat_protocol import ChatCompletionRequest
 from server.choices import Plan
 from server.completion_protocol import CompletionRequest
-from server.engine_client import EngineClient
+from server.embeddings import EmbeddingRequest, create_embeddings
+from server.engine_client import Engine
 from server.errors import APIError, install_error_handlers, validation_error
 from server.metrics import Metrics
 from server.middleware import DEFAULT_MAX_REQUEST_BYTES, FrontDoor
@@ -46,7 +48,14 @@ B = TypeVar("B", bound=BaseModel)
 #: How often a non-streamed request checks whether its client is still there.
 DISCONNECT_POLL_S = 0.5
 
-ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics")
+ROUTES = (
+    "/v1/completions",
+    "/v1/chat/completions",
+    "/v1/embeddings",
+    "/v1/models",
+    "/health",
+    "/metrics",
+)
 
 
 class _ClientGone(Exception):
@@ -113,7 +122,7 @@ async def _respond(
 
 
 def build_app(
-    engine_client: EngineClient,
+    engine_client: Engine,
     tokenizer: Tokenizer,
     served_model_name: str,
     max_model_len: int,
@@ -166,6 +175,12 @@ def build_app(
             lambda: completions.stream(serving, work, body),
             lambda: completions.complete(serving, work, body),
         )
+
+    @app.post("/v1/embeddings", response_model=None)
+    async def create_embedding(request: Request) -> Response:
+        body = await _parse(request, EmbeddingRequest)
+        result = await _unless_disconnected(request, create_embeddings(body, serving))
+        return JSONResponse(result.model_dump())
 
     @app.post("/v1/chat/completions", response_model=None)
     async def create_chat_completion(request: Request) -> Response:

@@ -28,7 +28,7 @@ from typing import Any, cast
 import msgspec
 
 from model_shards.messages import FinishReason, GenerateRequest, SamplingParams
-from server.engine_client import EngineClient
+from server.engine_client import Engine
 from server.errors import APIError
 from server.generation import SampledToken, TextDelta, generate_text
 from server.metrics import Metrics
@@ -146,7 +146,7 @@ class ChoiceResult:
 
 @dataclass(frozen=True)
 class _Runner:
-    engine: EngineClient
+    engine: Engine
     tokenizer: Tokenizer
     stop_strings: list[str]
     metrics: Metrics | None
@@ -157,7 +157,7 @@ class _Runner:
 
 async def collect(
     plan: Plan,
-    engine: EngineClient,
+    engine: Engine,
     tokenizer: Tokenizer,
     stop_strings: list[str],
     metrics: Metrics | None = None,
@@ -196,7 +196,7 @@ _DONE = object()
 
 async def merge(
     plan: Plan,
-    engine: EngineClient,
+    engine: Engine,
     tokenizer: Tokenizer,
     stop_strings: list[str],
     metrics: Metrics | None = None,

@@ -1,17 +1,24 @@
-"""``shardserve serve``: validate flags, start one replica, serve HTTP until told to stop.
+"""``shardserve serve``: validate flags, start the replicas, serve HTTP until told to stop.
+
+``shardserve serve`` spawns ``-dp`` replicas of ``-tp * -pp`` ranks itself,
+each on its own ``ipc://`` address, behind one router (:mod:`server.router`);
+``shardserve serve --engine tcp://HOST:PORT`` (repeatable, one per replica)
+spawns nothing and serves replicas started elsewhere by ``shardserve engine``
+(:mod:`server.engine_command`), which it never shuts down.
 
 Start-up order, so a mistake costs nothing: parse flags → validate the
 replica config, load the tokenizer and compile its chat template (a
 ``ValueError`` prints
 ``shardserve: error: <message>`` and exits 2, nothing spawned) → bind the
 HTTP socket (a busy port fails here, still nothing spawned) → spawn the
-replica's ranks → wait for ``EngineReady`` (exit 1 naming the ranks' exit
-codes if one dies first, or after ``READY_TIMEOUT_S``) → run uvicorn.
+replicas' ranks → wait for every ``EngineReady`` (exit 1 naming the ranks'
+exit codes if one dies first, or after ``READY_TIMEOUT_S``) → run uvicorn.
 
 Stopping: SIGINT/SIGTERM make uvicorn shut down gracefully; whatever the way
-out (signal during start-up included), ``Shutdown`` is sent to the engine and
-``handle.stop()`` reaps every rank in a ``finally``. A signal arriving while
-the ranks are being spawned is held until the handle exists.
+out (signal during start-up included), ``Shutdown`` is sent to the replicas
+this process started and ``handle.stop()`` reaps every rank in a ``finally``.
+A signal arriving while the ranks are being spawned is held until the
+handles exist.
 
 torch is never imported here: ``model_shards.launch`` and
 ``model_shards.default_model`` are imported only inside :func:`serve`.
@@ -27,7 +34,7 @@ import os
 import signal
 import socket
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -42,10 +49,13 @@ from server.tokenizer import Tokenizer
 logger = logging.getLogger("shardserve")
 
 READY_TIMEOUT_S = 300.0
+HEARTBEAT_S = 5.0  # how often a frontend pings an --engine it did not start
+HEARTBEAT_TIMEOUT_S = 60.0  # silence after which that engine counts as dead
 DEFAULT_MODEL_NAME = "shardserve-default"
 GRACEFUL_SHUTDOWN_S = 5
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 API_KEY_ENV = "SHARDSERVE_API_KEY"
+MODEL_ENV = "SHARDSERVE_MODEL"
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s [%(request_id)s]: %(message)s"
 
 
@@ -62,21 +72,20 @@ class ReplicaHandle(Protocol):
     def exitcodes(self) -> list[int | None]: ...
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="shardserve", description=__doc__.splitlines()[0])
-    commands = parser.add_subparsers(dest="command", required=True)
-    serve = commands.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API")
-    serve.add_argument("--model", help="checkpoint directory (default: the built-in tiny Llama)")
-    serve.add_argument("--tensor-parallel-size", "-tp", type=int, default=1, metavar="N")
-    serve.add_argument("--pipeline-parallel-size", "-pp", type=int, default=1, metavar="M")
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8000, help="0 picks a free port")
-    serve.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto")
-    serve.add_argument("--served-model-name", help="model name in the API (default: dir name)")
-    serve.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
-    serve.add_argument("--max-num-seqs", type=int, default=64)
-    serve.add_argument("--max-model-len", type=int, default=None)
-    engine = serve.add_argument_group("engine (continuous batching, paged KV cache)")
+def _add_replica_flags(command: argparse.ArgumentParser) -> None:
+    """Flags that describe one replica (both ``serve`` and ``engine`` take them)."""
+    command.add_argument(
+        "--model", default=os.environ.get(MODEL_ENV) or None,
+        help=f"checkpoint directory (default: ${MODEL_ENV}, else the built-in tiny Llama)",
+    )  # fmt: skip
+    command.add_argument("--tensor-parallel-size", "-tp", type=int, default=1, metavar="N")
+    command.add_argument("--pipeline-parallel-size", "-pp", type=int, default=1, metavar="M")
+    command.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto")
+    command.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    command.add_argument("--max-num-seqs", type=int, default=64)
+    command.add_argument("--max-model-len", type=int, default=None)
+    command.add_argument("--log-level", choices=LOG_LEVELS, default="info")
+    engine = command.add_argument_group("engine (continuous batching, paged KV cache)")
     engine.add_argument("--max-num-batched-tokens", type=int, default=8192, metavar="T")
     engine.add_argument("--block-size", type=int, default=16, help="KV cache block size (tokens)")
     engine.add_argument(
@@ -92,6 +101,25 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-pipeline-overlap", dest="pipeline_overlap", action="store_false",
         help="with -pp > 1, run one micro-batch at a time (for comparison)",
     )  # fmt: skip
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="shardserve", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve = commands.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API")
+    _add_replica_flags(serve)
+    serve.add_argument(
+        "--data-parallel-size", "-dp", type=_positive_int, default=1, metavar="D",
+        help="replicas to start behind this frontend (least-loaded routing)",
+    )  # fmt: skip
+    serve.add_argument(
+        "--engine", action="append", default=[], metavar="tcp://HOST:PORT",
+        help="serve a replica started by 'shardserve engine' instead of starting one "
+        "(repeat for several replicas); the tokenizer still comes from --model",
+    )  # fmt: skip
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000, help="0 picks a free port")
+    serve.add_argument("--served-model-name", help="model name in the API (default: dir name)")
     serve.add_argument(
         "--batch-window-ms",
         type=_non_negative_float,
@@ -109,7 +137,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_MAX_REQUEST_BYTES,
         help="larger request bodies get a 413 (default: 8 MiB)",
     )
-    serve.add_argument("--log-level", choices=LOG_LEVELS, default="info")
+    from server.engine_command import add_engine_parser
+
+    add_engine_parser(commands, _add_replica_flags)
     return parser
 
 
@@ -146,6 +176,10 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level.upper(), format=LOG_FORMAT)
     for handler in logging.getLogger().handlers:
         handler.addFilter(RequestIdFilter())
+    if args.command in ("engine", "ping"):
+        from server.engine_command import run_engine, run_ping
+
+        return run_engine(args) if args.command == "engine" else run_ping(args)
     return serve(args)
 
 
@@ -216,37 +250,56 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def replica_config(args: argparse.Namespace) -> ReplicaConfig:
+    """The replica the flags describe (not validated); the default model if no ``--model``."""
+    if args.model is None:
+        from model_shards.default_model import ensure_default_model
+
+        model_dir = str(ensure_default_model())
+    else:
+        model_dir = args.model
+    return ReplicaConfig(
+        model_dir=model_dir,
+        tp=args.tensor_parallel_size,
+        pp=args.pipeline_parallel_size,
+        dtype=args.dtype,
+        device=args.device,
+        max_num_seqs=args.max_num_seqs,
+        max_model_len=args.max_model_len,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        block_size=args.block_size,
+        kv_cache_memory=args.kv_cache_memory,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        enable_prefix_caching=args.prefix_caching,
+        pipeline_overlap=args.pipeline_overlap,
+    )
+
+
+def _check_engine_flags(args: argparse.Namespace) -> None:
+    """``ValueError`` naming the flag when ``--engine`` is misused."""
+    for address in args.engine:
+        if not address.startswith(("tcp://", "ipc://")):
+            raise ValueError(f"--engine {address}: expected tcp://HOST:PORT or ipc://PATH")
+    if args.engine and args.data_parallel_size != 1:
+        raise ValueError(
+            "--data-parallel-size starts replicas; with --engine, give one --engine per replica"
+        )
+
+
 def serve(args: argparse.Namespace) -> int:
     """Run the ``serve`` command; see the module docstring for the order of events."""
     guard = _SignalGuard()
-    handle: ReplicaHandle | None = None
+    handles: Sequence[ReplicaHandle] = ()
     state = _State()
     try:
-        if args.model is None:
-            from model_shards.default_model import ensure_default_model
-
-            model_dir = str(ensure_default_model())
-            name = args.served_model_name or DEFAULT_MODEL_NAME
-        else:
-            model_dir = args.model
-            name = args.served_model_name or Path(args.model).resolve().name
-        config = ReplicaConfig(
-            model_dir=model_dir,
-            tp=args.tensor_parallel_size,
-            pp=args.pipeline_parallel_size,
-            dtype=args.dtype,
-            device=args.device,
-            max_num_seqs=args.max_num_seqs,
-            max_model_len=args.max_model_len,
-            max_num_batched_tokens=args.max_num_batched_tokens,
-            block_size=args.block_size,
-            kv_cache_memory=args.kv_cache_memory,
-            gpu_memory_utilization=args.gpu_memory_utilization,
-            enable_prefix_caching=args.prefix_caching,
-            pipeline_overlap=args.pipeline_overlap,
-        )
+        config = replica_config(args)
+        model_dir = config.model_dir
+        default_name = DEFAULT_MODEL_NAME if args.model is None else Path(model_dir).resolve().name
+        name = args.served_model_name or default_name
         try:
-            config.validate()
+            _check_engine_flags(args)
+            if not args.engine:  # an --engine replica was validated by its own command
+                config.validate()
             tokenizer = Tokenizer.from_dir(model_dir)
             if tokenizer.chat_template is not None:  # compiles, or exit 2 before spawning
                 ChatTemplate(tokenizer.chat_template, tokenizer.special_tokens)
@@ -259,16 +312,21 @@ def serve(args: argparse.Namespace) -> int:
             _error(f"--host {args.host} --port {args.port}: cannot listen ({exc.strerror or exc})")
             return 2
         with sock:
-            from model_shards.launch import start_replica
+            if not args.engine:
+                from model_shards.launch import start_replicas
 
-            try:
-                with guard.held():
-                    handle = start_replica(config)  # validates again (checkpoint, devices)
-            except ValueError as exc:
-                _error(str(exc))
-                return 2
-            logger.info("started replica tp=%d pp=%d at %s", config.tp, config.pp, handle.address)
-            return asyncio.run(_serve_async(args, handle, tokenizer, name, sock, state))
+                try:
+                    with guard.held():  # validates again (checkpoint, devices)
+                        handles = start_replicas(config, args.data_parallel_size)
+                except ValueError as exc:
+                    _error(str(exc))
+                    return 2
+                for i, handle in enumerate(handles):
+                    logger.info(
+                        "started replica %d tp=%d pp=%d at %s", i, config.tp, config.pp,
+                        handle.address,
+                    )  # fmt: skip
+            return asyncio.run(_serve_async(args, handles, tokenizer, name, sock, state))
     except _Stop as stop:
         if state.serving:
             logger.info("stopped by %s", stop)
@@ -278,45 +336,57 @@ def serve(args: argparse.Namespace) -> int:
     finally:
         guard.ignore()
         try:
-            if handle is not None:
-                logger.info("stopping replica")
-                handle.stop()
+            if handles:
+                logger.info("stopping %d replica(s)", len(handles))
+            for started in handles:
+                started.stop()
         finally:
             guard.restore()
 
 
 async def _serve_async(
     args: argparse.Namespace,
-    handle: ReplicaHandle,
+    handles: Sequence[ReplicaHandle],
     tokenizer: Tokenizer,
     name: str,
     sock: socket.socket,
     state: _State,
 ) -> int:
+    """Connect to the replicas (``handles``, else ``args.engine``), then run uvicorn."""
     import uvicorn
 
     from server.app import build_app
     from server.engine_client import EngineClient, EngineDeadError
+    from server.metrics import Metrics
+    from server.router import Router
 
-    client = EngineClient(
-        handle.address, is_alive=handle.is_alive, batch_window_s=args.batch_window_ms / 1000
-    )
+    window_s = args.batch_window_ms / 1000
+    clients = [
+        EngineClient(h.address, is_alive=h.is_alive, batch_window_s=window_s) for h in handles
+    ] or [
+        EngineClient(
+            address, batch_window_s=window_s, heartbeat_s=HEARTBEAT_S,
+            heartbeat_timeout_s=HEARTBEAT_TIMEOUT_S,
+        )
+        for address in args.engine
+    ]  # fmt: skip
+    metrics = Metrics()
+    router = Router(clients, metrics)
     try:
         try:
-            ready = await client.connect(timeout_s=READY_TIMEOUT_S)
-        except EngineDeadError as exc:
-            _error(f"{exc}; rank exit codes: {_exitcodes(handle)}")
-            return 1
-        except TimeoutError as exc:
-            _error(f"{exc}; rank exit codes: {_exitcodes(handle)}")
+            ready = await router.connect(timeout_s=READY_TIMEOUT_S)
+        except (EngineDeadError, TimeoutError) as exc:
+            codes = f"; rank exit codes: {_exitcodes(handles)}" if handles else ""
+            _error(f"{exc}{codes}")
             return 1
         app = build_app(
-            client,
+            router,
             tokenizer,
             name,
             ready.max_model_len,
             api_key=args.api_key,
             max_request_bytes=args.max_request_bytes,
+            metrics=metrics,
         )
         config = uvicorn.Config(
             app,
@@ -332,12 +402,17 @@ async def _serve_async(
         await server.serve(sockets=[sock])
         return 0
     finally:
-        await client.close(send_shutdown=True)
+        await router.close(send_shutdown=bool(handles))  # never stop another's --engine
 
 
-def _exitcodes(handle: ReplicaHandle) -> str:
-    codes = handle.exitcodes()
-    return ", ".join(f"rank {r}: {'running' if c is None else c}" for r, c in enumerate(codes))
+def _exitcodes(handles: Sequence[ReplicaHandle]) -> str:
+    def ranks(handle: ReplicaHandle) -> str:
+        codes = handle.exitcodes()
+        return ", ".join(f"rank {r}: {'running' if c is None else c}" for r, c in enumerate(codes))
+
+    if len(handles) == 1:
+        return ranks(handles[0])
+    return "; ".join(f"replica {i}: {ranks(h)}" for i, h in enumerate(handles))
 
 
 if __name__ == "__main__":

@@ -8,7 +8,10 @@ Lifecycle: :meth:`EngineClient.connect` sends ``Hello`` and waits for
   and an abort can be queued without awaiting (safe from ``finally`` blocks
   of cancelled tasks);
 * a receiver dispatching each ``RequestOutput`` into its request's queue;
-* a watchdog polling ``is_alive`` (the replica's processes).
+* a watchdog: polling ``is_alive`` (the replica's processes) when the
+  frontend started them, else (an engine elsewhere, ``--engine``) a heartbeat
+  sending ``Hello`` every ``heartbeat_s``: an engine that sends nothing for
+  ``heartbeat_timeout_s`` is dead.
 
 :meth:`generate` yields a request's outputs until one carries a
 ``finish_reason``. Closing it early (client gone, stop string hit) aborts the
@@ -25,6 +28,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncGenerator, Callable
+from typing import Protocol
 
 import msgspec
 import zmq
@@ -32,6 +36,9 @@ import zmq.asyncio
 
 from model_shards.messages import (
     AbortRequests,
+    EmbeddingOutputs,
+    EmbeddingResult,
+    EmbedRequest,
     EngineError,
     EngineReady,
     GenerateRequest,
@@ -40,6 +47,7 @@ from model_shards.messages import (
     Shutdown,
     StepOutputs,
     SubmitBatch,
+    SubmitEmbeddings,
     decode_engine_message,
     encode,
 )
@@ -47,7 +55,7 @@ from server.batcher import Batcher
 
 logger = logging.getLogger(__name__)
 
-_Item = RequestOutput | BaseException
+_Item = RequestOutput | EmbeddingResult | BaseException
 
 
 class EngineDeadError(RuntimeError):
@@ -56,6 +64,25 @@ class EngineDeadError(RuntimeError):
 
 class EngineRequestError(RuntimeError):
     """The engine refused one request; the engine itself is fine."""
+
+
+class Engine(Protocol):
+    """What the routes use of an engine: one :class:`EngineClient` or a router over several."""
+
+    @property
+    def info(self) -> EngineReady | None: ...
+
+    @property
+    def healthy(self) -> bool: ...
+
+    @property
+    def dead_reason(self) -> str | None: ...
+
+    def generate(self, request: GenerateRequest) -> AsyncGenerator[RequestOutput, None]: ...
+
+    def abort(self, request_ids: list[str]) -> None: ...
+
+    async def embed(self, request: EmbedRequest) -> EmbeddingResult: ...
 
 
 class EngineClient:
@@ -69,11 +96,16 @@ class EngineClient:
         batch_window_s: float = 0.002,
         max_batch_size: int = 256,
         liveness_interval_s: float = 0.5,
+        heartbeat_s: float | None = None,
+        heartbeat_timeout_s: float = 60.0,
     ) -> None:
         self.address = address
         self.info: EngineReady | None = None
         self._is_alive = is_alive
         self._liveness_interval_s = liveness_interval_s
+        self._heartbeat_s = heartbeat_s
+        self._heartbeat_timeout_s = heartbeat_timeout_s
+        self._last_heard = time.monotonic()
         self._ctx = zmq.asyncio.Context()
         self._sock = self._ctx.socket(zmq.DEALER)
         self._sock.setsockopt(zmq.LINGER, 0)
@@ -139,8 +171,11 @@ class EngineClient:
             asyncio.create_task(self._send_loop(), name="engine-sender"),
             asyncio.create_task(self._recv_loop(), name="engine-receiver"),
         ]
+        self._last_heard = time.monotonic()
         if self._is_alive is not None:
             self._tasks.append(asyncio.create_task(self._watch_loop(), name="engine-watchdog"))
+        elif self._heartbeat_s is not None:
+            self._tasks.append(asyncio.create_task(self._heartbeat_loop(), name="engine-heartbeat"))
         return ready
 
     async def close(self, *, send_shutdown: bool = False, drain_s: float = 1.0) -> None:
@@ -188,6 +223,9 @@ class EngineClient:
                 if isinstance(item, BaseException):
                     finished = True
                     raise item
+                if not isinstance(item, RequestOutput):
+                    finished = True
+                    raise EngineRequestError("the engine answered a generation with an embedding")
                 finished = item.finish_reason is not None
                 yield item
                 if finished:
@@ -195,6 +233,29 @@ class EngineClient:
         finally:
             self._streams.pop(request.request_id, None)
             if not finished:
+                self.abort([request.request_id])
+
+    async def embed(self, request: EmbedRequest) -> EmbeddingResult:
+        """Embed one input on an encoder replica."""
+        if not self.healthy:
+            raise EngineDeadError(self._dead_reason or "engine is not ready")
+        if request.request_id in self._streams:
+            raise ValueError(f"duplicate request id {request.request_id}")
+        queue: asyncio.Queue[_Item] = asyncio.Queue()
+        self._streams[request.request_id] = queue
+        answered = False
+        try:
+            self._outbox.put_nowait(encode(SubmitEmbeddings([request])))
+            item = await queue.get()
+            answered = True
+            if isinstance(item, BaseException):
+                raise item
+            if not isinstance(item, EmbeddingResult):
+                raise EngineRequestError("the engine answered an embedding with tokens")
+            return item
+        finally:
+            self._streams.pop(request.request_id, None)
+            if not answered:  # cancelled while waiting
                 self.abort([request.request_id])
 
     def abort(self, request_ids: list[str]) -> None:
@@ -224,6 +285,7 @@ class EngineClient:
     async def _recv_loop(self) -> None:
         while True:
             frames = await self._sock.recv_multipart()
+            self._last_heard = time.monotonic()
             try:
                 message = self._decode(frames)
             except (msgspec.DecodeError, msgspec.ValidationError) as exc:
@@ -237,6 +299,11 @@ class EngineClient:
                 queue = self._streams.get(output.request_id)
                 if queue is not None:
                     queue.put_nowait(output)
+        elif isinstance(message, EmbeddingOutputs):
+            for result in message.outputs:
+                queue = self._streams.get(result.request_id)
+                if queue is not None:
+                    queue.put_nowait(result)
         elif isinstance(message, EngineError):
             if message.request_id is None:
                 logger.error("fatal engine error: %s", message.message)
@@ -250,6 +317,17 @@ class EngineClient:
         while self._dead_reason is None:
             await asyncio.sleep(self._liveness_interval_s)
             _ = self.healthy  # marks dead when the processes are gone
+
+    async def _heartbeat_loop(self) -> None:
+        """``Hello`` every ``heartbeat_s`` (rank 0 answers between steps); silence = dead."""
+        assert self._heartbeat_s is not None
+        while self._dead_reason is None:
+            await asyncio.sleep(self._heartbeat_s)
+            silent = time.monotonic() - self._last_heard
+            if silent > self._heartbeat_timeout_s:
+                self._mark_dead(f"engine at {self.address} silent for {silent:.0f} s")
+                return
+            self._outbox.put_nowait(encode(Hello()))
 
     def _mark_dead(self, reason: str) -> None:
         if self._dead_reason is None:

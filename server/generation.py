@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from model_shards.messages import FinishReason, GenerateRequest, TokenLogprob
 from server.detokenizer import IncrementalDetokenizer
-from server.engine_client import EngineClient
+from server.engine_client import Engine
 from server.metrics import Metrics
 from server.stop import StopStringMatcher
 from server.tokenizer import Tokenizer
@@ -45,7 +45,7 @@ class TextDelta:
 
 
 async def generate_text(
-    engine: EngineClient,
+    engine: Engine,
     tokenizer: Tokenizer,
     request: GenerateRequest,
     stop_strings: list[str],

@@ -11,6 +11,9 @@ so several apps in one process do not collide). Three sources feed it:
   (the engine's; ``cancelled`` when the frontend ended it: stop string or
   client gone; ``error``) and the running/waiting gauges (the frontend's view:
   *waiting* = submitted, no token yet; *running* = producing tokens);
+* the router (:mod:`server.router`), per replica: requests routed
+  (``shardserve_replica_requests_total{replica}``) and outstanding tokens
+  (``shardserve_replica_outstanding_tokens{replica}``, the load it balances);
 * the engine: :meth:`Metrics.record_engine_stats` sets KV-cache usage and
   prefix-cache hit rate and advances the preemption counter. The engine does
   not report these yet, so they stay 0 until the engine client calls it.
@@ -96,6 +99,15 @@ class Metrics:
         self.preemptions = Counter(
             f"{PREFIX}_num_preemptions", "Sequences preempted by the scheduler (engine).",
             registry=r,
+        )  # fmt: skip
+        self.replica_requests = Counter(
+            f"{PREFIX}_replica_requests", "Requests (sequences) routed to each replica.",
+            ["replica"], registry=r,
+        )  # fmt: skip
+        self.replica_outstanding = Gauge(
+            f"{PREFIX}_replica_outstanding_tokens",
+            "Prompt tokens not yet prefilled plus tokens still to generate, per replica.",
+            ["replica"], registry=r,
         )  # fmt: skip
         self._preemptions_seen = 0
 

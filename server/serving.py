@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from server.engine_client import EngineClient, EngineDeadError, EngineRequestError
+from server.engine_client import Engine, EngineDeadError, EngineRequestError
 from server.errors import APIError
 from server.metrics import Metrics
 from server.tokenizer import Tokenizer
@@ -20,14 +20,15 @@ from server.tokenizer import Tokenizer
 
 @dataclass(frozen=True)
 class Serving:
-    engine: EngineClient
+    engine: Engine
     tokenizer: Tokenizer
     model_name: str
     max_model_len: int
     metrics: Metrics
 
-    def check(self, model: str | None) -> int:
-        """Raise the 404/503 a request for ``model`` gets now; return the vocabulary size."""
+    def check(self, model: str | None, task: str = "generate") -> int:
+        """Raise the 404/503/400 a ``task`` request for ``model`` gets now; return the
+        vocabulary size."""
         if model is not None and model != self.model_name:
             raise APIError(
                 404,
@@ -38,6 +39,14 @@ class Serving:
         info = self.engine.info
         if info is None or not self.engine.healthy:
             raise APIError.unavailable(self.engine.dead_reason or "engine is not ready")
+        if info.task != task:
+            raise APIError.bad_request(
+                f"`{self.model_name}` is an {'embedding' if info.task == 'embed' else 'generative'}"
+                f" model; this route needs a {'generative' if task == 'generate' else 'embedding'}"
+                " model",
+                param="model",
+                code="wrong_model_task",
+            )
         return info.vocab_size
 
 

@@ -79,6 +79,7 @@ class Tokenizer:
         self.eos_token = self.special_tokens.get("eos_token")
         self.chat_template = chat_template or _template_from_config(config)
         self._token_texts: dict[int, str] = {}
+        self._truncating: tuple[int, _HFTokenizer] | None = None
         self.bos_token_id = self._id_of(self.bos_token)
         self.eos_token_id = self._id_of(self.eos_token)
         self.vocab_size = backend.get_vocab_size(with_added_tokens=True)
@@ -114,6 +115,16 @@ class Tokenizer:
         ``add_special_tokens=False``, as ``apply_chat_template`` does.
         """
         return list(self._backend.encode(text, add_special_tokens=add_special_tokens).ids)
+
+    def encode_truncated(self, text: str, max_tokens: int) -> list[int]:
+        """Ids with special tokens, the text cut so the whole fits ``max_tokens`` (as
+        transformers' ``truncation=True, max_length=max_tokens`` does); no padding."""
+        if self._truncating is None or self._truncating[0] != max_tokens:
+            backend = _HFTokenizer.from_str(self._backend.to_str())
+            backend.no_padding()
+            backend.enable_truncation(max_tokens)
+            self._truncating = (max_tokens, backend)
+        return list(self._truncating[1].encode(text).ids)
 
     def token_text(self, token_id: int) -> str:
         """One token's own text, special tokens included (for logprobs); ``""`` if unknown.

@@ -64,6 +64,11 @@ def start_replica(config: ReplicaConfig, address: str | None = None) -> FakeHand
     return FakeHandle(config)
 
 
+def start_replicas(config: ReplicaConfig, dp: int = 1) -> list[FakeHandle]:
+    config.validate()
+    return [FakeHandle(config) for _ in range(dp)]
+
+
 def ensure_default_model(cache_dir: Path | None = None) -> Path:
     return Path(os.environ["FAKE_MODEL_DIR"])
 
@@ -71,6 +76,7 @@ def ensure_default_model(cache_dir: Path | None = None) -> Path:
 def install_fakes() -> None:
     launch = types.ModuleType("model_shards.launch")
     launch.start_replica = start_replica  # type: ignore[attr-defined]
+    launch.start_replicas = start_replicas  # type: ignore[attr-defined]
     default_model = types.ModuleType("model_shards.default_model")
     default_model.ensure_default_model = ensure_default_model  # type: ignore[attr-defined]
     sys.modules["model_shards.launch"] = launch

@@ -42,6 +42,7 @@ def no_spawning(monkeypatch: pytest.MonkeyPatch) -> None:
 
     fake = types.ModuleType("model_shards.launch")
     fake.start_replica = start_replica  # type: ignore[attr-defined]
+    fake.start_replicas = start_replica  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "model_shards.launch", fake)
 
 
