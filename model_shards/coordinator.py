@@ -26,6 +26,7 @@ from model_shards.messages import (
     AbortRequests,
     EngineError,
     EngineReady,
+    EngineStats,
     FrontendMessage,
     GenerateRequest,
     NewSequence,
@@ -255,7 +256,23 @@ class Coordinator:
         return [(client, EngineError(f"this replica generates; cannot {type(message).__name__}"))]
 
     def work(self) -> list[Reply]:
-        return _by_client(self.pump())
+        replies = _by_client(self.pump())
+        if not replies:
+            return replies
+        s = self.stats
+        stats = EngineStats(
+            num_running=s.num_running,
+            num_waiting=s.num_waiting,
+            kv_blocks_used=s.num_blocks - s.num_free_blocks,
+            kv_blocks_total=s.num_blocks,
+            prefix_cache_hit_tokens=s.prefix_cache_hit_tokens,
+            prefill_tokens_computed=s.prefill_tokens_computed,
+            num_preemptions=s.num_preemptions,
+        )
+        return [
+            (client, msgspec.structs.replace(m, stats=stats) if isinstance(m, StepOutputs) else m)
+            for client, m in replies
+        ]
 
     def serve(self, address: str) -> None:
         """Serve frontends on a ZMQ ROUTER at ``address`` until ``Shutdown``; then stop ranks."""

@@ -290,9 +290,11 @@ def serve_rank(
     model = load_model_config(config.model_dir)
     max_len = config.resolved_max_model_len(model)
     ps = init()
+    clean = False
     try:
         if isinstance(model, EncoderConfig):
             _serve_encoder(rank, config, model, ps, address, max_len)
+            clean = True
             return
         worker = Worker.build(config, model, ps, max_len)
         log.info(
@@ -311,8 +313,9 @@ def serve_rank(
             ).serve(address)
         else:
             worker.serve_forever()
+        clean = True
     finally:
-        destroy_parallel()
+        destroy_parallel(ps if clean else None)
 
 
 def _serve_encoder(

@@ -63,6 +63,9 @@ class GenerateRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     sampling: SamplingParams = SamplingParams()
     stop_token_ids: list[int] = []
     ignore_eos: bool = False
+    # Replay after a replica failure: tokens this request already produced. They
+    # count as output (max_tokens, min_tokens, penalties); only new ones come back.
+    resume_output_ids: list[int] = []
 
 
 class TokenLogprob(msgspec.Struct, frozen=True, array_like=True):
@@ -120,8 +123,21 @@ class RequestOutput(msgspec.Struct, frozen=True):
     logprobs: list[TokenLogprob] | None = None  # one per new token, when asked
 
 
+class EngineStats(msgspec.Struct, frozen=True):
+    """Rank 0's counters, sent with every ``StepOutputs`` (for ``/metrics``)."""
+
+    num_running: int
+    num_waiting: int
+    kv_blocks_used: int
+    kv_blocks_total: int
+    prefix_cache_hit_tokens: int
+    prefill_tokens_computed: int
+    num_preemptions: int
+
+
 class StepOutputs(msgspec.Struct, tag="outputs", frozen=True):
     outputs: list[RequestOutput]
+    stats: EngineStats | None = None
 
 
 class EmbeddingResult(msgspec.Struct, frozen=True):

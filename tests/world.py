@@ -8,6 +8,7 @@ left behind either way.
 
 from __future__ import annotations
 
+import faulthandler
 import multiprocessing as mp
 import os
 import signal
@@ -27,13 +28,14 @@ def _entry(
 
     from model_shards.parallel.state import destroy_parallel, init_parallel
 
+    faulthandler.enable()  # a native abort still shows where Python was
     torch.set_num_threads(1)
     try:
         ps = init_parallel(
             rank, tp, pp, master_addr="127.0.0.1", master_port=port, device="cpu", timeout_s=60
         )
         fn(ps, *args)
-        destroy_parallel()
+        destroy_parallel(ps)
     except BaseException:
         traceback.print_exc()
         os._exit(1)

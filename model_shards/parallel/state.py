@@ -17,6 +17,7 @@ CPU group. Every group carries the same timeout, so every collective has one.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 from datetime import timedelta
@@ -140,6 +141,12 @@ def init_parallel(
     )  # fmt: skip
 
 
-def destroy_parallel() -> None:
-    if dist.is_initialized():
-        dist.destroy_process_group()
+def destroy_parallel(ps: ParallelState | None = None) -> None:
+    """Leave the world. With ``ps``, first wait (barrier) until every rank is leaving, so no
+    rank tears its connections down under a peer still finishing its last operation."""
+    if not dist.is_initialized():
+        return
+    if ps is not None and ps.world_size > 1:
+        with contextlib.suppress(RuntimeError):  # a peer already gone: nothing to protect
+            dist.barrier(group=ps.cpu_group)
+    dist.destroy_process_group()

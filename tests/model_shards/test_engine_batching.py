@@ -9,6 +9,8 @@ rank 0's coordinator:
   completes with the unconstrained outputs;
 * a shared prompt prefix served from the prefix cache: fewer prefill tokens
   computed, identical output;
+* a request resumed from its first 5 tokens (replay after a failure) continues
+  with exactly the tokens of the uninterrupted run (seeded, with penalties);
 * after each scenario every KV block is free again.
 """
 
@@ -18,6 +20,7 @@ import json
 import random
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from model_shards.config import ModelConfig, ReplicaConfig
@@ -99,6 +102,13 @@ def _batching_rank(ps: ParallelState, model_dir: str, out_dir: str) -> None:
             results["prefix_b"] = _run(coord, [b])["b"]
             results["prefill_a"] = mid - before
             results["prefill_b"] = coord.stats.prefill_tokens_computed - mid
+            # Replay after a failure: resuming from 5 produced tokens continues identically.
+            seeded = msgspec.structs.replace(reqs[0], sampling=SamplingParams(
+                0.8, top_k=50, seed=7, frequency_penalty=0.5, presence_penalty=0.3,
+            ), max_tokens=12)  # fmt: skip
+            full = _run(coord, [seeded])[seeded.request_id]
+            resumed = msgspec.structs.replace(seeded, resume_output_ids=full[:5])
+            results["resume"] = [full, _run(coord, [resumed])[seeded.request_id]]
         else:
             results["small_pool"] = _run(coord, reqs)
             results["preemptions"] = coord.stats.num_preemptions
@@ -123,5 +133,7 @@ def test_outputs_independent_of_batch(tp: int, pp: int, tmp_path: Path, llama_di
     assert r["small_blocks"] == SMALL_POOL_BLOCKS
     assert r["preemptions"] > 0, "the small pool should force preemption"
     assert r["small_pool"] == r["batched"], "preemption changed an output"
+    full, resumed = r["resume"]
+    assert len(full) == 12 and resumed == full[5:], "a resumed request must continue identically"
     assert r["prefix_a"] == r["prefix_b"]
     assert r["prefill_a"] == 14 and r["prefill_b"] == 14 - 12, (r["prefill_a"], r["prefill_b"])

@@ -1,0 +1,70 @@
+"""The benchmark's arithmetic and report, without running any benchmark."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from benchmarks import report
+from benchmarks.model import SHAPES
+from benchmarks.roofline import attainable_gflops
+
+
+def test_shapes_have_smollm_135m_size() -> None:
+    for shape in SHAPES.values():
+        assert shape.total_params() == 134_515_008  # SmolLM-135M's count
+        assert shape.matmul_params() == 134_479_872
+    # Decode alone is 2 FLOPs per matmul weight; prefill and attention come on top.
+    assert SHAPES["main"].flops_per_output_token(32, 64) > 2 * 134_479_872
+
+
+def test_roofline_is_memory_bound_at_batch_one() -> None:
+    roof = {"gemm_gflops": {"float32": {"peak": 100.0}}, "copy_gbps": 20.0}
+    assert attainable_gflops(roof, "float32", 1) == 10.0  # 0.5 FLOP/byte × 20 GB/s
+    assert attainable_gflops(roof, "float32", 64) == 100.0
+
+
+def _row(system: str, c: int, tok_s: float, layout: str) -> dict[str, Any]:
+    return {
+        "system": system,
+        "dtype": "float32",
+        "concurrency": c,
+        "layout": layout,
+        "output_throughput": tok_s,
+    }
+
+
+def test_readme_has_ratios(tmp_path: Path) -> None:
+    result = {
+        "machine": {
+            "cpu": "X",
+            "cores": 2,
+            "cores_usable": 2,
+            "torch": "t",
+            "transformers": "tf",
+            "python": "3",
+            "date": "d",
+        },
+        "model": {"parameters": 1e8, "matmul_parameters": 1e8, "flops_per_output_token": 3e8},
+        "roofline": {
+            "threads": 2,
+            "copy_gbps": 20.0,
+            "gemm_gflops": {
+                "float32": {"decode_64x576x1536": 50.0, "square_2048": 100.0, "peak": 100.0}
+            },
+        },
+        "rows": [
+            _row("shardserve", 32, 100.0, "tp1 pp1"),
+            _row("hf-serve", 32, 50.0, "tp1 pp1"),
+            _row("hf-generate", 32, 80.0, "batch"),
+            _row("shardserve", 32, 90.0, "pp2 overlapped"),
+            _row("shardserve", 32, 60.0, "pp2 not overlapped"),
+        ],
+        "notes": [],
+        "wall_s": 60.0,
+    }
+    path = tmp_path / "README.md"
+    report.write_readme(result, path)
+    text = path.read_text()
+    assert "| shardserve | float32 | 32 | 100.0 | 2.00× | 1.25× | 30.0 | 30% |" in text
+    assert "| pp2 not overlapped | 60.0 | 0.67× vs pp2 overlapped | 18.0 |" in text
