@@ -17,6 +17,7 @@ other rank runs :meth:`Worker.serve_forever`.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import multiprocessing as mp
@@ -63,9 +64,16 @@ def free_port() -> int:
 
 @dataclass
 class ReplicaHandle:
+    """The rank processes of one replica this process spawned (rank ``i`` is ``processes[i]``).
+
+    ``config`` and ``gpus`` are what :meth:`respawn` starts again after a failure.
+    """
+
     address: str
     processes: list[BaseProcess]
     _tmpdir: str | None = field(default=None, repr=False)
+    config: ReplicaConfig | None = field(default=None, repr=False)
+    gpus: list[str] | None = field(default=None, repr=False)
 
     def is_alive(self) -> bool:
         return all(p.is_alive() for p in self.processes)
@@ -73,20 +81,61 @@ class ReplicaHandle:
     def exitcodes(self) -> list[int | None]:
         return [p.exitcode for p in self.processes]
 
+    def pids(self) -> list[int | None]:
+        """Each rank's process id, by rank."""
+        return [p.pid for p in self.processes]
+
+    def death(self) -> str | None:
+        """``None`` while every rank runs, else e.g. ``"rank 3 killed by SIGKILL"``.
+
+        Names the first dead rank (in rank order) and how it ended.
+        """
+        for rank, p in enumerate(self.processes):
+            if not p.is_alive():
+                return f"rank {rank} (pid {p.pid}) {describe_exit(p.exitcode)}"
+        return None
+
     def stop(self, timeout: float = 10.0) -> None:
-        """Wait up to ``timeout`` for ranks to exit, then SIGTERM, then SIGKILL. Idempotent."""
+        """Wait up to ``timeout`` for ranks to exit, then SIGTERM, then SIGKILL. Idempotent.
+
+        ``timeout=0`` tears a failed replica down at once; every rank is reaped on return.
+        """
         for p in self.processes:
             p.join(timeout)
         for sig in (signal.SIGTERM, signal.SIGKILL):
             alive = [p for p in self.processes if p.is_alive()]
             for p in alive:
                 if p.pid is not None:
-                    os.kill(p.pid, sig)
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(p.pid, sig)
             for p in alive:
                 p.join(5)
         if self._tmpdir:
             shutil.rmtree(self._tmpdir, ignore_errors=True)
             self._tmpdir = None
+
+    def respawn(self) -> ReplicaHandle:
+        """Stop every rank at once (:meth:`stop` with ``timeout=0``) and start the same replica.
+
+        The new handle has a fresh address; ``ValueError`` if this handle has no config.
+        """
+        if self.config is None:
+            raise ValueError("this replica was not started by start_replica; cannot respawn it")
+        self.stop(timeout=0)
+        return start_replica(self.config, gpus=self.gpus)
+
+
+def describe_exit(exitcode: int | None) -> str:
+    """How a process ended: ``running``, ``exited with code N`` or ``killed by SIGNAME``."""
+    if exitcode is None:
+        return "running"
+    if exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = f"signal {-exitcode}"
+        return f"killed by {name}"
+    return f"exited with code {exitcode}"
 
 
 def plan_data_parallel(
@@ -171,7 +220,8 @@ def start_replica(
         )
         p.start()
         procs.append(p)
-    return ReplicaHandle(address, procs, tmpdir)
+    kept_gpus = list(gpus) if gpus is not None else None
+    return ReplicaHandle(address, procs, tmpdir, config, kept_gpus)
 
 
 def _die_with_parent() -> None:

@@ -12,10 +12,13 @@ is captured from its arguments. Routes:
 * ``GET /metrics``: Prometheus text (:mod:`server.metrics`).
 
 Every request first passes the front door (:mod:`server.middleware`:
-request id, API key, body size, metrics). Order of checks for a generation:
-body (400) → model name (404) → engine health (503) → vocabulary/context
-(400) → generation. A non-streamed request whose client disconnects is
-aborted on the engine, as a streamed one is.
+request id, API key, body size, draining, metrics). Order of checks for a
+generation: body (400) → model name (404) → engine serviceable (503) →
+vocabulary/context (400) → load shedding (429 + ``Retry-After``,
+:mod:`server.limits`) → generation, ended by ``request_timeout_s`` if set
+(504, or an SSE error event once streaming). A request whose client
+disconnects is aborted on the engine, streamed or not. Request bodies are
+declared in ``/openapi.json`` (:mod:`server.openapi`).
 """
 
 from __future__ import annotations
@@ -36,8 +39,11 @@ from server.completion_protocol import CompletionRequest
 from server.embeddings import EmbeddingRequest, create_embeddings
 from server.engine_client import Engine
 from server.errors import APIError, install_error_handlers, validation_error
+from server.lifecycle import Lifecycle
+from server.limits import Admission, Ticket, timeout_error, with_deadline
 from server.metrics import Metrics
 from server.middleware import DEFAULT_MAX_REQUEST_BYTES, FrontDoor
+from server.openapi import BodySchemas
 from server.protocol import ModelCard, ModelList, new_id
 from server.serving import Serving
 from server.tokenizer import Tokenizer
@@ -93,15 +99,32 @@ async def _parse(request: Request, model: type[B]) -> B:
         raise validation_error(list(exc.errors())) from None
 
 
+async def _released(
+    frames: AsyncGenerator[bytes, None], ticket: Ticket
+) -> AsyncGenerator[bytes, None]:
+    """``frames``, then ``ticket`` released (however the stream ends)."""
+    try:
+        async with contextlib.aclosing(frames):
+            async for frame in frames:
+                yield frame
+    finally:
+        ticket.release()
+
+
 async def _respond(
     request: Request,
     streamed: bool,
     frames: Callable[[], AsyncGenerator[bytes, None]],
     whole: Callable[[], Awaitable[BaseModel]],
+    ticket: Ticket,
+    timeout_s: float | None,
 ) -> Response:
-    """Send ``frames()`` as SSE or ``whole()`` as JSON; abort if the client leaves."""
+    """Send ``frames()`` as SSE or ``whole()`` as JSON; abort if the client leaves or the
+    ``timeout_s`` deadline passes; ``ticket`` is released when the response is done."""
+    loop = asyncio.get_running_loop()
+    deadline = None if timeout_s is None else loop.time() + timeout_s
     if streamed:
-        stream = frames()
+        stream = _released(with_deadline(frames(), deadline, timeout_s), ticket)
         try:  # the first frame decides the status: a refusal is still a 4xx
             first = await _unless_disconnected(request, anext(stream))
         except _ClientGone:
@@ -109,16 +132,29 @@ async def _respond(
             return Response(status_code=499)
         except StopAsyncIteration:  # cannot happen: a stream always ends with [DONE]
             first = b""
+        except BaseException:
+            await stream.aclose()
+            raise
         return StreamingResponse(
             _chain(first, stream),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
     try:
-        result = await _unless_disconnected(request, whole())
+        async with asyncio.timeout_at(deadline):
+            result = await _unless_disconnected(request, whole())
     except _ClientGone:
         return Response(status_code=499)
+    except TimeoutError:
+        raise timeout_error(timeout_s or 0.0) from None
+    finally:
+        ticket.release()
     return JSONResponse(result.model_dump())
+
+
+def _work_tokens(work: Plan) -> int:
+    """Tokens a plan may hold: each choice's prompt plus its ``max_tokens``."""
+    return sum(len(r.prompt_token_ids) + r.max_tokens for r in work.requests)
 
 
 def build_app(
@@ -130,13 +166,22 @@ def build_app(
     api_key: str | None = None,
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
     metrics: Metrics | None = None,
+    admission: Admission | None = None,
+    request_timeout_s: float | None = None,
+    lifecycle: Lifecycle | None = None,
 ) -> FastAPI:
     """An OpenAI-compatible app serving ``served_model_name`` through ``engine_client``.
 
-    ``api_key`` (if set) guards every ``/v1/*`` route. A checkpoint chat
-    template that does not compile raises ``ValueError`` here, at start-up.
+    ``api_key`` (if set) guards every ``/v1/*`` route. ``admission`` sheds load
+    (default: no limit); ``request_timeout_s`` ends a generation (default:
+    never); ``lifecycle`` is the draining state the CLI flips on SIGTERM. A
+    checkpoint chat template that does not compile raises ``ValueError`` here,
+    at start-up.
     """
     metrics = metrics or Metrics()
+    admission = admission or Admission()
+    lifecycle = lifecycle or Lifecycle()
+    schemas = BodySchemas()
     serving = Serving(engine_client, tokenizer, served_model_name, max_model_len, metrics)
     template = chat.load_template(serving)
     app = FastAPI(title="shardserve", summary="OpenAI-compatible completions")
@@ -147,10 +192,13 @@ def build_app(
         routes=ROUTES,
         api_key=api_key,
         max_request_bytes=max_request_bytes,
+        lifecycle=lifecycle,
     )
 
     @app.get("/health")
     async def health() -> Response:
+        if lifecycle.draining:
+            return APIError.unavailable("the server is shutting down").response()
         if engine_client.healthy:
             return JSONResponse({"status": "ok"})
         reason = engine_client.dead_reason or "engine is not ready"
@@ -165,7 +213,9 @@ def build_app(
         card = ModelCard(id=served_model_name, root=served_model_name, max_model_len=max_model_len)
         return ModelList(data=[card])
 
-    @app.post("/v1/completions", response_model=None)
+    @app.post(
+        "/v1/completions", response_model=None, openapi_extra=schemas.body(CompletionRequest)
+    )
     async def create_completion(request: Request) -> Response:
         body = await _parse(request, CompletionRequest)
         work: Plan = completions.prepare(serving, body, new_id("cmpl"))
@@ -174,15 +224,21 @@ def build_app(
             body.stream,
             lambda: completions.stream(serving, work, body),
             lambda: completions.complete(serving, work, body),
+            admission.admit(_work_tokens(work)),
+            request_timeout_s,
         )
 
-    @app.post("/v1/embeddings", response_model=None)
+    @app.post("/v1/embeddings", response_model=None, openapi_extra=schemas.body(EmbeddingRequest))
     async def create_embedding(request: Request) -> Response:
         body = await _parse(request, EmbeddingRequest)
         result = await _unless_disconnected(request, create_embeddings(body, serving))
         return JSONResponse(result.model_dump())
 
-    @app.post("/v1/chat/completions", response_model=None)
+    @app.post(
+        "/v1/chat/completions",
+        response_model=None,
+        openapi_extra=schemas.body(ChatCompletionRequest),
+    )
     async def create_chat_completion(request: Request) -> Response:
         body = await _parse(request, ChatCompletionRequest)
         work = chat.prepare(serving, template, body, new_id("chatcmpl"))
@@ -191,6 +247,9 @@ def build_app(
             body.stream,
             lambda: chat.stream(serving, work, body),
             lambda: chat.complete(serving, work, body),
+            admission.admit(_work_tokens(work)),
+            request_timeout_s,
         )
 
+    schemas.install(app)
     return app

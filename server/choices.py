@@ -6,8 +6,9 @@ when there is a single choice, else ``{id}-{index}``. The engine seeds the
 draw at position p from ``(seed, p)``, so samples of one prompt need distinct
 seeds: sample 0 keeps the user's seed (so ``n=1`` and ``n>1`` agree on the
 first choice), sample j > 0 gets a seed mixed deterministically from
-``(seed, j)``; without a user seed and with n > 1 every sample gets a random
-seed. Each choice is checked against the context length (400 naming
+``(seed, j)``; without a user seed every sample gets a random seed (always
+set, so that a request replayed after a replica failure draws the same tokens:
+:mod:`server.supervisor`). Each choice is checked against the context length (400 naming
 ``prompt`` or the max-tokens field).
 
 :func:`collect` runs every choice to the end; :func:`merge` interleaves their
@@ -37,9 +38,9 @@ from server.tokenizer import Tokenizer
 _SEED_BITS = 63
 
 
-def sample_seed(seed: int | None, sample: int, n: int) -> int | None:
-    """The seed of sample ``sample`` (0-based) of ``n``; see the module docstring."""
-    if sample == 0 and (seed is not None or n == 1):
+def sample_seed(seed: int | None, sample: int, n: int) -> int:
+    """The seed of sample ``sample`` (0-based) of ``n``; never ``None`` (module docstring)."""
+    if sample == 0 and seed is not None:
         return seed
     if seed is None:
         return secrets.randbits(_SEED_BITS)

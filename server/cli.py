@@ -14,8 +14,16 @@ HTTP socket (a busy port fails here, still nothing spawned) → spawn the
 replicas' ranks → wait for every ``EngineReady`` (exit 1 naming the ranks'
 exit codes if one dies first, or after ``READY_TIMEOUT_S``) → run uvicorn.
 
-Stopping: SIGINT/SIGTERM make uvicorn shut down gracefully; whatever the way
-out (signal during start-up included), ``Shutdown`` is sent to the replicas
+Serving: each spawned replica is watched by a
+:class:`~server.supervisor.ReplicaSupervisor` (a dead rank is restarted with
+its replica, up to ``--max-restarts`` times, requests replayed);
+``--max-queued-requests``/``--max-queued-tokens`` shed load with 429s and
+``--request-timeout`` ends long requests (:mod:`server.limits`).
+
+Stopping: the first SIGINT/SIGTERM drains (:mod:`server.lifecycle`): new
+requests get a 503, requests in flight finish for up to
+``--shutdown-timeout`` seconds, then uvicorn stops (a second signal stops at
+once); whatever the way out (signal during start-up included), ``Shutdown`` is sent to the replicas
 this process started and ``handle.stop()`` reaps every rank in a ``finally``.
 A signal arriving while the ranks are being spawned is held until the
 handles exist.
@@ -34,7 +42,7 @@ import os
 import signal
 import socket
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -67,9 +75,15 @@ class ReplicaHandle(Protocol):
 
     def is_alive(self) -> bool: ...
 
+    def death(self) -> str | None: ...
+
+    def pids(self) -> list[int | None]: ...
+
     def stop(self, timeout: float = 10.0) -> None: ...
 
     def exitcodes(self) -> list[int | None]: ...
+
+    def respawn(self) -> ReplicaHandle: ...
 
 
 def _add_replica_flags(command: argparse.ArgumentParser) -> None:
@@ -137,10 +151,54 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_MAX_REQUEST_BYTES,
         help="larger request bodies get a 413 (default: 8 MiB)",
     )
+    _add_resilience_flags(serve)
     from server.engine_command import add_engine_parser
 
     add_engine_parser(commands, _add_replica_flags)
     return parser
+
+
+def _add_resilience_flags(serve: argparse.ArgumentParser) -> None:
+    """Recovery, load shedding, timeouts and draining (``serve`` only)."""
+    group = serve.add_argument_group("resilience")
+    group.add_argument(
+        "--max-restarts", type=_non_negative_int, default=3, metavar="N",
+        help="restart a replica whose rank died at most N times in a row (default 3)",
+    )  # fmt: skip
+    group.add_argument(
+        "--max-queued-requests", type=_positive_int, default=None, metavar="N",
+        help="refuse new requests with 429 while N are outstanding (default: no limit)",
+    )  # fmt: skip
+    group.add_argument(
+        "--max-queued-tokens", type=_positive_int, default=None, metavar="T",
+        help="refuse new requests with 429 while their prompt + max_tokens would take the "
+        "outstanding tokens past T (default: no limit)",
+    )  # fmt: skip
+    group.add_argument(
+        "--request-timeout", type=_positive_float, default=None, metavar="SECONDS",
+        help="end a request after SECONDS with a 504 (or an SSE error event) and abort it",
+    )  # fmt: skip
+    group.add_argument(
+        "--shutdown-timeout", type=_non_negative_float, default=30.0, metavar="SECONDS",
+        help="on SIGTERM, let requests in flight finish for up to SECONDS (default 30)",
+    )  # fmt: skip
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = _non_negative_float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
+    return value
 
 
 def _positive_int(text: str) -> int:
@@ -323,8 +381,8 @@ def serve(args: argparse.Namespace) -> int:
                     return 2
                 for i, handle in enumerate(handles):
                     logger.info(
-                        "started replica %d tp=%d pp=%d at %s", i, config.tp, config.pp,
-                        handle.address,
+                        "started replica %d tp=%d pp=%d at %s; rank pids %s", i, config.tp,
+                        config.pp, handle.address, handle.pids(),
                     )  # fmt: skip
             return asyncio.run(_serve_async(args, handles, tokenizer, name, sock, state))
     except _Stop as stop:
@@ -356,22 +414,42 @@ async def _serve_async(
     import uvicorn
 
     from server.app import build_app
+    from server.draining import DrainingServer
     from server.engine_client import EngineClient, EngineDeadError
+    from server.engine_stats import EngineStatsBoard
+    from server.lifecycle import Lifecycle
+    from server.limits import Admission
     from server.metrics import Metrics
-    from server.router import Router
+    from server.router import Replica, Router
+    from server.supervisor import ReplicaSupervisor, SpawnedReplica
 
     window_s = args.batch_window_ms / 1000
-    clients = [
-        EngineClient(h.address, is_alive=h.is_alive, batch_window_s=window_s) for h in handles
+    metrics = Metrics()
+    board = EngineStatsBoard(metrics)
+
+    def spawned_client(replica: int) -> Callable[[SpawnedReplica], EngineClient]:
+        def make(handle: SpawnedReplica) -> EngineClient:
+            return EngineClient(
+                handle.address, is_alive=handle.is_alive, describe_death=handle.death,
+                batch_window_s=window_s, on_stats=board.reporter(replica),
+            )  # fmt: skip
+
+        return make
+
+    replicas: list[Replica] = [
+        ReplicaSupervisor(
+            h, spawned_client(i), name=f"replica {i}", max_restarts=args.max_restarts,
+            ready_timeout_s=READY_TIMEOUT_S, on_down=lambda i=i: board.forget(i),  # type: ignore[misc]
+        )
+        for i, h in enumerate(handles)
     ] or [
         EngineClient(
             address, batch_window_s=window_s, heartbeat_s=HEARTBEAT_S,
-            heartbeat_timeout_s=HEARTBEAT_TIMEOUT_S,
+            heartbeat_timeout_s=HEARTBEAT_TIMEOUT_S, on_stats=board.reporter(i),
         )
-        for address in args.engine
+        for i, address in enumerate(args.engine)
     ]  # fmt: skip
-    metrics = Metrics()
-    router = Router(clients, metrics)
+    router = Router(replicas, metrics)
     try:
         try:
             ready = await router.connect(timeout_s=READY_TIMEOUT_S)
@@ -379,6 +457,7 @@ async def _serve_async(
             codes = f"; rank exit codes: {_exitcodes(handles)}" if handles else ""
             _error(f"{exc}{codes}")
             return 1
+        lifecycle = Lifecycle()
         app = build_app(
             router,
             tokenizer,
@@ -387,6 +466,9 @@ async def _serve_async(
             api_key=args.api_key,
             max_request_bytes=args.max_request_bytes,
             metrics=metrics,
+            admission=Admission(args.max_queued_requests, args.max_queued_tokens),
+            request_timeout_s=args.request_timeout,
+            lifecycle=lifecycle,
         )
         config = uvicorn.Config(
             app,
@@ -395,7 +477,7 @@ async def _serve_async(
             lifespan="off",
             timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
         )
-        server = uvicorn.Server(config)
+        server = DrainingServer(config, lifecycle, args.shutdown_timeout)
         host, port = sock.getsockname()[:2]
         logger.info("serving %s on http://%s:%d", name, f"[{host}]" if ":" in host else host, port)
         state.serving = True

@@ -8,10 +8,12 @@ Lifecycle: :meth:`EngineClient.connect` sends ``Hello`` and waits for
   and an abort can be queued without awaiting (safe from ``finally`` blocks
   of cancelled tasks);
 * a receiver dispatching each ``RequestOutput`` into its request's queue;
-* a watchdog: polling ``is_alive`` (the replica's processes) when the
-  frontend started them, else (an engine elsewhere, ``--engine``) a heartbeat
-  sending ``Hello`` every ``heartbeat_s``: an engine that sends nothing for
-  ``heartbeat_timeout_s`` is dead.
+* a watchdog: polling ``is_alive`` (the replica's processes) every
+  ``liveness_interval_s`` (0.5 s) when the frontend started them, naming the
+  dead rank and its exit signal through ``describe_death``, else (an engine
+  elsewhere, ``--engine``) a heartbeat sending ``Hello`` every
+  ``heartbeat_s``: an engine that sends nothing for ``heartbeat_timeout_s``
+  is dead.
 
 :meth:`generate` yields a request's outputs until one carries a
 ``finish_reason``. Closing it early (client gone, stop string hit) aborts the
@@ -19,6 +21,7 @@ request. A refused request raises :class:`EngineRequestError`; a fatal
 ``EngineError`` or a dead replica fails every pending request with
 :class:`EngineDeadError` and :attr:`healthy` turns false for good.
 Outputs for unknown (e.g. already aborted) request ids are dropped.
+Each ``StepOutputs.stats`` goes to ``on_stats`` (for ``/metrics``).
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from model_shards.messages import (
     EmbedRequest,
     EngineError,
     EngineReady,
+    EngineStats,
     GenerateRequest,
     Hello,
     RequestOutput,
@@ -78,6 +82,11 @@ class Engine(Protocol):
     @property
     def dead_reason(self) -> str | None: ...
 
+    @property
+    def serviceable(self) -> bool:
+        """Whether a request submitted now will be served (perhaps after a recovery)."""
+        ...
+
     def generate(self, request: GenerateRequest) -> AsyncGenerator[RequestOutput, None]: ...
 
     def abort(self, request_ids: list[str]) -> None: ...
@@ -98,8 +107,12 @@ class EngineClient:
         liveness_interval_s: float = 0.5,
         heartbeat_s: float | None = None,
         heartbeat_timeout_s: float = 60.0,
+        describe_death: Callable[[], str | None] | None = None,
+        on_stats: Callable[[EngineStats], None] | None = None,
     ) -> None:
         self.address = address
+        self._describe_death = describe_death
+        self._on_stats = on_stats
         self.info: EngineReady | None = None
         self._is_alive = is_alive
         self._liveness_interval_s = liveness_interval_s
@@ -131,9 +144,15 @@ class EngineClient:
         if self.info is None or self._dead_reason is not None or self._closed:
             return False
         if self._is_alive is not None and not self._is_alive():
-            self._mark_dead("replica processes exited")
+            death = self._describe_death() if self._describe_death is not None else None
+            self._mark_dead(death or "replica processes exited")
             return False
         return True
+
+    @property
+    def serviceable(self) -> bool:
+        """Same as :attr:`healthy`: a lone client does not recover."""
+        return self.healthy
 
     @property
     def num_pending(self) -> int:
@@ -295,6 +314,8 @@ class EngineClient:
 
     def _dispatch(self, message: object) -> None:
         if isinstance(message, StepOutputs):
+            if message.stats is not None and self._on_stats is not None:
+                self._on_stats(message.stats)
             for output in message.outputs:
                 queue = self._streams.get(output.request_id)
                 if queue is not None:

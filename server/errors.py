@@ -37,9 +37,11 @@ class APIError(Exception):
         type: str = "invalid_request_error",
         param: str | None = None,
         code: str | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.status_code = status_code
+        self.headers = dict(headers or {})
         self.info = ErrorInfo(message=message, type=type, param=param, code=code)
 
     @staticmethod
@@ -54,7 +56,7 @@ class APIError(Exception):
         return ErrorResponse(error=self.info).model_dump()
 
     def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status_code)
+        return JSONResponse(self.body(), status_code=self.status_code, headers=self.headers)
 
 
 def validation_error(errors: list[Any]) -> APIError:

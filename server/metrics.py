@@ -15,8 +15,8 @@ so several apps in one process do not collide). Three sources feed it:
   (``shardserve_replica_requests_total{replica}``) and outstanding tokens
   (``shardserve_replica_outstanding_tokens{replica}``, the load it balances);
 * the engine: :meth:`Metrics.record_engine_stats` sets KV-cache usage and
-  prefix-cache hit rate and advances the preemption counter. The engine does
-  not report these yet, so they stay 0 until the engine client calls it.
+  prefix-cache hit rate and advances the preemption counter, fed from each
+  ``StepOutputs.stats`` by :mod:`server.engine_stats` (summed over replicas).
 
 ``docs/metrics.md`` lists every metric; keep it in step with this file.
 """

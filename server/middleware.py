@@ -11,7 +11,10 @@ In order, for each request:
 3. size: a body over ``max_request_bytes`` is a 413, decided from
    ``Content-Length`` before reading, or while reading a chunked body (the body
    is buffered up to the limit, then handed to the app);
-4. the app. The request is counted in the metrics by route (``other`` for
+4. draining (a graceful shutdown under way, :mod:`server.lifecycle`): every
+   route but ``/metrics`` gets a 503; otherwise the request counts as in
+   flight until its response has ended;
+5. the app. The request is counted in the metrics by route (``other`` for
    unknown paths) and status when its response starts, and logged as one
    line when it ends.
 
@@ -30,6 +33,7 @@ from typing import Any
 from starlette.datastructures import Headers, MutableHeaders
 
 from server.errors import APIError
+from server.lifecycle import Lifecycle
 from server.metrics import Metrics
 from server.request_context import choose_request_id, request_id_var
 
@@ -61,6 +65,7 @@ class FrontDoor:
         routes: Collection[str],
         api_key: str | None = None,
         max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+        lifecycle: Lifecycle | None = None,
     ) -> None:
         if max_request_bytes < 1:
             raise ValueError(f"--max-request-bytes must be >= 1, got {max_request_bytes}")
@@ -69,6 +74,7 @@ class FrontDoor:
         self.routes = frozenset(routes)
         self._key = api_key.encode() if api_key else None
         self.max_request_bytes = max_request_bytes
+        self.lifecycle = lifecycle or Lifecycle()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -102,8 +108,14 @@ class FrontDoor:
                 if error.status_code == 401:
                     response.headers["www-authenticate"] = "Bearer"
                 await response(scope, receive, send_with_id)
+            elif self.lifecycle.draining and path != "/metrics":
+                await _shutting_down().response()(scope, receive, send_with_id)
             else:
-                await self.app(scope, receive, send_with_id)
+                self.lifecycle.enter()
+                try:
+                    await self.app(scope, receive, send_with_id)
+                finally:
+                    self.lifecycle.leave()
         finally:
             if status is None:  # no response started (the app raised)
                 status = 500
@@ -154,6 +166,13 @@ class FrontDoor:
                 break
         body = {"type": "http.request", "body": b"".join(chunks), "more_body": False}
         return _replay([body], receive)
+
+
+def _shutting_down() -> APIError:
+    return APIError(
+        503, "the server is shutting down; retry on another instance",
+        type="server_error", code="shutting_down",
+    )  # fmt: skip
 
 
 def _replay(messages: list[Message], receive: Receive) -> Receive:

@@ -53,7 +53,7 @@ class SamplingFields(BaseModel):
     model: str | None = None
     temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
     top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
-    top_k: StrictInt | None = None
+    top_k: Annotated[StrictInt, Field(le=2**31 - 1)] | None = None
     min_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
     repetition_penalty: Annotated[float, Field(gt=0.0, le=2.0)] | None = None
     presence_penalty: Penalty | None = None

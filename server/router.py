@@ -12,9 +12,11 @@ routes cannot tell one replica from several. Contracts:
 * **Health**: ready once every replica answered ``EngineReady`` (they must agree
   on vocabulary, context length and EOS ids: they serve one model); healthy
   while every replica is healthy (a dead replica makes ``/health`` 503, so an
-  orchestrator restarts the server), but requests are routed only to healthy
-  replicas meanwhile. With no healthy replica, ``generate`` raises
-  :class:`~server.engine_client.EngineDeadError`.
+  orchestrator or the operator sees it), but requests are routed only to
+  healthy replicas meanwhile. With none healthy, a request goes to the least
+  loaded *serviceable* one (a replica being restarted by its
+  :class:`~server.supervisor.ReplicaSupervisor`, where it waits); with none
+  serviceable, ``generate`` raises :class:`~server.engine_client.EngineDeadError`.
 * **Metrics** (when given): ``shardserve_replica_requests_total{replica}`` and
   ``shardserve_replica_outstanding_tokens{replica}``, replicas numbered in the
   order given.
@@ -24,7 +26,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Sequence
+from typing import Protocol
 
 from model_shards.messages import (
     EmbeddingResult,
@@ -33,17 +36,32 @@ from model_shards.messages import (
     GenerateRequest,
     RequestOutput,
 )
-from server.engine_client import EngineClient, EngineDeadError
+from server.engine_client import Engine, EngineDeadError
 from server.metrics import Metrics
+
+
+class Replica(Engine, Protocol):
+    """One replica behind the router: an :class:`~server.engine_client.EngineClient`
+    or a :class:`~server.supervisor.ReplicaSupervisor`."""
+
+    @property
+    def address(self) -> str: ...
+
+    @property
+    def num_pending(self) -> int: ...
+
+    async def connect(self, timeout_s: float = 300.0) -> EngineReady: ...
+
+    async def close(self, *, send_shutdown: bool = False) -> None: ...
 
 
 class Router:
     """Route requests over ``clients`` (one per replica); ``await connect()`` first."""
 
-    def __init__(self, clients: list[EngineClient], metrics: Metrics | None = None) -> None:
+    def __init__(self, clients: Sequence[Replica], metrics: Metrics | None = None) -> None:
         if not clients:
             raise ValueError("a router needs at least one replica")
-        self.clients = clients
+        self.clients = list(clients)
         self._metrics = metrics
         self._info: EngineReady | None = None
         self._outstanding = [0] * len(clients)
@@ -61,6 +79,11 @@ class Router:
     @property
     def healthy(self) -> bool:
         return self._info is not None and all(c.healthy for c in self.clients)
+
+    @property
+    def serviceable(self) -> bool:
+        """Ready, and some replica can take a request (now or after its recovery)."""
+        return self._info is not None and any(c.serviceable for c in self.clients)
 
     @property
     def dead_reason(self) -> str | None:
@@ -109,9 +132,12 @@ class Router:
     # ---- requests ------------------------------------------------------------
 
     def pick(self) -> int:
-        """The healthy replica with the fewest outstanding tokens (ties: round-robin)."""
+        """The healthy replica with the fewest outstanding tokens (ties: round-robin);
+        with none healthy, the least loaded serviceable one (it is recovering)."""
         n = len(self.clients)
         healthy = [r for r in range(n) if self.clients[r].healthy]
+        if not healthy:
+            healthy = [r for r in range(n) if self.clients[r].serviceable]
         if not healthy:
             raise EngineDeadError(self.dead_reason or "no replica is ready")
         replica = min(healthy, key=lambda r: (self._outstanding[r], (r - self._next) % n))

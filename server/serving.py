@@ -3,7 +3,8 @@
 :class:`Serving` bundles the engine client, tokenizer, model name, context
 length and metrics that a route needs. :meth:`Serving.check` makes the checks
 common to every generating request, in order: model name (404) → engine
-health (503) → token ids inside the vocabulary (400 naming the field).
+serviceable, i.e. healthy or recovering (503) → token ids inside the
+vocabulary (400 naming the field).
 :func:`engine_api_error` maps engine failures to HTTP errors: a refused
 request is a 400, a dead engine a 503.
 """
@@ -37,7 +38,7 @@ class Serving:
                 code="model_not_found",
             )
         info = self.engine.info
-        if info is None or not self.engine.healthy:
+        if info is None or not self.engine.serviceable:
             raise APIError.unavailable(self.engine.dead_reason or "engine is not ready")
         if info.task != task:
             raise APIError.bad_request(

@@ -66,5 +66,5 @@ def test_readme_has_ratios(tmp_path: Path) -> None:
     path = tmp_path / "README.md"
     report.write_readme(result, path)
     text = path.read_text()
-    assert "| shardserve | float32 | 32 | 100.0 | 2.00× | 1.25× | 30.0 | 30% |" in text
+    assert "| shardserve | float32 | 32 | 100.0 | 2.00× | 1.25× | 30.0 | 30% | 0.0 |" in text
     assert "| pp2 not overlapped | 60.0 | 0.67× vs pp2 overlapped | 18.0 |" in text

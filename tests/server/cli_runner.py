@@ -36,8 +36,21 @@ class FakeHandle:
             special_ids={0},
             ready=self.mode == "ready",
         ).start()
+        self.config = config
         self.started = time.monotonic()
         self.stopped = False
+
+    def pids(self) -> list[int | None]:
+        return [os.getpid(), None]
+
+    def death(self) -> str | None:
+        codes = self.exitcodes()
+        dead = [rank for rank, code in enumerate(codes) if code is not None]
+        return f"rank {dead[0]} exited with code {codes[dead[0]]}" if dead else None
+
+    def respawn(self) -> FakeHandle:
+        self.stop()
+        return FakeHandle(self.config)
 
     def is_alive(self) -> bool:
         return not self.stopped and all(code is None for code in self.exitcodes())

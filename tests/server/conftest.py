@@ -169,6 +169,7 @@ async def serve(
         api_key: str | None = None,
         max_request_bytes: int | None = None,
         served_tokenizer: Tokenizer | None = None,
+        app_options: dict[str, Any] | None = None,
         **engine_kwargs: Any,
     ) -> Served:
         engine = make_engine(max_model_len=max_model_len, **engine_kwargs)
@@ -181,7 +182,7 @@ async def serve(
         connecting = asyncio.ensure_future(client.connect(timeout_s=30))
         if wait_ready:
             await connecting
-        options: dict[str, Any] = {"api_key": api_key}
+        options: dict[str, Any] = {"api_key": api_key, **(app_options or {})}
         if max_request_bytes is not None:
             options["max_request_bytes"] = max_request_bytes
         app = build_app(client, served_tokenizer or tokenizer, "tiny", max_model_len, **options)

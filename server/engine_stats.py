@@ -1,0 +1,55 @@
+"""Engine counters from every replica, summed into the ``/metrics`` engine gauges.
+
+Each replica's rank 0 sends :class:`~model_shards.messages.EngineStats` with
+every ``StepOutputs``. :class:`EngineStatsBoard` keeps the latest per replica
+and, on each update, sets (over all replicas):
+
+* ``shardserve_kv_cache_usage_ratio`` = blocks used / blocks in total;
+* ``shardserve_prefix_cache_hit_rate`` = prompt tokens served from the prefix
+  cache / (those + prompt tokens computed);
+* ``shardserve_num_preemptions_total`` advanced by the summed preemption count
+  (:meth:`~server.metrics.Metrics.record_engine_stats` re-bases it when a
+  restarted replica starts again from 0).
+
+:meth:`EngineStatsBoard.forget` drops a replica that went away (its KV blocks
+went with it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from model_shards.messages import EngineStats
+from server.metrics import Metrics
+
+
+class EngineStatsBoard:
+    """The latest :class:`EngineStats` of each replica, published to ``metrics``."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self._metrics = metrics
+        self._latest: dict[int, EngineStats] = {}
+
+    def reporter(self, replica: int) -> Callable[[EngineStats], None]:
+        """The ``on_stats`` callback for replica ``replica``'s engine client."""
+        return lambda stats: self.update(replica, stats)
+
+    def update(self, replica: int, stats: EngineStats) -> None:
+        self._latest[replica] = stats
+        self._publish()
+
+    def forget(self, replica: int) -> None:
+        if self._latest.pop(replica, None) is not None:
+            self._publish()
+
+    def _publish(self) -> None:
+        all_stats = list(self._latest.values())
+        used = sum(s.kv_blocks_used for s in all_stats)
+        total = sum(s.kv_blocks_total for s in all_stats)
+        hits = sum(s.prefix_cache_hit_tokens for s in all_stats)
+        computed = sum(s.prefill_tokens_computed for s in all_stats)
+        self._metrics.record_engine_stats(
+            kv_cache_usage=used / total if total else 0.0,
+            prefix_cache_hit_rate=hits / (hits + computed) if hits + computed else 0.0,
+            preemptions_total=sum(s.num_preemptions for s in all_stats),
+        )

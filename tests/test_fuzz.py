@@ -1,0 +1,84 @@
+"""Fuzz every route from ``/openapi.json`` (schemathesis): no 5xx, and the server lives on.
+
+A real uvicorn server (in a background thread with its own event loop) serves
+the app over the fake engine of :mod:`tests.server.fake_engine`; schemathesis
+generates bodies from the declared request schemas (``max_examples`` each).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import schemathesis
+import uvicorn
+from hypothesis import HealthCheck, given, settings
+
+from server.app import build_app
+from server.engine_client import EngineClient
+from server.tokenizer import Tokenizer
+from tests.server.conftest import EOS_ID, free_socket, write_tiny_tokenizer
+from tests.server.fake_engine import FakeEngine
+
+
+@pytest.fixture(scope="module")
+def base_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    directory = tmp_path_factory.mktemp("fuzz")
+    tokenizer = Tokenizer.from_dir(write_tiny_tokenizer(Path(directory) / "tok"))
+    engine = FakeEngine(f"ipc://{directory}/engine.sock", tokenizer.vocab_size, [EOS_ID],
+                        special_ids={0}).start()  # fmt: skip
+    sock = free_socket()
+    loop = asyncio.new_event_loop()
+    started = threading.Event()
+    holder: dict[str, object] = {}
+
+    async def run() -> None:
+        client = EngineClient(engine.address, is_alive=engine.is_alive)
+        await client.connect(timeout_s=30)
+        app = build_app(client, tokenizer, "tiny", 256)
+        server = uvicorn.Server(uvicorn.Config(app, log_level="error", lifespan="off"))
+        holder["server"] = server
+        task = asyncio.ensure_future(server.serve(sockets=[sock]))
+        while not server.started:
+            await asyncio.sleep(0.01)
+        started.set()
+        await task
+        await client.close()
+
+    thread = threading.Thread(target=loop.run_until_complete, args=(run(),), daemon=True)
+    thread.start()
+    assert started.wait(30)
+    yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    holder["server"].should_exit = True  # type: ignore[attr-defined]
+    thread.join(30)
+    engine.stop()
+    sock.close()
+
+
+@pytest.mark.timeout(600)
+def test_no_5xx_on_any_route(base_url: str) -> None:
+    schema = schemathesis.openapi.from_url(f"{base_url}/openapi.json")
+    operations = [result.ok() for result in schema.get_all_operations()]
+    paths = {op.path for op in operations}
+    assert {"/v1/completions", "/v1/chat/completions", "/health"} <= paths
+    bodies = {op.path for op in operations if op.body}
+    assert {"/v1/completions", "/v1/chat/completions", "/v1/embeddings"} <= bodies
+
+    for operation in operations:
+
+        @given(case=operation.as_strategy())
+        @settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck),
+                  derandomize=True)  # fmt: skip
+        def check(case: schemathesis.Case) -> None:
+            response = case.call(base_url=base_url, timeout=30)
+            assert response.status_code < 500, (case.path, case.body, response.text)
+
+        check()
+    with httpx.Client(base_url=base_url) as http:
+        assert http.get("/health").status_code == 200
+        ok = http.post("/v1/completions", json={"prompt": "Hello", "max_tokens": 2})
+        assert ok.status_code == 200, ok.text
