@@ -251,12 +251,15 @@ class Coordinator:
                 except ValueError as exc:
                     refused.append((client, EngineError(str(exc), req.request_id)))
             return refused
-        if isinstance(message, AbortRequests):
-            return _by_client(self.abort(message.request_ids))
+        if isinstance(message, AbortRequests):  # blocks are released now: report it
+            return self._with_stats(_by_client(self.abort(message.request_ids)))
         return [(client, EngineError(f"this replica generates; cannot {type(message).__name__}"))]
 
     def work(self) -> list[Reply]:
-        replies = _by_client(self.pump())
+        return self._with_stats(_by_client(self.pump()))
+
+    def _with_stats(self, replies: list[Reply]) -> list[Reply]:
+        """Attach the current engine counters to every ``StepOutputs`` in ``replies``."""
         if not replies:
             return replies
         s = self.stats
