@@ -120,6 +120,10 @@ def _add_replica_flags(command: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="shardserve", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser(  # handled in main() before parsing: the load generator owns its flags
+        "bench", help="load-test an OpenAI-compatible server (see `shardserve bench --help`)",
+        add_help=False,
+    )  # fmt: skip
     serve = commands.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API")
     _add_replica_flags(serve)
     serve.add_argument(
@@ -230,6 +234,11 @@ def _non_negative_float(text: str) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     """Console script ``shardserve``; returns the process exit status."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["bench"]:  # the load generator owns its flags (deploy/loadtest.py)
+        from deploy.loadtest import main as loadtest_main
+
+        return loadtest_main(argv[1:])
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format=LOG_FORMAT)
     for handler in logging.getLogger().handlers:
