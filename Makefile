@@ -31,8 +31,13 @@ lint: $(STAMP)
 	$(BIN)/ruff check server model_shards tests benchmarks
 	$(BIN)/mypy
 
+BENCH_DEPS := benchmarks/.cache/pydeps
+
+# accelerate is needed by `transformers serve` only: kept out of .venv.
 bench: $(STAMP)
-	$(BIN)/python -m pytest -q -m slow benchmarks tests
+	test -d $(BENCH_DEPS)/accelerate || \
+		$(BIN)/pip install -q --no-deps --target $(BENCH_DEPS) accelerate==1.15.0
+	$(BIN)/python -m benchmarks.run_all
 
 clean:
 	rm -rf $(VENV) build *.egg-info

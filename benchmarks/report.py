@@ -1,0 +1,154 @@
+"""Turn ``results/latest.json`` into the printed table and ``benchmarks/README.md``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from benchmarks.roofline import attainable_gflops
+
+BASELINE_LAYOUTS = {"shardserve": "tp1 pp1", "hf-serve": "tp1 pp1", "hf-generate": "batch"}
+SYSTEMS = ("shardserve", "hf-serve", "hf-generate")
+
+
+def _find(rows: list[dict[str, Any]], system: str, dtype: str, c: int, layout: str) -> float | None:
+    for row in rows:
+        if (row["system"], row["dtype"], row["concurrency"], row["layout"]) == (
+            system,
+            dtype,
+            c,
+            layout,
+        ):
+            return float(row["output_throughput"])
+    return None
+
+
+def _ratio(a: float | None, b: float | None) -> str:
+    return f"{a / b:.2f}×" if a and b else "—"
+
+
+def _roof(result: dict[str, Any], row: dict[str, Any]) -> tuple[float, float]:
+    """Achieved GFLOP/s and its % of the roofline at this batch size."""
+    gflops = row["output_throughput"] * result["model"]["flops_per_output_token"] / 1e9
+    ceiling = attainable_gflops(result["roofline"], row["dtype"], row["concurrency"])
+    return gflops, 100 * gflops / ceiling
+
+
+def main_table(result: dict[str, Any]) -> str:
+    rows = result["rows"]
+    lines = [
+        "| system | dtype | conc. | output tok/s | vs hf-serve | vs hf-generate "
+        "| GFLOP/s | % roofline | load |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    keys = sorted(
+        {
+            (r["dtype"], r["concurrency"])
+            for r in rows
+            if r["layout"] == BASELINE_LAYOUTS.get(r["system"])
+        },
+        key=lambda k: (k[0] != "float32", k[1]),
+    )
+    for dtype, c in keys:
+        serve = _find(rows, "hf-serve", dtype, c, "tp1 pp1")
+        gen = _find(rows, "hf-generate", dtype, c, "batch")
+        for system in SYSTEMS:
+            layout = BASELINE_LAYOUTS[system]
+            row = next(
+                (
+                    r
+                    for r in rows
+                    if (r["system"], r["dtype"], r["concurrency"], r["layout"])
+                    == (system, dtype, c, layout)
+                ),
+                None,
+            )
+            if row is None:
+                continue
+            tok_s = float(row["output_throughput"])
+            gflops, pct = _roof(result, row)
+            vs_serve = _ratio(tok_s, serve) if system != "hf-serve" else ""
+            vs_gen = _ratio(tok_s, gen) if system != "hf-generate" else ""
+            lines.append(
+                f"| {system} | {dtype} | {c} | {tok_s:.1f} | {vs_serve} | {vs_gen} "
+                f"| {gflops:.1f} | {pct:.0f}% | {row.get('loadavg_before', 0.0):.1f} |"
+            )
+    return "\n".join(lines)
+
+
+def parallel_table(result: dict[str, Any]) -> str:
+    rows = [
+        r
+        for r in result["rows"]
+        if r["system"] == "shardserve" and r["dtype"] == "float32" and r["concurrency"] == 32
+    ]
+    if not rows:
+        return "(not measured)"
+    tok = {r["layout"]: float(r["output_throughput"]) for r in rows}
+    lines = [
+        "| layout (shardserve, float32, conc. 32) | output tok/s | ratio | GFLOP/s |",
+        "|---|---:|---:|---:|",
+    ]
+    pairs = {
+        "tp1 (12-head variant)": None,
+        "tp2 (12-head variant)": "tp1 (12-head variant)",
+        "tp1 pp1": None,
+        "pp2 overlapped": "tp1 pp1",
+        "pp2 not overlapped": "pp2 overlapped",
+    }
+    for layout, base in pairs.items():
+        if layout not in tok:
+            continue
+        row = next(r for r in rows if r["layout"] == layout)
+        gflops, _ = _roof(result, row)
+        ratio = f"{_ratio(tok[layout], tok.get(base))} vs {base}" if base else ""
+        lines.append(f"| {layout} | {tok[layout]:.1f} | {ratio} | {gflops:.1f} |")
+    return "\n".join(lines)
+
+
+def roofline_text(result: dict[str, Any]) -> str:
+    roof, model = result["roofline"], result["model"]
+    parts = [f"- memory bandwidth (large tensor copy, read + write): {roof['copy_gbps']:.1f} GB/s"]
+    for dtype, g in roof["gemm_gflops"].items():
+        square = next(v for k, v in g.items() if k.startswith("square"))
+        parts.append(
+            f"- {dtype} matmul, {roof['threads']} threads: "
+            f"[64,576]×[576,1536] {g['decode_64x576x1536']:.1f} GFLOP/s, "
+            f"2048² square {square:.1f} GFLOP/s (peak used: {g['peak']:.1f})"
+        )
+    parts.append(
+        f"- model: {model['parameters'] / 1e6:.1f} M parameters, "
+        f"{model['matmul_parameters'] / 1e6:.1f} M in matmuls (LM head included); "
+        f"{model['flops_per_output_token'] / 1e6:.0f} MFLOP per output token "
+        f"(decode + attention + the prompt's prefill shared over 64 outputs)"
+    )
+    return "\n".join(parts)
+
+
+def render(result: dict[str, Any]) -> str:
+    notes = "\n".join(f"- {n}" for n in result["notes"]) or "- none"
+    return "\n\n".join(
+        [main_table(result), parallel_table(result), roofline_text(result), "Notes:\n" + notes]
+    )
+
+
+def write_readme(result: dict[str, Any], path: Path) -> None:
+    template = (Path(__file__).resolve().parent / "README.template.md").read_text()
+    m = result["machine"]
+    machine = (
+        f"{m['cpu']}, {m['cores_usable']} usable cores (os.cpu_count {m['cores']}), "
+        f"torch {m['torch']}, transformers {m['transformers']}, "
+        f"Python {m['python']}, {m['date']}; whole run {result['wall_s'] / 60:.1f} min"
+    )
+    notes = "\n".join(f"- {n}" for n in result["notes"]) or "- none"
+    fields = {
+        "machine": machine,
+        "main_table": main_table(result),
+        "parallel_table": parallel_table(result),
+        "roofline": roofline_text(result),
+        "notes": notes,
+    }
+    text = template
+    for key, value in fields.items():  # not str.format: the template has JSON braces
+        text = text.replace("{" + key + "}", value)
+    path.write_text(text)
