@@ -40,14 +40,21 @@ async def _stream_text(url: str, max_tokens: int) -> tuple[str, int]:
     return "".join(lines), tokens
 
 
+async def _stream_all(url: str, max_tokens: int, count: int) -> list[tuple[str, int]]:
+    return list(await asyncio.gather(*(_stream_text(url, max_tokens) for _ in range(count))))
+
+
 @pytest.mark.timeout(240)
 def test_sigterm_drains_in_flight_requests(tmp_path: Path) -> None:
     model_dir = build_tiny_llama(tmp_path / "llama")
-    with live_server(["--model", str(model_dir), "--shutdown-timeout", "60"], tmp_path) as server:
+    # One sequence at a time and several requests queued behind it: the drain lasts
+    # seconds, so the probe below surely meets it, whatever the machine's speed.
+    args = ["--model", str(model_dir), "--shutdown-timeout", "60", "--max-num-seqs", "1"]
+    with live_server(args, tmp_path) as server:
         children = psutil.Process(server.process.pid).children(recursive=True)
         loop = asyncio.new_event_loop()
-        in_flight = loop.create_task(_stream_text(server.url, 200))
-        loop.run_until_complete(asyncio.sleep(0.5))  # the request is running
+        in_flight = loop.create_task(_stream_all(server.url, 200, count=6))
+        loop.run_until_complete(asyncio.sleep(0.5))  # the requests are running or queued
         server.process.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + 10
         refused = None
@@ -59,9 +66,9 @@ def test_sigterm_drains_in_flight_requests(tmp_path: Path) -> None:
                     break
                 time.sleep(0.05)
         assert refused is not None and refused.json()["error"]["code"] == "shutting_down"
-        _text, tokens = loop.run_until_complete(in_flight)
+        results = loop.run_until_complete(in_flight)
         loop.close()
-        assert tokens == 200  # finished whole during the drain
+        assert [tokens for _text, tokens in results] == [200] * 6  # all finished in the drain
         assert server.process.wait(60) == 0, server.log()
         _gone, alive = psutil.wait_procs(children, timeout=15)
         assert not alive
