@@ -190,7 +190,7 @@ def test_rank_death_before_ready_exits_1(launch: Callable[..., Server]) -> None:
 
 
 def test_api_key_and_body_limit_flags(monkeypatch: pytest.MonkeyPatch) -> None:
-    from server.cli import API_KEY_ENV, build_parser
+    from server.cli_args import API_KEY_ENV, build_parser
 
     monkeypatch.delenv(API_KEY_ENV, raising=False)
     args = build_parser().parse_args(["serve"])
