@@ -28,7 +28,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
 lint: $(STAMP)
-	$(BIN)/ruff check server model_shards tests benchmarks
+	$(BIN)/ruff check server model_shards tests benchmarks deploy
 	$(BIN)/mypy
 
 BENCH_DEPS := benchmarks/.cache/pydeps

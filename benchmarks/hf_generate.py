@@ -40,7 +40,7 @@ def generate_point(
         width = max(len(p) for p in chunk)
         ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in chunk])
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in chunk])
-        out = model.generate(
+        out = model.generate(  # type: ignore[operator]
             input_ids=ids,
             attention_mask=mask,
             do_sample=False,

@@ -70,7 +70,7 @@ class Shape:
         layer_params = self.matmul_params() - self.vocab * self.hidden
         mean_ctx = prompt_len + (output_len + 1) / 2
         decode = 2 * self.matmul_params() + 4 * self.hidden * self.layers * mean_ctx
-        prefill = prompt_len * 2 * layer_params
+        prefill = float(prompt_len * 2 * layer_params)
         prefill += 4 * self.hidden * self.layers * prompt_len * (prompt_len + 1) / 2
         return decode + prefill / output_len
 
@@ -125,7 +125,7 @@ def _write(path: Path, shape: Shape) -> None:
         eos_token_id=EOS_TOKEN_ID,
     )
     torch.manual_seed(SEED)
-    model = transformers.LlamaForCausalLM(config).to(torch.float32)
+    model = transformers.LlamaForCausalLM(config).float()
     tokenizer_vocab = build_tokenizer().get_vocab_size()
     with torch.no_grad():
         embedding = model.get_input_embeddings().weight

@@ -20,7 +20,10 @@ def single_token_words(tokenizer: Tokenizer) -> list[str]:
     """Alphabetic vocabulary entries that stay one token alone and after a space."""
     words = []
     for token in tokenizer.get_vocab():
-        word = tokenizer.decode([tokenizer.token_to_id(token)])
+        token_id = tokenizer.token_to_id(token)
+        if token_id is None:
+            continue
+        word = tokenizer.decode([token_id])
         if not word.isalpha() or not word.isascii():
             continue
         alone = tokenizer.encode(word, add_special_tokens=False).ids
