@@ -45,12 +45,12 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import Protocol
 
 from model_shards.config import ReplicaConfig
 from server.chat_template import ChatTemplate
 from server.cli_args import build_parser
 from server.request_context import RequestIdFilter
+from server.supervisor import SpawnedReplica
 from server.tokenizer import Tokenizer
 
 logger = logging.getLogger("shardserve")
@@ -63,23 +63,7 @@ GRACEFUL_SHUTDOWN_S = 5
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s [%(request_id)s]: %(message)s"
 
 
-class ReplicaHandle(Protocol):
-    """What the CLI uses of ``model_shards.launch.ReplicaHandle``."""
-
-    @property
-    def address(self) -> str: ...
-
-    def is_alive(self) -> bool: ...
-
-    def death(self) -> str | None: ...
-
-    def pids(self) -> list[int | None]: ...
-
-    def stop(self, timeout: float = 10.0) -> None: ...
-
-    def exitcodes(self) -> list[int | None]: ...
-
-    def respawn(self) -> ReplicaHandle: ...
+ReplicaHandle = SpawnedReplica  # what the CLI uses of model_shards.launch.ReplicaHandle
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -280,7 +264,7 @@ async def _serve_async(
     from server.limits import Admission
     from server.metrics import Metrics
     from server.router import Replica, Router
-    from server.supervisor import ReplicaSupervisor, SpawnedReplica
+    from server.supervisor import ReplicaSupervisor
 
     window_s = args.batch_window_ms / 1000
     metrics = Metrics()

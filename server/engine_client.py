@@ -228,12 +228,7 @@ class EngineClient:
 
     async def generate(self, request: GenerateRequest) -> AsyncGenerator[RequestOutput, None]:
         """Submit ``request`` (batched) and yield its outputs until it finishes."""
-        if not self.healthy:
-            raise EngineDeadError(self._dead_reason or "engine is not ready")
-        if request.request_id in self._streams:
-            raise ValueError(f"duplicate request id {request.request_id}")
-        queue: asyncio.Queue[_Item] = asyncio.Queue()
-        self._streams[request.request_id] = queue
+        queue = self._open_stream(request.request_id)
         finished = False
         try:
             self._batcher.submit(request)
@@ -256,12 +251,7 @@ class EngineClient:
 
     async def embed(self, request: EmbedRequest) -> EmbeddingResult:
         """Embed one input on an encoder replica."""
-        if not self.healthy:
-            raise EngineDeadError(self._dead_reason or "engine is not ready")
-        if request.request_id in self._streams:
-            raise ValueError(f"duplicate request id {request.request_id}")
-        queue: asyncio.Queue[_Item] = asyncio.Queue()
-        self._streams[request.request_id] = queue
+        queue = self._open_stream(request.request_id)
         answered = False
         try:
             self._outbox.put_nowait(encode(SubmitEmbeddings([request])))
@@ -284,6 +274,16 @@ class EngineClient:
             self._outbox.put_nowait(encode(AbortRequests(to_engine)))
 
     # ---- internals -----------------------------------------------------------
+
+    def _open_stream(self, request_id: str) -> asyncio.Queue[_Item]:
+        """The queue this request's engine messages will arrive on (checks health first)."""
+        if not self.healthy:
+            raise EngineDeadError(self._dead_reason or "engine is not ready")
+        if request_id in self._streams:
+            raise ValueError(f"duplicate request id {request_id}")
+        queue: asyncio.Queue[_Item] = asyncio.Queue()
+        self._streams[request_id] = queue
+        return queue
 
     def _send_batch(self, batch: list[GenerateRequest]) -> None:
         if not self._closed:
