@@ -12,6 +12,7 @@ import faulthandler
 import multiprocessing as mp
 import os
 import signal
+import sys
 import time
 import traceback
 from collections.abc import Callable
@@ -39,6 +40,11 @@ def _entry(
     except BaseException:
         traceback.print_exc()
         os._exit(1)
+    # The rank's work is done and checked; skip interpreter teardown, where gloo's
+    # background threads have (rarely, under load) aborted the process after success.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def run_world(fn: Callable[..., None], tp: int, pp: int, *args: Any, timeout: float = 120) -> None:
