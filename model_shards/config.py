@@ -330,7 +330,7 @@ def load_model_config(model_dir: str | os.PathLike[str]) -> ModelConfig | Encode
     path = Path(model_dir) / "config.json"
     if not path.is_file():
         raise ValueError(f"--model {model_dir}: no config.json in that directory")
-    archs = _read_json(path).get("architectures") or []
-    if any(a in ENCODER_ARCHITECTURES for a in archs):
+    raw = _read_json(path)
+    if any(a in ENCODER_ARCHITECTURES for a in raw.get("architectures") or []):
         return EncoderConfig.from_dir(model_dir)
-    return ModelConfig.from_dir(model_dir)
+    return ModelConfig.from_dict(raw, source=str(path))

@@ -93,16 +93,10 @@ class Coordinator:
     # ---- in-process API (used by serve() and by tests) ----------------------
 
     def check_request(self, req: GenerateRequest) -> str | None:
-        """Why the engine refuses ``req``, or ``None`` (the frontend checks first)."""
-        n = len(req.prompt_token_ids)
-        if n == 0:
-            return "prompt is empty"
-        if n >= self.max_model_len:
-            return f"prompt has {n} tokens; the context window is {self.max_model_len}"
+        """Why the engine refuses ``req`` beyond the scheduler's own admission checks
+        (token ids, sampling ranges), or ``None``. The frontend checks first."""
         if any(not 0 <= t < self.vocab_size for t in req.prompt_token_ids):
             return f"prompt token ids must be in [0, {self.vocab_size})"
-        if req.max_tokens < 1:
-            return "max_tokens must be >= 1"
         s = req.sampling
         if s.temperature < 0 or not 0 < s.top_p <= 1 or s.top_k < 0 or not 0 <= s.min_p <= 1:
             return "sampling parameters out of range"
@@ -111,6 +105,8 @@ class Coordinator:
         return None
 
     def add_request(self, req: GenerateRequest, client: bytes = b"") -> None:
+        """Queue ``req``; ``ValueError`` naming the problem if the engine refuses it
+        (empty or too long a prompt, ``max_tokens < 1`` and pool size: the scheduler's)."""
         problem = self.check_request(req)
         if problem:
             raise ValueError(problem)

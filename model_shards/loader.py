@@ -21,6 +21,7 @@ class LoadableModel(Protocol):
 
     packed_modules_mapping: ClassVar[dict[str, tuple[str, str | int]]]
     ignored_suffixes: ClassVar[tuple[str, ...]]
+    ignored_prefixes: ClassVar[tuple[str, ...]]
 
     @property
     def tied_sources(self) -> dict[str, str]: ...
@@ -45,7 +46,7 @@ def load_weights(model: LoadableModel, checkpoint: Checkpoint) -> None:
     present = {
         n for n in checkpoint.names()
         if not n.endswith(model.ignored_suffixes)
-        and not n.startswith(getattr(model, "ignored_prefixes", ()))
+        and not n.startswith(model.ignored_prefixes)
         and n not in model.tied_sources
     }  # fmt: skip
     unexpected = sorted(present - expected)

@@ -132,6 +132,7 @@ class LlamaForCausalLM(nn.Module):
     }
     # checkpoint tensors that carry no weights (older HF exports)
     ignored_suffixes: ClassVar[tuple[str, ...]] = ("rotary_emb.inv_freq",)
+    ignored_prefixes: ClassVar[tuple[str, ...]] = ()
 
     def __init__(
         self, cfg: ModelConfig, dtype: torch.dtype, ps: ParallelState, max_positions: int

@@ -336,7 +336,7 @@ class Scheduler:
     def _finish_reason(self, seq: Sequence, token: int) -> FinishReason | None:
         req = seq.request
         num_out = len(seq.output_ids)
-        if num_out >= getattr(req, "min_tokens", 0) and (
+        if num_out >= seq.sampling.min_tokens and (
             token in req.stop_token_ids or (not req.ignore_eos and token in self._eos)
         ):
             return "stop"

@@ -44,7 +44,7 @@ def reference(
         t = fake_next_token(request.sampling.seed, tokens)
         out.append(t)
         tokens.append(t)
-        if len(out) >= getattr(request, "min_tokens", 0) and (
+        if len(out) >= request.sampling.min_tokens and (
             t in request.stop_token_ids or (not request.ignore_eos and t in eos_set)
         ):
             return out, "stop"

@@ -16,13 +16,6 @@ from tests.model_shards.scheduler.sim import (
     reference,
 )
 
-
-class RequestWithMinTokens(GenerateRequest, frozen=True):
-    """Stands in for a ``GenerateRequest`` that has gained ``min_tokens``."""
-
-    min_tokens: int = 0
-
-
 # ---- add ----------------------------------------------------------------------
 
 
@@ -132,7 +125,7 @@ def test_finish_reasons() -> None:
 
 def test_min_tokens_defers_stops() -> None:
     many_eos = tuple(range(60))
-    req = RequestWithMinTokens("m", [50, 51], 20, SamplingParams(seed=3), min_tokens=6)
+    req = GenerateRequest("m", [50, 51], 20, SamplingParams(seed=3, min_tokens=6))
     out, reason = _finish_of(req, eos_token_ids=many_eos)
     assert len(out) >= 6 and (out, reason) == reference(req, many_eos)
     assert any(t in many_eos for t in out[:5])  # a stop token came early and was ignored
