@@ -11,6 +11,7 @@ import torch
 
 from model_shards.checkpoint import Checkpoint
 from model_shards.config import EncoderConfig, ReplicaConfig
+from model_shards.layers.gemm import pack_weights
 from model_shards.loader import load_weights
 from model_shards.messages import StepPlan
 from model_shards.models.bert import BertModel
@@ -32,6 +33,7 @@ class EncoderWorker:
             model = BertModel(cfg, resolve_dtype(replica.dtype, cfg), ps)
         with Checkpoint(replica.model_dir) as checkpoint:
             load_weights(model, checkpoint)
+            pack_weights(model)
             worker = EncoderWorker(model.eval(), ps)
             worker.bytes_loaded = checkpoint.bytes_read
         return worker

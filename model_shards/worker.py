@@ -24,6 +24,7 @@ from model_shards.checkpoint import Checkpoint
 from model_shards.config import EncoderConfig, ModelConfig, ReplicaConfig
 from model_shards.kv_cache import PagedKVCache
 from model_shards.layers.attention import ForwardBatch
+from model_shards.layers.gemm import pack_weights
 from model_shards.loader import load_weights
 from model_shards.messages import StepPlan, TokenLogprob, decode_plan, encode
 from model_shards.models import MODEL_REGISTRY
@@ -123,6 +124,7 @@ class Worker:
         with Checkpoint(replica.model_dir) as checkpoint:
             load_weights(model, checkpoint)
             bytes_read = checkpoint.bytes_read
+        pack_weights(model)
         num_layers = model.model.end - model.model.start
         blocks = kv_cache_blocks(cfg, replica, ps, dtype, num_layers, max_model_len)
         worker = Worker(model.eval(), ps, dtype, blocks, replica.block_size)

@@ -18,10 +18,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from model_shards.checkpoint import CheckpointError, TensorSource
+from model_shards.layers.gemm import PackableGemm
 from model_shards.parallel.comm import tp_all_reduce
 from model_shards.parallel.state import ParallelState
 
@@ -51,7 +51,7 @@ def _check_dim(source: TensorSource, dim: int, expected: int) -> None:
         )
 
 
-class ReplicatedLinear(nn.Module):
+class ReplicatedLinear(PackableGemm):
     """The full matrix on every rank."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool, dtype: torch.dtype):
@@ -67,10 +67,10 @@ class ReplicatedLinear(nn.Module):
         copy_checked(param.data, source.read(), source.name)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return self.gemm(x, self.bias)
 
 
-class ColumnParallelLinear(nn.Module):
+class ColumnParallelLinear(PackableGemm):
     """``[in] -> [out / tp]``: this rank's rows of ``W`` (output features)."""
 
     def __init__(
@@ -95,7 +95,7 @@ class ColumnParallelLinear(nn.Module):
         copy_checked(param.data, source.read(0, start, start + self.out_local), source.name)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)  # [T, out / tp]
+        return self.gemm(x, self.bias)  # [T, out / tp]
 
 
 class MergedColumnParallelLinear(ColumnParallelLinear):
@@ -166,7 +166,7 @@ class QKVParallelLinear(ColumnParallelLinear):
         )
 
 
-class RowParallelLinear(nn.Module):
+class RowParallelLinear(PackableGemm):
     """``[in / tp] -> [out]``: this rank's columns of ``W``; outputs all-reduced."""
 
     def __init__(
@@ -194,5 +194,5 @@ class RowParallelLinear(nn.Module):
         copy_checked(param.data, source.read(), source.name)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = tp_all_reduce(F.linear(x, self.weight), self.ps)  # [T, out]
+        y = tp_all_reduce(self.gemm(x), self.ps)  # [T, out]
         return y + self.bias if self.bias is not None else y

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from model_shards.checkpoint import TensorSource
+from model_shards.layers.gemm import PackableGemm
 from model_shards.layers.linear import _check_dim, copy_checked, set_weight_loader
 from model_shards.parallel.comm import tp_all_gather_last_dim, tp_all_reduce
 from model_shards.parallel.state import ParallelState
@@ -53,11 +54,11 @@ class VocabParallelEmbedding(nn.Module):
         return tp_all_reduce(out, self.ps)  # [T, H]
 
 
-class ParallelLMHead(VocabParallelEmbedding):
+class ParallelLMHead(VocabParallelEmbedding, PackableGemm):
     """``hidden [N, H] -> logits [N, vocab_size]``; the weight is split like the embedding's."""
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        local = F.linear(hidden, self.weight)  # [N, V / tp]
+        local = self.gemm(hidden)  # [N, V / tp]
         full = tp_all_gather_last_dim(local, self.ps)  # [N, V_padded]
         return full[..., : self.vocab_size]
 
