@@ -112,10 +112,14 @@ class Attention(nn.Module):
             vd = v_pool.view(-1, bs, nkv, hd).index_select(0, batch.decode_blocks)
             kd = kd.view(b, -1, nkv, hd).transpose(1, 2)
             vd = vd.view(b, -1, nkv, hd).transpose(1, 2)
+            if q.device.type == "cpu" and q.dtype != torch.float32:
+                # CPU attention kernels run single-token queries ~4x slower in 16-bit
+                # than in float32, conversions included
+                qd, kd, vd = qd.float(), kd.float(), vd.float()
             od = F.scaled_dot_product_attention(
                 qd, kd, vd, attn_mask=batch.decode_mask, scale=self.scale, enable_gqa=gqa
             )  # (B, nh, 1, D)
-            out[batch.decode_rows] = od.squeeze(2)
+            out[batch.decode_rows] = od.squeeze(2).to(q.dtype)
         for seg in batch.prefills:
             rows = slice(seg.row, seg.row + seg.length)
             qp = q[rows].transpose(0, 1).unsqueeze(0)  # (1, nh, L, D)
