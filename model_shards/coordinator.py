@@ -147,7 +147,7 @@ class Coordinator:
 
     def _launch(self) -> _InFlight | None:
         """Schedule a step, send its plan, run stage 0; ``None`` when it ran no chunk."""
-        scheduled = self.scheduler.schedule()
+        scheduled = self.scheduler.schedule(self.max_in_flight)
         sampled = [seq for seq, c in zip(scheduled.sequences, scheduled.chunks, strict=True)
                    if c.sample]  # fmt: skip
         plan = StepPlan(

@@ -56,8 +56,9 @@ from model_shards.scheduler.sequence import ScheduledStep, SeqStatus, Sequence, 
 class _StepBuilder:
     """The step being assembled: chunks, their sequences, and the token budget."""
 
-    def __init__(self, budget: int, freed: list[int]) -> None:
+    def __init__(self, budget: int, seats: int, freed: list[int]) -> None:
         self.budget = budget
+        self.seats = seats  # sequences this step may still take
         self.chunks: list[SeqChunk] = []
         self.sequences: list[Sequence] = []
         self.new_sequences: list[NewSequence] = []
@@ -73,6 +74,11 @@ class _StepBuilder:
         self.sequences.append(seq)
         self.scheduled.add(seq.seq_id)
         self.budget -= end - start
+        self.seats -= 1
+
+    @property
+    def full(self) -> bool:
+        return self.budget == 0 or self.seats == 0
 
     def build(self) -> ScheduledStep:
         return ScheduledStep(self.chunks, self.sequences, self.new_sequences, self.freed, [])
@@ -158,15 +164,25 @@ class Scheduler:
 
     # ---- the step -----------------------------------------------------------
 
-    def schedule(self) -> ScheduledStep:
-        """Decide the next step (see the module docstring). May be empty."""
-        step = _StepBuilder(self.config.max_num_batched_tokens, self._to_free)
+    def schedule(self, micro_batches: int = 1) -> ScheduledStep:
+        """Decide the next step (see the module docstring). May be empty.
+
+        ``micro_batches > 1`` (pipeline overlap): the step takes at most its share,
+        ``ceil(live / micro_batches)``, of the live sequences (running plus those
+        that could be admitted), so that the others fill the next micro-batches
+        instead of leaving the pipeline with one batch in flight.
+        """
+        live = min(self.config.max_num_seqs, len(self.running) + len(self.waiting))
+        seats = -(-live // micro_batches) if micro_batches > 1 else self.config.max_num_seqs
+        step = _StepBuilder(self.config.max_num_batched_tokens, seats, self._to_free)
         self._to_free = []
         for seq in list(self.running):
+            if step.full:
+                break
             if self._ready(seq, step) and not seq.is_prefilling:
                 self._schedule_decode(seq, step)
         for seq in list(self.running):
-            if step.budget == 0:
+            if step.full:
                 break
             if self._ready(seq, step) and seq.is_prefilling:
                 self._schedule_prefill(seq, step)
@@ -241,7 +257,7 @@ class Scheduler:
 
     def _admit(self, step: _StepBuilder) -> bool:
         """Start the first waiting sequence if a seat, budget and blocks allow it."""
-        if not self.waiting or step.budget == 0 or len(self.running) >= self.config.max_num_seqs:
+        if not self.waiting or step.full or len(self.running) >= self.config.max_num_seqs:
             return False
         seq = self.waiting[0]
         bs = self.config.block_size

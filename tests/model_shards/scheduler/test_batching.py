@@ -7,9 +7,10 @@ import random
 import pytest
 
 from model_shards.messages import GenerateRequest
-from model_shards.scheduler import Scheduler
+from model_shards.scheduler import ScheduledStep, Scheduler
 from tests.model_shards.scheduler.sim import (
     FakeWorker,
+    assert_quiescent,
     config,
     drive,
     make_request,
@@ -152,3 +153,30 @@ def test_random_workloads_with_aborts(trial: int) -> None:
         if run.finish[req.request_id] != "abort":
             want = reference(req, max_model_len=cfg.max_model_len)
             assert (run.outputs[req.request_id], run.finish[req.request_id]) == want
+
+
+def test_pipeline_micro_batches_split_the_live_sequences() -> None:
+    """With two micro-batches in flight, each step takes half the live sequences, so the
+    second micro-batch is never empty; outputs are unchanged."""
+    requests = [make_request(f"r{i}", [i + 1, 9], max_tokens=6, ignore_eos=True) for i in range(8)]
+    sched = Scheduler(config(max_num_seqs=8))
+    worker = FakeWorker(sched.config.num_blocks, sched.config.block_size)
+    for req in requests:
+        sched.add(req)
+    outputs: dict[str, list[int]] = {r.request_id: [] for r in requests}
+    in_flight: list[ScheduledStep] = []
+    sizes = []
+    while sched.has_work() or in_flight:
+        while len(in_flight) < 2 and sched.has_schedulable():
+            step = sched.schedule(micro_batches=2)
+            assert step.chunks, "a schedulable sequence was left out"
+            sizes.append(len(step.chunks))
+            in_flight.append(step)
+        done = in_flight.pop(0)
+        for update in sched.update(done, worker.execute(done)):
+            outputs[update.output.request_id] += update.output.new_token_ids
+    assert sizes[:4] == [4, 4, 4, 4]  # halves, not one batch of 8 and an empty second
+    for req in requests:
+        assert outputs[req.request_id] == reference(req)[0]
+    worker.execute(sched.schedule(micro_batches=2))  # tells the worker the last frees
+    assert_quiescent(sched, worker)
