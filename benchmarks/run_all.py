@@ -210,13 +210,16 @@ def sweep(bench: Bench, dtype: str, systems: list[str]) -> None:
 def run_parallel(bench: Bench, flag_help: str) -> None:
     """tp=2 vs tp=1 (12-head variant: 9 heads do not split in 2) and pp=2 overlap on/off."""
     c = PARALLEL_CONCURRENCY
+    pp2 = ["-pp", "2"]
+    if "--pp-layer-partition" in flag_help:  # the LM-head stage takes fewer layers
+        pp2 += ["--pp-layer-partition", "balanced"]
     runs: list[tuple[list[str], str, Variant]] = [
         ([], "tp1 (12-head variant)", "tp2"),
         (["-tp", "2"], "tp2 (12-head variant)", "tp2"),
-        (["-pp", "2"], "pp2 overlapped", "main"),
+        (pp2, "pp2 overlapped", "main"),
     ]
     if "--no-pipeline-overlap" in flag_help:
-        runs.append((["-pp", "2", "--no-pipeline-overlap"], "pp2 not overlapped", "main"))
+        runs.append(([*pp2, "--no-pipeline-overlap"], "pp2 not overlapped", "main"))
     else:
         bench.notes.append(
             "pp2 not overlapped: skipped, `shardserve serve` has no "

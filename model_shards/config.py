@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field
+from itertools import pairwise
 from pathlib import Path
 from typing import Any, Literal
 
@@ -97,6 +98,41 @@ class ModelConfig:
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"{source}: malformed or missing field ({exc!r})") from exc
 
+    def layer_partition(self, pp: int, spec: str = "even") -> list[int]:
+        """Decoder layers per pipeline stage; ``ValueError`` naming the flag on a bad ``spec``.
+
+        ``even``: as equal as possible, the first stages taking the remainder.
+        ``balanced``: equal compute per stage, the last stage's LM head counted as
+        ``vocab * hidden / parameters of one layer`` layers (embedding lookups are
+        nearly free); fewer layers go to the last stage. ``"a,b,..."``: explicit.
+        Every stage gets at least one layer.
+        """
+        if spec == "even":
+            base, extra = divmod(self.num_layers, pp)
+            return [base + (1 if r < extra else 0) for r in range(pp)]
+        if spec == "balanced":
+            q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+            h = self.hidden_size
+            layer = h * (q + 2 * kv) + q * h + 3 * h * self.intermediate_size
+            head = self.vocab_size * h / layer
+            share = (self.num_layers + head) / pp
+            bounds = [0]
+            for r in range(1, pp):
+                lo, hi = bounds[-1] + 1, self.num_layers - (pp - r)
+                bounds.append(min(max(round(r * share), lo), hi))
+            bounds.append(self.num_layers)
+            return [b - a for a, b in pairwise(bounds)]
+        try:
+            counts = [int(part) for part in spec.split(",")]
+        except ValueError:
+            counts = []
+        if len(counts) != pp or min(counts, default=0) < 1 or sum(counts) != self.num_layers:
+            raise ValueError(
+                f"--pp-layer-partition {spec!r}: use 'even', 'balanced' or {pp} positive "
+                f"layer counts that sum to the model's {self.num_layers} layers"
+            )
+        return counts
+
     def valid_tp_sizes(self) -> list[int]:
         """Every tensor-parallel size this model's shapes can be split into."""
         return [t for t in range(1, self.num_heads + 1) if not self._tp_problem(t)]
@@ -164,6 +200,7 @@ class ReplicaConfig:
     gpu_memory_utilization: float = 0.9
     enable_prefix_caching: bool = True
     pipeline_overlap: bool = True  # up to pp micro-batches in flight when pp > 1
+    pp_layer_partition: str = "even"  # see ModelConfig.layer_partition
     max_model_len: int | None = None  # default: the model's max_position_embeddings
     collective_timeout_s: float = 120.0
     threads_per_rank: int | None = None  # CPU only; default: cores // world size, at least 1
@@ -194,6 +231,10 @@ class ReplicaConfig:
             raise ValueError(f"--model {self.model_dir}: not a directory")
         model = load_model_config(self.model_dir)
         model.check_layout(self.tp, self.pp)
+        if isinstance(model, ModelConfig):
+            model.layer_partition(self.pp, self.pp_layer_partition)
+        elif self.pp_layer_partition != "even":
+            raise ValueError("--pp-layer-partition: encoder (embedding) models run with -pp 1")
         if self.max_model_len is not None and not (
             1 <= self.max_model_len <= model.max_position_embeddings
         ):

@@ -120,7 +120,7 @@ class Worker:
         dtype = resolve_dtype(replica.dtype, cfg)
         model_cls = MODEL_REGISTRY[cfg.architecture]
         with torch.device(ps.device):
-            model = model_cls(cfg, dtype, ps, max_model_len)
+            model = model_cls(cfg, dtype, ps, max_model_len, replica.pp_layer_partition)
         with Checkpoint(replica.model_dir) as checkpoint:
             load_weights(model, checkpoint)
             bytes_read = checkpoint.bytes_read

@@ -173,6 +173,7 @@ def replica_config(args: argparse.Namespace) -> ReplicaConfig:
         gpu_memory_utilization=args.gpu_memory_utilization,
         enable_prefix_caching=args.prefix_caching,
         pipeline_overlap=args.pipeline_overlap,
+        pp_layer_partition=args.pp_layer_partition,
     )
 
 

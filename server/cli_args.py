@@ -47,6 +47,11 @@ def add_replica_flags(command: argparse.ArgumentParser) -> None:
         "--no-pipeline-overlap", dest="pipeline_overlap", action="store_false",
         help="with -pp > 1, run one micro-batch at a time (for comparison)",
     )  # fmt: skip
+    engine.add_argument(
+        "--pp-layer-partition", default="even", metavar="SPEC",
+        help="layers per pipeline stage: 'even' (default), 'balanced' (equal compute, the LM "
+        "head counted on the last stage) or counts such as 19,11",
+    )  # fmt: skip
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -91,10 +91,12 @@ class LlamaDecoderLayer(nn.Module):
 
 class LlamaModel(nn.Module):
     def __init__(
-        self, cfg: ModelConfig, dtype: torch.dtype, ps: ParallelState, max_positions: int
-    ) -> None:
+        self, cfg: ModelConfig, dtype: torch.dtype, ps: ParallelState, max_positions: int,
+        partition: str = "even",
+    ) -> None:  # fmt: skip
         super().__init__()
-        self.start, self.end = stage_layer_range(cfg.num_layers, ps.pp_size, ps.pp_rank)
+        counts = cfg.layer_partition(ps.pp_size, partition)
+        self.start, self.end = stage_layer_range(counts, ps.pp_rank)
         self.ps = ps
         self.embed_tokens: VocabParallelEmbedding | None = None
         if ps.is_first_stage:
@@ -135,12 +137,14 @@ class LlamaForCausalLM(nn.Module):
     ignored_prefixes: ClassVar[tuple[str, ...]] = ()
 
     def __init__(
-        self, cfg: ModelConfig, dtype: torch.dtype, ps: ParallelState, max_positions: int
-    ) -> None:
+        self, cfg: ModelConfig, dtype: torch.dtype, ps: ParallelState, max_positions: int,
+        partition: str = "even",
+    ) -> None:  # fmt: skip
+        """``partition``: layers per pipeline stage, see ``ModelConfig.layer_partition``."""
         super().__init__()
         self.config = cfg
         self.ps = ps
-        self.model = LlamaModel(cfg, dtype, ps, max_positions)
+        self.model = LlamaModel(cfg, dtype, ps, max_positions, partition)
         self.lm_head: ParallelLMHead | None = None
         if ps.is_last_stage:
             self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size, dtype, ps)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -90,7 +91,28 @@ def test_truncated_safetensors(llama_dir: Path, tmp_path: Path) -> None:
         (5, 1, [(0, 5)]),
     ],
 )
-def test_stage_ranges_cover_every_layer_once(
-    layers: int, pp: int, expected: list[tuple[int, int]]
+def test_even_stage_ranges_cover_every_layer_once(
+    llama_dir: Path, layers: int, pp: int, expected: list[tuple[int, int]]
 ) -> None:
-    assert [stage_layer_range(layers, pp, r) for r in range(pp)] == expected
+    cfg = replace(ModelConfig.from_dir(llama_dir), num_layers=layers)
+    counts = cfg.layer_partition(pp)
+    assert [stage_layer_range(counts, r) for r in range(pp)] == expected
+
+
+def test_balanced_partition_gives_the_lm_head_stage_fewer_layers(llama_dir: Path) -> None:
+    # The benchmark's 135M shape: the 49152 x 576 LM head costs as much as 8 layers.
+    cfg = replace(
+        ModelConfig.from_dir(llama_dir), num_layers=30, hidden_size=576, num_heads=9,
+        num_kv_heads=3, head_dim=64, intermediate_size=1536, vocab_size=49152,
+    )  # fmt: skip
+    assert cfg.layer_partition(2, "balanced") == [19, 11]
+    assert cfg.layer_partition(2, "19,11") == [19, 11]
+    assert cfg.layer_partition(2) == [15, 15]
+    many = cfg.layer_partition(30, "balanced")  # never an empty stage
+    assert many == [1] * 30
+
+
+@pytest.mark.parametrize("spec", ["3,1,0", "2,1", "a,b", "", "uneven"])
+def test_bad_layer_partition_names_the_flag(llama_dir: Path, spec: str) -> None:
+    with pytest.raises(ValueError, match="--pp-layer-partition"):
+        validate_replica(ReplicaConfig(str(llama_dir), pp=2, pp_layer_partition=spec))
