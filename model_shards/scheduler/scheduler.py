@@ -9,6 +9,9 @@ One step (``schedule``) packs, within ``max_num_seqs`` sequences and
    after its prefix-cache hit and gets as much of its prompt as the token
    budget allows. The rest of the prompt follows in later steps (chunked
    prefill, ``sample=False`` until the chunk that reaches the last token).
+   A sequence whose next full prompt block a running sequence is computing
+   right now (``n > 1`` choices of one prompt, identical prompts) waits until
+   that block is cached, then shares it.
 
 KV blocks are taken as tokens are scheduled. When a running sequence needs
 a block and none is free (after evicting parked cached blocks), the newest
@@ -265,6 +268,8 @@ class Scheduler:
         if self.config.enable_prefix_caching:
             max_hits = (len(seq.token_ids) - 1) // bs
             hits = self.blocks.cached_prefix(seq.block_hashes(max_hits, bs))
+            if len(hits) < max_hits and self._being_computed(seq, len(hits)):
+                return False  # wait a step and share those blocks instead of recomputing
         start = len(hits) * bs
         end = start + min(len(seq.token_ids) - start, step.budget)
         need = self.blocks.blocks_for(end) - len(hits)
@@ -321,6 +326,23 @@ class Scheduler:
         step.freed.append(seq.seq_id)
         step.preempted = True
         self._preemptions += 1
+
+    def _being_computed(self, seq: Sequence, index: int) -> bool:
+        """Whether a running sequence is computing ``seq``'s full prompt block ``index``
+        (same chained hash, so the same tokens up to there) and will cache it.
+
+        The ``n`` choices of one prompt, and identical prompts arriving together,
+        then compute the shared blocks once: the first runs, the others wait for
+        the blocks to land in the prefix cache.
+        """
+        bs = self.config.block_size
+        (*_, want) = seq.block_hashes(index + 1, bs)
+        return any(
+            s.num_computed < (index + 1) * bs <= s.prefill_end
+            and s.num_registered_blocks <= index
+            and s.block_hashes(index + 1, bs)[index] == want
+            for s in self.running
+        )
 
     # ---- bookkeeping --------------------------------------------------------
 

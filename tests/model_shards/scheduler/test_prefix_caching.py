@@ -147,3 +147,21 @@ def test_hash_is_chained_and_stable() -> None:
     assert hash_block(h1, [5, 6, 7, 8]) != hash_block(None, [5, 6, 7, 8])
     assert hash_block(h1, [5, 6, 7, 8]) != hash_block(hash_block(None, [0, 2, 3, 4]), [5, 6, 7, 8])
     assert len(h1) == 32
+
+
+def test_choices_of_one_prompt_compute_its_blocks_once() -> None:
+    """n > 1: four sequences of the same 18-token prompt arrive together. The first
+    computes the prompt; the others wait for its 4 full blocks to be cached, share
+    them, and compute only the 2-token tail."""
+    prompt = [(5 * i) % 50 + 1 for i in range(18)]
+    choices = [make_request(f"c{i}", prompt, max_tokens=6, seed=100 + i) for i in range(4)]
+    sched = Scheduler(config(max_num_batched_tokens=64))
+    run = drive(sched, choices)
+    for req in choices:
+        assert run.outputs[req.request_id] == reference(req)[0]
+    assert sched.stats.prefix_cache_hit_tokens == 3 * 16
+    assert sched.stats.prefill_tokens_computed == 18 + 3 * 2
+    # ...while without sharing every choice computes all 18 tokens
+    alone = Scheduler(config(max_num_batched_tokens=64, enable_prefix_caching=False))
+    drive(alone, choices)
+    assert alone.stats.prefill_tokens_computed == 4 * 18
