@@ -28,7 +28,7 @@ from server.chat_protocol import (
     ChatDelta,
 )
 from server.chat_template import ChatTemplate, ChatTemplateError
-from server.choices import Plan, collect, merge, plan
+from server.choices import Plan, plan
 from server.errors import APIError
 from server.logprobs import chat_logprobs
 from server.protocol import Usage
@@ -83,12 +83,7 @@ async def complete(
     serving: Serving, work: Plan, body: ChatCompletionRequest
 ) -> ChatCompletionResponse:
     """Run every choice to the end and return the whole ``chat.completion``."""
-    try:
-        results = await collect(
-            work, serving.engine, serving.tokenizer, body.stop_strings, serving.metrics
-        )
-    except ENGINE_ERRORS as exc:
-        raise engine_api_error(exc) from exc
+    results = await serving.collect(work, body.stop_strings)
     choices = [
         ChatChoice(
             index=r.index,
@@ -123,7 +118,7 @@ async def stream(
 
     tokens = dict.fromkeys(range(len(work.requests)), 0)
     started: set[int] = set()
-    deltas = merge(work, serving.engine, serving.tokenizer, body.stop_strings, serving.metrics)
+    deltas = serving.merge(work, body.stop_strings)
     async with contextlib.aclosing(deltas):
         try:
             async for index, delta in deltas:

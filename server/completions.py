@@ -18,7 +18,7 @@ import contextlib
 import json
 from collections.abc import AsyncGenerator
 
-from server.choices import Plan, collect, merge, plan
+from server.choices import Plan, plan
 from server.completion_protocol import CompletionChoice, CompletionRequest, CompletionResponse
 from server.errors import APIError
 from server.logprobs import completion_logprobs
@@ -62,12 +62,7 @@ def prepare(serving: Serving, body: CompletionRequest, response_id: str) -> Plan
 
 async def complete(serving: Serving, work: Plan, body: CompletionRequest) -> CompletionResponse:
     """Run every choice to the end and return the whole completion."""
-    try:
-        results = await collect(
-            work, serving.engine, serving.tokenizer, body.stop_strings, serving.metrics
-        )
-    except ENGINE_ERRORS as exc:
-        raise engine_api_error(exc) from exc
+    results = await serving.collect(work, body.stop_strings)
     choices = [
         CompletionChoice(
             index=r.index,
@@ -101,7 +96,7 @@ async def stream(
     tokens = dict.fromkeys(range(len(work.requests)), 0)
     offsets = dict.fromkeys(range(len(work.requests)), 0)
     first = True
-    deltas = merge(work, serving.engine, serving.tokenizer, body.stop_strings, serving.metrics)
+    deltas = serving.merge(work, body.stop_strings)
     async with contextlib.aclosing(deltas):
         try:
             async for index, delta in deltas:

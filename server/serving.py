@@ -5,16 +5,21 @@ length and metrics that a route needs. :meth:`Serving.check` makes the checks
 common to every generating request, in order: model name (404) → engine
 serviceable, i.e. healthy or recovering (503) → token ids inside the
 vocabulary (400 naming the field).
+:meth:`Serving.collect` and :meth:`Serving.merge` run a request's choices
+(:mod:`server.choices`) on this engine.
 :func:`engine_api_error` maps engine failures to HTTP errors: a refused
 request is a 400, a dead engine a 503.
 """
 
 from __future__ import annotations
 
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 
+from server import choices
 from server.engine_client import Engine, EngineDeadError, EngineRequestError
 from server.errors import APIError
+from server.generation import TextDelta
 from server.metrics import Metrics
 from server.tokenizer import Tokenizer
 
@@ -49,6 +54,19 @@ class Serving:
                 code="wrong_model_task",
             )
         return info.vocab_size
+
+    async def collect(self, work: choices.Plan, stop: list[str]) -> list[choices.ChoiceResult]:
+        """Every choice of ``work`` run to the end; an engine failure as its HTTP error."""
+        try:
+            return await choices.collect(work, self.engine, self.tokenizer, stop, self.metrics)
+        except ENGINE_ERRORS as exc:
+            raise engine_api_error(exc) from exc
+
+    def merge(
+        self, work: choices.Plan, stop: list[str]
+    ) -> AsyncGenerator[tuple[int, TextDelta], None]:
+        """``(choice index, text delta)`` pairs as the choices of ``work`` produce them."""
+        return choices.merge(work, self.engine, self.tokenizer, stop, self.metrics)
 
 
 def check_ids(ids: list[int], vocab_size: int, param: str) -> None:
