@@ -176,7 +176,7 @@ class Scheduler:
         instead of leaving the pipeline with one batch in flight.
         """
         live = min(self.config.max_num_seqs, len(self.running) + len(self.waiting))
-        seats = -(-live // micro_batches) if micro_batches > 1 else self.config.max_num_seqs
+        seats = -(-live // micro_batches)  # with one micro-batch: every live sequence
         step = _StepBuilder(self.config.max_num_batched_tokens, seats, self._to_free)
         self._to_free = []
         for seq in list(self.running):
