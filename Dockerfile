@@ -20,6 +20,12 @@ ENV TORCH_INDEX=https://download.pytorch.org/whl/cu128
 
 FROM ${PYTHON_IMAGE} AS base-cpu
 ENV TORCH_INDEX=https://download.pytorch.org/whl/cpu
+# g++ builds the fused CPU kernels (model_shards/kernels) at first start, for the host's
+# own CPU; without it the ranks fall back to slower PyTorch ops. Unpinned as above.
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends g++ \
+    && rm -rf /var/lib/apt/lists/*
 
 # ---- build: a self-contained virtual environment in /opt/shardserve ----------
 # base-${DEVICE} is one of the two stages above, whose images are tagged: DL3006 does not apply.

@@ -17,6 +17,8 @@ $(STAMP): pyproject.toml
 	# torch pinned first: the CPU wheel on disk, never a CUDA build from the index.
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e '.[test]'
+	# the fused CPU kernels, compiled once for this machine (or a warning and the slower path)
+	$(BIN)/python -c 'import model_shards.kernels as k; k.cpu_kernels_loaded()'
 	touch $(STAMP)
 
 install: $(STAMP)

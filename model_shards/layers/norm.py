@@ -6,11 +6,16 @@ import torch
 from torch import nn
 
 from model_shards.checkpoint import TensorSource
+from model_shards.layers.fused import rms_norm
 from model_shards.layers.linear import copy_checked, set_weight_loader
 
 
 class RMSNorm(nn.Module):
-    """``y = w * x / sqrt(mean(x^2) + eps)``, the statistics in float32."""
+    """``y = w * x / sqrt(mean(x^2) + eps)``, the statistics in float32.
+
+    Called with a residual, normalizes ``x + residual`` and returns ``(y, x + residual)``
+    (the sum may be written into ``residual``); without, returns ``(y, x)``.
+    """
 
     def __init__(self, hidden_size: int, eps: float, dtype: torch.dtype) -> None:
         super().__init__()
@@ -21,11 +26,10 @@ class RMSNorm(nn.Module):
     def weight_loader(self, param: nn.Parameter, source: TensorSource) -> None:
         copy_checked(param.data, source.read(), source.name)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(dtype)
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return rms_norm(x, residual, self.weight, self.eps)
 
 
 class LayerNorm(nn.Module):

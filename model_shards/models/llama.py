@@ -15,13 +15,14 @@ from torch import nn
 
 from model_shards.config import ModelConfig
 from model_shards.layers.attention import Attention, ForwardBatch
+from model_shards.layers.fused import silu_and_mul
 from model_shards.layers.linear import (
     MergedColumnParallelLinear,
     QKVParallelLinear,
     RowParallelLinear,
 )
 from model_shards.layers.norm import RMSNorm
-from model_shards.layers.rotary import RotaryEmbedding, apply_rotary
+from model_shards.layers.rotary import RotaryEmbedding
 from model_shards.layers.vocab import ParallelLMHead, VocabParallelEmbedding
 from model_shards.models.naming import checkpoint_names_of
 from model_shards.models.stages import MissingLayer, stage_layer_range
@@ -46,16 +47,8 @@ class LlamaAttention(nn.Module):
         self.attn = Attention(layer_idx, self.num_heads, self.num_kv_heads, cfg.head_dim)
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
-        t, hd = x.shape[0], self.head_dim
         qkv = self.qkv_proj(x)  # [T, (nh + 2 nkv) * D]
-        q, k, v = qkv.split(
-            [self.num_heads * hd, self.num_kv_heads * hd, self.num_kv_heads * hd], -1
-        )
-        assert batch.cos is not None and batch.sin is not None
-        q, k = apply_rotary(
-            q.view(t, self.num_heads, hd), k.view(t, self.num_kv_heads, hd), batch.cos, batch.sin
-        )
-        o = self.attn(q, k, v.view(t, self.num_kv_heads, hd), batch)  # [T, nh * D]
+        o = self.attn(qkv, batch)  # [T, nh * D]
         return self.o_proj(o)  # [T, H]
 
 
@@ -70,8 +63,8 @@ class LlamaMLP(nn.Module):
         self.down_proj = RowParallelLinear(cfg.intermediate_size, cfg.hidden_size, False, dtype, ps)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)  # [T, I / tp] each
-        return self.down_proj(nn.functional.silu(gate) * up)  # [T, H]
+        gate_up = self.gate_up_proj(x)  # [T, 2 I / tp]
+        return self.down_proj(silu_and_mul(gate_up))  # [T, H]
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -84,9 +77,17 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
         self.mlp = LlamaMLP(cfg, dtype, ps)
 
-    def forward(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), batch)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None, batch: ForwardBatch
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(x, residual)`` → ``(mlp_out, residual)``: the layer's output is their sum.
+
+        The residual add is fused into the following norm (vLLM's layout); layer 0
+        gets ``residual=None``.
+        """
+        h, residual = self.input_layernorm(x, residual)
+        h, residual = self.post_attention_layernorm(self.self_attn(h, batch), residual)
+        return self.mlp(h), residual
 
 
 class LlamaModel(nn.Module):
@@ -115,10 +116,11 @@ class LlamaModel(nn.Module):
         """``x``: token ids ``[T]`` on stage 0, else hidden ``[T, H]``; returns ``[T, H]``."""
         if self.embed_tokens is not None:
             x = self.embed_tokens(x)  # [T, H]
-        batch.cos, batch.sin = self.rotary.tables(batch.positions, x.dtype)
+        batch.rotary = self.rotary
+        residual: torch.Tensor | None = None
         for i in range(self.start, self.end):
-            x = self.layers[i](x, batch)
-        return x
+            x, residual = self.layers[i](x, residual, batch)
+        return x if residual is None else x + residual
 
 
 class LlamaForCausalLM(nn.Module):
@@ -193,4 +195,4 @@ class LlamaForCausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Last stage only: ``hidden [N, H]`` (pre-norm) → float32 ``logits [N, vocab]``."""
         assert self.model.norm is not None and self.lm_head is not None
-        return self.lm_head(self.model.norm(hidden)).float()
+        return self.lm_head(self.model.norm(hidden)[0]).float()

@@ -1,0 +1,81 @@
+"""Fused CPU kernels for decoding, compiled from ``cpu_ops.cpp`` on first use.
+
+Decoding a small batch on CPU spends as long in the ~50 small PyTorch ops per
+layer (norms, rotary, K/V gather, attention, SiLU) as in the GEMMs. The four ops
+in ``cpu_ops.cpp`` do that work in one pass each:
+
+* ``rms_norm(x, residual?, w, eps)``: (residual += x, then) RMSNorm;
+* ``rotary_and_cache(qkv, positions, cos, sin, k_pool, v_pool, slots, nh, nkv)``:
+  RoPE on q and k in place, K/V written to their cache slots;
+* ``decode_attention(q, k_pool, v_pool, block_tables, lens, block_size, scale)``:
+  single-token attention read straight from the paged pool (no gather);
+* ``silu_and_mul(x)``: ``silu(gate) * up``.
+
+They round like the PyTorch reference (:mod:`model_shards.layers.fused`) and
+compute each row on its own, so outputs do not depend on batch composition.
+
+The extension is built with the machine's C++ compiler (ninja, ``-march=native``)
+into torch's extension cache, under a name that includes this CPU's feature
+flags, once per machine (~15 s; ``make install`` does it ahead of time). Where it
+cannot be built, or with ``SHARDSERVE_CPU_KERNELS=0``, the PyTorch reference
+runs instead, with a warning.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import platform
+from functools import cache
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("cpu_ops.cpp")
+_DTYPES = (torch.float32, torch.bfloat16)
+
+
+def _cpu_tag() -> str:
+    """Changes with the CPU's feature flags, so a ``-march=native`` build is never reused
+    on a machine that lacks its instructions."""
+    try:
+        flags = next(
+            line for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("flags")
+        )  # fmt: skip
+    except (OSError, StopIteration):
+        flags = platform.processor()
+    return hashlib.sha256(f"{platform.machine()} {flags}".encode()).hexdigest()[:10]
+
+
+@cache
+def cpu_kernels_loaded() -> bool:
+    """Build (first time on this machine) and load the extension; ``False`` if unavailable."""
+    if os.environ.get("SHARDSERVE_CPU_KERNELS", "1") == "0":
+        return False
+    if platform.machine() not in ("x86_64", "AMD64", "aarch64", "arm64"):
+        return False
+    try:
+        import ninja
+        from torch.utils.cpp_extension import load
+
+        os.environ["PATH"] = f"{ninja.BIN_DIR}{os.pathsep}{os.environ.get('PATH', '')}"
+        load(
+            name=f"shardserve_cpu_ops_{_cpu_tag()}",
+            sources=[str(SOURCE)],
+            extra_cflags=["-O3", "-march=native", "-fopenmp"],
+            extra_ldflags=["-fopenmp"],
+            is_python_module=False,
+        )
+    except Exception as exc:  # no compiler, no ninja, a build error: fall back, loudly
+        log.warning("CPU kernels unavailable, using PyTorch ops (slower): %s", exc)
+        return False
+    return True
+
+
+def use_cpu_kernels(x: torch.Tensor) -> bool:
+    """Whether the fused kernels serve a tensor of this device and dtype."""
+    return x.device.type == "cpu" and x.dtype in _DTYPES and cpu_kernels_loaded()

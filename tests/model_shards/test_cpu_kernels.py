@@ -1,0 +1,134 @@
+"""Fused CPU kernels (model_shards/kernels) against the PyTorch reference ops.
+
+Each kernel must give the reference's numbers (float32 to rounding error,
+bfloat16 to one rounding step) and compute every row on its own: a row's result
+is bitwise the same alone or in a batch.
+"""
+
+from __future__ import annotations
+
+import platform
+from collections.abc import Callable
+
+import pytest
+import torch
+
+from model_shards import kernels
+from model_shards.config import RopeConfig
+from model_shards.kv_cache import PagedKVCache
+from model_shards.layers import attention, fused
+from model_shards.layers.attention import Attention, ForwardBatch
+from model_shards.layers.rotary import RotaryEmbedding
+from model_shards.messages import SeqChunk
+
+TOL = {torch.float32: 2e-5, torch.bfloat16: 2e-2}
+DTYPES = [torch.float32, torch.bfloat16]
+
+
+def test_kernels_build_here() -> None:
+    """CI's machine has a compiler: the fast path must really be in use, not silently off."""
+    if platform.system() != "Linux" or platform.machine() != "x86_64":
+        pytest.fail(f"no kernel expectations for {platform.system()} {platform.machine()}")
+    assert kernels.cpu_kernels_loaded()
+    assert kernels.use_cpu_kernels(torch.zeros(1))
+    assert kernels.use_cpu_kernels(torch.zeros(1, dtype=torch.bfloat16))
+    assert not kernels.use_cpu_kernels(torch.zeros(1, dtype=torch.float16))
+
+
+def _reference(monkeypatch: pytest.MonkeyPatch, fn: Callable[[], object]) -> object:
+    """``fn()`` with the kernels turned off (the PyTorch path)."""
+    with monkeypatch.context() as m:
+        m.setattr(fused, "use_cpu_kernels", lambda x: False)
+        m.setattr(attention, "use_cpu_kernels", lambda x: False)
+        return fn()
+
+
+def _close(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> None:
+    assert a.dtype == b.dtype == dtype and a.shape == b.shape
+    torch.testing.assert_close(a.float(), b.float(), atol=TOL[dtype], rtol=TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_rms_norm(dtype: torch.dtype, with_residual: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(37, 96, generator=g).to(dtype)
+    res = torch.randn(37, 96, generator=g).to(dtype) if with_residual else None
+    w = (1 + 0.1 * torch.randn(96, generator=g)).to(dtype)
+    ref_y, ref_s = _reference(monkeypatch, lambda: fused.rms_norm(x, res, w, 1e-5))  # type: ignore[misc]
+    res_k = res.clone() if res is not None else None
+    y, s = fused.rms_norm(x, res_k, w, 1e-5)
+    _close(y, ref_y, dtype)
+    assert torch.equal(s, ref_s), "x + residual must round exactly like the reference"
+    alone, _ = fused.rms_norm(x[5:6], res.clone()[5:6] if res is not None else None, w, 1e-5)
+    assert torch.equal(alone, y[5:6])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_silu_and_mul(dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch) -> None:
+    x = (4 * torch.randn(33, 2 * 80, generator=torch.Generator().manual_seed(1))).to(dtype)
+    ref = _reference(monkeypatch, lambda: fused.silu_and_mul(x))
+    y = fused.silu_and_mul(x)
+    _close(y, ref, dtype)  # type: ignore[arg-type]
+    assert torch.equal(fused.silu_and_mul(x[7:8]), y[7:8])
+
+
+def _attention_step(
+    dtype: torch.dtype, chunks: list[SeqChunk], lengths: dict[int, int], seed: int
+) -> tuple[Attention, ForwardBatch, torch.Tensor]:
+    """A GQA layer (6 query heads, 2 KV heads, D=16) over a pool whose earlier positions
+    hold random K/V; returns the layer, the step's batch and its qkv input."""
+    nh, nkv, d, bs = 6, 2, 16, 4
+    g = torch.Generator().manual_seed(seed)
+    kv = PagedKVCache(range(1), 40, bs, nkv, d, dtype, torch.device("cpu"))
+    kv.k[0].copy_(torch.randn(kv.k[0].shape, generator=g))
+    kv.v[0].copy_(torch.randn(kv.v[0].shape, generator=g))
+    perm = torch.randperm(40, generator=g).tolist()
+    for seq_id, length in lengths.items():
+        blocks = -(-length // bs)
+        kv.tables[seq_id] = [perm.pop() for _ in range(blocks)]
+    batch = ForwardBatch.build(chunks, kv)
+    batch.rotary = RotaryEmbedding(d, 64, RopeConfig())
+    qkv = torch.randn(batch.num_tokens, (nh + 2 * nkv) * d, generator=g).to(dtype)
+    return Attention(0, nh, nkv, d), batch, qkv
+
+
+def _chunk(seq_id: int, start: int, n: int) -> SeqChunk:
+    return SeqChunk(seq_id=seq_id, token_ids=[1] * n, start_pos=start, new_block_ids=[])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("mixed", [False, True], ids=["decodes", "decodes+prefill"])
+def test_attention_step(dtype: torch.dtype, mixed: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """RoPE + K/V write + decode attention: output and the pool match the reference."""
+    lengths = {0: 9, 1: 1, 2: 17, 3: 4, 4: 12}
+    chunks = [_chunk(s, n - 1, 1) for s, n in lengths.items()]
+    if mixed:
+        lengths[5] = 7
+        chunks.insert(2, _chunk(5, 2, 5))  # a prefill chunk continuing a cached prefix
+
+    def run(kernel: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        layer, batch, qkv = _attention_step(dtype, chunks, lengths, seed=3)
+        step = lambda: layer(qkv, batch)  # noqa: E731
+        out = step() if kernel else _reference(monkeypatch, step)
+        return out, batch.kv.k[0], batch.kv.v[0]  # type: ignore[return-value]
+
+    out_ref, k_ref, v_ref = run(kernel=False)
+    out, k, v = run(kernel=True)
+    _close(out, out_ref, dtype)
+    torch.testing.assert_close(k.float(), k_ref.float(), atol=TOL[dtype], rtol=0)
+    assert torch.equal(v, v_ref)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_decode_attention_row_is_batch_invariant(dtype: torch.dtype) -> None:
+    lengths = {0: 9, 1: 30, 2: 3}
+    layer, batch, qkv = _attention_step(
+        dtype, [_chunk(s, n - 1, 1) for s, n in lengths.items()], lengths, seed=5
+    )
+    row = qkv[1:2].clone()  # the layer rotates qkv in place
+    together = layer(qkv, batch)
+    alone_batch = ForwardBatch.build([_chunk(1, 29, 1)], batch.kv)
+    alone_batch.rotary = batch.rotary
+    alone = layer(row, alone_batch)
+    assert torch.equal(alone, together[1:2])
