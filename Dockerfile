@@ -21,7 +21,8 @@ ENV TORCH_INDEX=https://download.pytorch.org/whl/cu128
 FROM ${PYTHON_IMAGE} AS base-cpu
 ENV TORCH_INDEX=https://download.pytorch.org/whl/cpu
 # g++ builds the fused CPU kernels (model_shards/kernels) at first start, for the host's
-# own CPU; without it the ranks fall back to slower PyTorch ops. Unpinned as above.
+# own CPU; without it the ranks fall back to slower PyTorch ops. DL3008 (pin apt
+# versions) is ignored as above: the base image tag fixes the release.
 # hadolint ignore=DL3008
 RUN apt-get update \
     && apt-get install -y --no-install-recommends g++ \
