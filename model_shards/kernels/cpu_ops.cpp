@@ -18,6 +18,15 @@
 
 namespace {
 
+// Below about this many elements an op runs on one thread: a parallel region costs more
+// than it saves, and with the cores shared (frontend, other ranks) a descheduled thread
+// stalls the whole region.
+constexpr int64_t kSerialElements = 64 * 1024;
+
+inline int64_t rows_grain(int64_t row_elements) {
+  return std::max<int64_t>(1, kSerialElements / std::max<int64_t>(1, row_elements));
+}
+
 // Conversions and exp written so that GCC vectorizes the loops that use them
 // (c10::BFloat16's own conversions and std::exp keep those loops scalar).
 inline float bits_to_f(uint32_t u) {
@@ -174,7 +183,7 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_pool, const
 template <typename T>
 void rms_norm_impl(const T* x, T* residual, const T* w, T* y, int64_t rows, int64_t H,
                    int64_t x_stride, float eps) {
-  at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, rows, rows_grain(H), [&](int64_t begin, int64_t end) {
     std::vector<float> buf(H);
     for (int64_t r = begin; r < end; ++r) {
       const T* xr = x + r * x_stride;
@@ -242,7 +251,7 @@ void rotary_and_cache_impl(at::Tensor& qkv, const at::Tensor& positions, const a
   const int64_t* pos = positions.data_ptr<int64_t>();
   const int64_t* slots = slot_mapping.data_ptr<int64_t>();
   const int64_t table_row = cos.size(1);
-  at::parallel_for(0, T_, 16, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, T_, rows_grain(row), [&](int64_t begin, int64_t end) {
     std::vector<float> c(half), s(half);
     for (int64_t t = begin; t < end; ++t) {
       const float* ct = cp + pos[t] * table_row;
@@ -300,7 +309,7 @@ void rotary_and_cache(at::Tensor qkv, const at::Tensor& positions, const at::Ten
 // y = round(round(silu(gate)) * up) for x = [gate | up]: [T, 2I] -> [T, I].
 template <typename T>
 void silu_and_mul_impl(const T* x, T* y, int64_t rows, int64_t I, int64_t x_stride) {
-  at::parallel_for(0, rows, 8, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, rows, rows_grain(3 * I), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const T* g = x + r * x_stride;
       const T* u = g + I;
