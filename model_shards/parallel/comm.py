@@ -17,8 +17,13 @@ from model_shards.parallel.state import ParallelState
 
 
 def tp_all_reduce(x: torch.Tensor, ps: ParallelState) -> torch.Tensor:
-    """Sum ``x`` over the TP group, in place; returns ``x``. Row-parallel outputs use this."""
-    if ps.tp_size > 1:
+    """Sum ``x`` over the TP group, in place; returns ``x``. Row-parallel outputs use this.
+
+    CPU ranks of one host sum through shared memory (bitwise the same result on
+    every rank, see :mod:`model_shards.parallel.shm_all_reduce`); a tensor that
+    does not fit its slots, and every other setup, goes over the TP group.
+    """
+    if ps.tp_size > 1 and not (ps.tp_shm is not None and ps.tp_shm.all_reduce(x)):
         dist.all_reduce(x, group=ps.tp_group)
     return x
 

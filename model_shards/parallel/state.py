@@ -13,17 +13,22 @@ TP rank is meant. Tensors (activations) travel over the default group, whose
 backend is ``nccl`` when each rank has its own CUDA device and ``gloo``
 otherwise; metadata (step plans, sampled tokens) always travels over a gloo
 CPU group. Every group carries the same timeout, so every collective has one.
+When every TP rank is a CPU process of the same host, TP all-reduces go through
+a shared-memory segment made here (:mod:`model_shards.parallel.shm_all_reduce`,
+same timeout) instead of gloo.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+
+from model_shards.parallel.shm_all_reduce import ShmAllReduce
 
 
 @dataclass(frozen=True)
@@ -41,6 +46,8 @@ class ParallelState:
     pp_group: dist.ProcessGroup | None
     cpu_group: dist.ProcessGroup | None
     timeout_s: float
+    # CPU TP ranks of one host sum through shared memory (None: gloo; see shm_all_reduce.py).
+    tp_shm: ShmAllReduce | None = field(default=None, compare=False, repr=False)
 
     @property
     def world_size(self) -> int:
@@ -133,11 +140,15 @@ def init_parallel(
         if slot == tp_rank:
             pp_group = group
     cpu_group = dist.new_group(backend="gloo", timeout=timeout) if backend != "gloo" else None
+    tp_shm = None
+    if tp_group is not None and backend == "gloo":
+        tp_ranks = [pp_rank * tp + t for t in range(tp)]
+        tp_shm = ShmAllReduce.create(tp_group, tp_ranks, tp_rank, timeout_s)
     return ParallelState(
         rank=rank, tp_rank=tp_rank, tp_size=tp, pp_rank=pp_rank, pp_size=pp,
         device=local_device, backend=backend, tp_group=tp_group, pp_group=pp_group,
         cpu_group=cpu_group if cpu_group is not None else dist.group.WORLD,
-        timeout_s=timeout_s,
+        timeout_s=timeout_s, tp_shm=tp_shm,
     )  # fmt: skip
 
 
@@ -149,4 +160,6 @@ def destroy_parallel(ps: ParallelState | None = None) -> None:
     if ps is not None and ps.world_size > 1:
         with contextlib.suppress(RuntimeError):  # a peer already gone: nothing to protect
             dist.barrier(group=ps.cpu_group)
+    if ps is not None and ps.tp_shm is not None:
+        ps.tp_shm.close()  # the segment was unlinked at start-up: this only unmaps it
     dist.destroy_process_group()
