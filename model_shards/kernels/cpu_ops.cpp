@@ -93,11 +93,12 @@ inline float dot(const float* a, const T* b, int64_t n) {
 // out[b, h, :] = softmax(scale * q[b, h] . K[ctx(b)]) V[ctx(b)], over the paged pool.
 // q: [B, nh, D]; k_pool, v_pool: [slots, nkv, D]; block_tables: [B, max_blocks] int64;
 // context_lens: [B] int64. Query head h reads KV head h / (nh / nkv).
-template <typename T>
+template <typename T, int64_t kD>
 void decode_attention_impl(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor& v_pool,
                            const at::Tensor& block_tables, const at::Tensor& context_lens,
                            int64_t block_size, double scale, at::Tensor& out) {
-  const int64_t B = q.size(0), nh = q.size(1), D = q.size(2), nkv = k_pool.size(1);
+  // kD > 0: the head dim as a compile-time constant (the common sizes), else q.size(2)
+  const int64_t B = q.size(0), nh = q.size(1), D = kD > 0 ? kD : q.size(2), nkv = k_pool.size(1);
   const int64_t q_stride = q.stride(0);
   const int64_t group = nh / nkv, max_blocks = block_tables.size(1);
   const T* qp = q.data_ptr<T>();
@@ -108,46 +109,60 @@ void decode_attention_impl(const at::Tensor& q, const at::Tensor& k_pool, const 
   const int64_t* lens = context_lens.data_ptr<int64_t>();
   const int64_t slot_stride = nkv * D;
   const float fscale = static_cast<float>(scale);
-  at::parallel_for(0, B * nkv, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> qf(group * D), scores, acc(group * D);
-    for (int64_t task = begin; task < end; ++task) {
-      const int64_t b = task / nkv, hk = task % nkv, len = lens[b];
+  // One task per sequence, one pass over its context block by block (online softmax):
+  // scores of a block from its K rows, then its V rows, each row holding every KV head
+  // contiguously, so both pools stream front to back.
+  at::parallel_for(0, B, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> qf(nh * D), acc(nh * D), p(nh * block_size), m(nh), l(nh);
+    for (int64_t b = begin; b < end; ++b) {
+      const int64_t len = lens[b];
       const int64_t* table = tables + b * max_blocks;
-      for (int64_t g = 0; g < group; ++g)
-        for (int64_t d = 0; d < D; ++d)
-          qf[g * D + d] = to_f(qp[b * q_stride + (hk * group + g) * D + d]) * fscale;
-      scores.assign(group * len, 0.f);
-      for (int64_t t = 0; t < len; ++t) {
-        const int64_t slot = table[t / block_size] * block_size + t % block_size;
-        const T* krow = kp + slot * slot_stride + hk * D;
-        for (int64_t g = 0; g < group; ++g) scores[g * len + t] = dot(&qf[g * D], krow, D);
-      }
-      for (int64_t g = 0; g < group; ++g) {
-        float* s = &scores[g * len];
-        float m = -INFINITY;
-        for (int64_t t = 0; t < len; ++t) m = std::max(m, s[t]);
-        float sum = 0.f;
-#pragma omp simd
-        for (int64_t t = 0; t < len; ++t) s[t] = exp_f(s[t] - m);
-#pragma omp simd reduction(+ : sum)
-        for (int64_t t = 0; t < len; ++t) sum += s[t];
-        const float inv = 1.f / sum;
-        for (int64_t t = 0; t < len; ++t) s[t] *= inv;
-      }
+      for (int64_t h = 0; h < nh; ++h)
+        for (int64_t d = 0; d < D; ++d) qf[h * D + d] = to_f(qp[b * q_stride + h * D + d]) * fscale;
       std::fill(acc.begin(), acc.end(), 0.f);
-      for (int64_t t = 0; t < len; ++t) {
-        const int64_t slot = table[t / block_size] * block_size + t % block_size;
-        const T* vrow = vp + slot * slot_stride + hk * D;
-        for (int64_t g = 0; g < group; ++g) {
-          const float p = scores[g * len + t];
-          float* a = &acc[g * D];
+      std::fill(l.begin(), l.end(), 0.f);
+      std::fill(m.begin(), m.end(), -INFINITY);
+      for (int64_t t0 = 0; t0 < len; t0 += block_size) {
+        const int64_t block = table[t0 / block_size] * block_size * slot_stride;
+        const int64_t n = std::min(block_size, len - t0);
+        for (int64_t i = 0; i < n; ++i) {
+          const T* krow = kp + block + i * slot_stride;
+          for (int64_t h = 0; h < nh; ++h)
+            p[h * block_size + i] = dot(&qf[h * D], krow + (h / group) * D, D);
+        }
+        for (int64_t h = 0; h < nh; ++h) {
+          float* ph = &p[h * block_size];
+          float block_max = -INFINITY;
+          for (int64_t i = 0; i < n; ++i) block_max = std::max(block_max, ph[i]);
+          const float m_new = std::max(m[h], block_max);
+          const float correction = t0 == 0 ? 0.f : exp_f(m[h] - m_new);
+          float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+          for (int64_t i = 0; i < n; ++i) {
+            ph[i] = exp_f(ph[i] - m_new);
+            sum += ph[i];
+          }
+          l[h] = l[h] * correction + sum;
+          m[h] = m_new;
+          float* a = &acc[h * D];
 #pragma omp simd
-          for (int64_t d = 0; d < D; ++d) a[d] += p * to_f(vrow[d]);
+          for (int64_t d = 0; d < D; ++d) a[d] *= correction;
+        }
+        for (int64_t i = 0; i < n; ++i) {
+          const T* vrow = vp + block + i * slot_stride;
+          for (int64_t h = 0; h < nh; ++h) {
+            const float w = p[h * block_size + i];
+            const T* v = vrow + (h / group) * D;
+            float* a = &acc[h * D];
+#pragma omp simd
+            for (int64_t d = 0; d < D; ++d) a[d] += w * to_f(v[d]);
+          }
         }
       }
-      for (int64_t g = 0; g < group; ++g)
-        for (int64_t d = 0; d < D; ++d)
-          op[(b * nh + hk * group + g) * D + d] = from_f<T>(acc[g * D + d]);
+      for (int64_t h = 0; h < nh; ++h) {
+        const float inv = 1.f / l[h];
+        for (int64_t d = 0; d < D; ++d) op[(b * nh + h) * D + d] = from_f<T>(acc[h * D + d] * inv);
+      }
     }
   });
 }
@@ -167,12 +182,17 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_pool, const
   auto tables = block_tables.contiguous();
   auto lens = context_lens.contiguous();
   at::Tensor out = at::empty(q.sizes(), q.options());
-  if (q.scalar_type() == at::kFloat) {
-    decode_attention_impl<float>(q, k_pool, v_pool, tables, lens, block_size, scale, out);
-  } else if (q.scalar_type() == at::kBFloat16) {
-    decode_attention_impl<c10::BFloat16>(q, k_pool, v_pool, tables, lens, block_size, scale, out);
-  } else {
-    TORCH_CHECK(false, "decode_attention: float32 or bfloat16 only");
+  TORCH_CHECK(q.scalar_type() == at::kFloat || q.scalar_type() == at::kBFloat16,
+              "decode_attention: float32 or bfloat16 only");
+  const bool f32 = q.scalar_type() == at::kFloat;
+  using bf = c10::BFloat16;
+  auto run = [&](auto impl_f32, auto impl_bf16) {
+    (f32 ? impl_f32 : impl_bf16)(q, k_pool, v_pool, tables, lens, block_size, scale, out);
+  };
+  switch (q.size(2)) {
+    case 64: run(decode_attention_impl<float, 64>, decode_attention_impl<bf, 64>); break;
+    case 128: run(decode_attention_impl<float, 128>, decode_attention_impl<bf, 128>); break;
+    default: run(decode_attention_impl<float, 0>, decode_attention_impl<bf, 0>);
   }
   return out;
 }
