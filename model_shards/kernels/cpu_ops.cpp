@@ -27,6 +27,14 @@ inline int64_t rows_grain(int64_t row_elements) {
   return std::max<int64_t>(1, kSerialElements / std::max<int64_t>(1, row_elements));
 }
 
+// Every index a kernel reads through (positions, slots, block ids, lengths) is checked
+// against the tensor it indexes, so a bad plan is an error, never a stray read or write.
+inline void check_range(const at::Tensor& index, int64_t low, int64_t high, const char* what) {
+  if (index.numel() == 0) return;
+  const int64_t lo = index.min().item<int64_t>(), hi = index.max().item<int64_t>();
+  TORCH_CHECK(lo >= low && hi < high, what, " out of range [", low, ", ", high, "): ", lo, "..", hi);
+}
+
 // Conversions and exp written so that GCC vectorizes the loops that use them
 // (c10::BFloat16's own conversions and std::exp keep those loops scalar).
 inline float bits_to_f(uint32_t u) {
@@ -181,6 +189,12 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_pool, const
   TORCH_CHECK(q.size(1) % k_pool.size(1) == 0, "decode_attention: heads not a multiple of kv heads");
   auto tables = block_tables.contiguous();
   auto lens = context_lens.contiguous();
+  TORCH_CHECK(tables.dim() == 2 && tables.size(0) == q.size(0) && lens.numel() == q.size(0),
+              "decode_attention: one block table and one length per query");
+  TORCH_CHECK(block_size > 0 && k_pool.size(0) % block_size == 0 && v_pool.sizes() == k_pool.sizes(),
+              "decode_attention: pools must hold whole blocks of block_size slots");
+  check_range(tables, 0, k_pool.size(0) / block_size, "decode_attention: block id");
+  check_range(lens, 1, tables.size(1) * block_size + 1, "decode_attention: context length");
   at::Tensor out = at::empty(q.sizes(), q.options());
   TORCH_CHECK(q.scalar_type() == at::kFloat || q.scalar_type() == at::kBFloat16,
               "decode_attention: float32 or bfloat16 only");
@@ -233,7 +247,9 @@ void rms_norm_impl(const T* x, T* residual, const T* w, T* y, int64_t rows, int6
 at::Tensor rms_norm(const at::Tensor& x, const c10::optional<at::Tensor>& residual,
                     const at::Tensor& weight, double eps) {
   TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1, "rms_norm: x must be [T, H] with unit column stride");
-  TORCH_CHECK(weight.is_contiguous() && weight.scalar_type() == x.scalar_type(), "rms_norm: weight");
+  TORCH_CHECK(weight.is_contiguous() && weight.scalar_type() == x.scalar_type() &&
+                  weight.numel() == x.size(1),
+              "rms_norm: weight must be a contiguous [H] of x's dtype");
   const int64_t rows = x.size(0), H = x.size(1);
   at::Tensor y = at::empty({rows, H}, x.options());
   if (residual.has_value()) {
@@ -308,13 +324,17 @@ void rotary_and_cache(at::Tensor qkv, const at::Tensor& positions, const at::Ten
   const int64_t D = k_pool.size(2);
   TORCH_CHECK(qkv.size(1) == (num_heads + 2 * num_kv_heads) * D, "rotary_and_cache: qkv width");
   TORCH_CHECK(cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat &&
-                  cos.is_contiguous() && sin.is_contiguous() && cos.size(1) == D,
+                  cos.is_contiguous() && sin.is_contiguous() && cos.size(1) == D &&
+                  sin.sizes() == cos.sizes(),
               "rotary_and_cache: cos/sin must be contiguous float32 [P, D]");
   TORCH_CHECK(positions.scalar_type() == at::kLong && slot_mapping.scalar_type() == at::kLong &&
                   positions.is_contiguous() && slot_mapping.is_contiguous() &&
                   positions.numel() == qkv.size(0) && slot_mapping.numel() == qkv.size(0),
               "rotary_and_cache: positions and slot_mapping must be int64 [T]");
-  TORCH_CHECK(qkv.scalar_type() == k_pool.scalar_type(), "rotary_and_cache: dtype mismatch");
+  TORCH_CHECK(qkv.scalar_type() == k_pool.scalar_type() && v_pool.sizes() == k_pool.sizes(),
+              "rotary_and_cache: pools must match each other and qkv's dtype");
+  check_range(positions, 0, cos.size(0), "rotary_and_cache: position");
+  check_range(slot_mapping, 0, k_pool.size(0), "rotary_and_cache: slot");
   if (qkv.scalar_type() == at::kFloat) {
     rotary_and_cache_impl<float>(qkv, positions, cos, sin, k_pool, v_pool, slot_mapping,
                                  num_heads, num_kv_heads);

@@ -132,3 +132,28 @@ def test_decode_attention_row_is_batch_invariant(dtype: torch.dtype) -> None:
     alone_batch.rotary = batch.rotary
     alone = layer(row, alone_batch)
     assert torch.equal(alone, together[1:2])
+
+
+def test_bad_indices_are_errors_not_stray_memory_access() -> None:
+    lengths = {0: 9}
+    _, batch, qkv = _attention_step(torch.float32, [_chunk(0, 8, 1)], lengths, seed=7)
+    assert batch.rotary is not None
+    ops = torch.ops.shardserve_cpu
+    pool_k, pool_v = batch.kv.k[0], batch.kv.v[0]
+    too_far = torch.tensor([batch.rotary.cos_cached.shape[0]])
+    with pytest.raises(RuntimeError, match="position"):
+        ops.rotary_and_cache(
+            qkv, too_far, batch.rotary.cos_cached, batch.rotary.sin_cached, pool_k, pool_v,
+            batch.slot_mapping, 6, 2,
+        )  # fmt: skip
+    with pytest.raises(RuntimeError, match="slot"):
+        ops.rotary_and_cache(
+            qkv, batch.positions, batch.rotary.cos_cached, batch.rotary.sin_cached, pool_k,
+            pool_v, torch.tensor([pool_k.shape[0]]), 6, 2,
+        )  # fmt: skip
+    q = qkv.view(1, -1, 16)[:, :6]
+    bad_table = torch.tensor([[batch.kv.num_blocks, 0, 0]])
+    with pytest.raises(RuntimeError, match="block id"):
+        ops.decode_attention(q, pool_k, pool_v, bad_table, batch.decode_lens, 4, 0.25)
+    with pytest.raises(RuntimeError, match="context length"):
+        ops.decode_attention(q, pool_k, pool_v, batch.decode_tables, torch.tensor([13]), 4, 0.25)
