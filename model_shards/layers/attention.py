@@ -47,6 +47,7 @@ class ForwardBatch:
     kv: PagedKVCache
     rotary: RotaryEmbedding | None = None  # the model's tables, set per step
     _rope: tuple[torch.Tensor, torch.Tensor] | None = None
+    _decode_mask: torch.Tensor | None = None
 
     @property
     def all_decodes(self) -> bool:
@@ -60,10 +61,14 @@ class ForwardBatch:
         return self._rope
 
     def decode_mask(self) -> torch.Tensor:
-        """``[B, 1, 1, nblk * bs]``: True where a padded decode slot holds a real position."""
-        width = self.decode_tables.shape[1] * self.kv.block_size
-        span = torch.arange(width, device=self.decode_lens.device)
-        return (span.unsqueeze(0) < self.decode_lens.unsqueeze(1))[:, None, None, :]
+        """``[B, 1, 1, nblk * bs]``: True where a padded decode slot holds a real position
+        (the PyTorch decode path's mask), computed once per step for all layers."""
+        if self._decode_mask is None:
+            width = self.decode_tables.shape[1] * self.kv.block_size
+            span = torch.arange(width, device=self.decode_lens.device)
+            mask = span.unsqueeze(0) < self.decode_lens.unsqueeze(1)  # [B, nblk * bs]
+            self._decode_mask = mask[:, None, None, :]
+        return self._decode_mask
 
     @property
     def num_tokens(self) -> int:
