@@ -129,11 +129,12 @@ def init_parallel(
     tp_rank, pp_rank = rank % tp, rank // tp
     # Every rank must create every group, in the same order.
     tp_group = pp_group = None
+    tp_ranks: list[int] = []
     for stage in range(pp):
         ranks = [stage * tp + t for t in range(tp)]
         group = dist.new_group(ranks, timeout=timeout) if tp > 1 else None
         if stage == pp_rank:
-            tp_group = group
+            tp_group, tp_ranks = group, ranks
     for slot in range(tp):
         ranks = [s * tp + slot for s in range(pp)]
         group = dist.new_group(ranks, timeout=timeout) if pp > 1 else None
@@ -142,7 +143,6 @@ def init_parallel(
     cpu_group = dist.new_group(backend="gloo", timeout=timeout) if backend != "gloo" else None
     tp_shm = None
     if tp_group is not None and backend == "gloo":
-        tp_ranks = [pp_rank * tp + t for t in range(tp)]
         tp_shm = ShmAllReduce.create(tp_group, tp_ranks, tp_rank, timeout_s)
     return ParallelState(
         rank=rank, tp_rank=tp_rank, tp_size=tp, pp_rank=pp_rank, pp_size=pp,
