@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
+from model_shards.layers.fused import argmax
 from model_shards.messages import NewSequence, SamplingParams, SeqChunk
 
 _SEED_MIX = 0x9E3779B97F4A7C15
@@ -113,18 +114,38 @@ class Sampler:
         asked = [n for c in chunks if (n := self._seqs[c.seq_id].params.logprobs) is not None]
         return max(asked) if asked else None
 
+    @staticmethod
+    def _masks_stops(state: _SeqState, chunk: SeqChunk) -> bool:
+        """Whether this chunk's token has its stop tokens masked (``min_tokens`` not reached)."""
+        num_out = chunk.start_pos + len(chunk.token_ids) - state.num_prompt_tokens
+        return num_out < state.params.min_tokens and bool(state.stop_token_ids)
+
+    def _is_plain_greedy(self, chunk: SeqChunk) -> bool:
+        """Whether this chunk's token is the raw argmax (no penalty, no masked stop, no draw)."""
+        state = self._seqs.get(chunk.seq_id)
+        if state is None:
+            return False  # sample() raises for it
+        return state.params.is_greedy_plain and not self._masks_stops(state, chunk)
+
     def sample(self, logits: torch.Tensor, chunks: list[SeqChunk]) -> SampleOutput:
-        """``logits [S, V]`` float32, one row per sampled chunk, in order → tokens ``[S]``."""
+        """``logits [S, V]``, one row per sampled chunk, in order → tokens ``[S]``.
+
+        Rows are first taken greedily from the raw logits (the argmax of any float dtype
+        is that of its float32 widening); only when some row needs more (penalties, masked
+        stops, a draw, logprobs) are the logits widened to float32 on the CPU.
+        """
+        tokens = argmax(logits).cpu()
+        k = self.num_logprobs(chunks)
+        if k is None and all(self._is_plain_greedy(c) for c in chunks):
+            return SampleOutput(tokens)
         logits = logits.float().cpu()
-        tokens = logits.argmax(dim=-1)
         for row, chunk in enumerate(chunks):
             state = self._seqs.get(chunk.seq_id)
             if state is None:
                 raise RuntimeError(f"sequence {chunk.seq_id} has no sampling parameters")
             params = state.params
             position = chunk.start_pos + len(chunk.token_ids)
-            num_out = position - state.num_prompt_tokens
-            masks_stops = num_out < params.min_tokens and state.stop_token_ids
+            masks_stops = self._masks_stops(state, chunk)
             if params.is_greedy_plain and not masks_stops:
                 continue
             x = logits[row]
@@ -142,7 +163,6 @@ class Sampler:
             gen = torch.Generator().manual_seed(position_seed(params.seed, position))
             probs = filter_logits(x / params.temperature, params).softmax(-1)
             tokens[row] = torch.multinomial(probs, 1, generator=gen)[0]
-        k = self.num_logprobs(chunks)
         if k is None:
             return SampleOutput(tokens)
         logp = logits.log_softmax(-1)

@@ -1,4 +1,5 @@
-"""Fused CPU kernels for decoding, compiled from ``cpu_ops.cpp`` on first use.
+"""Fused CPU kernels for decoding, compiled from ``cpu_ops.cpp`` (and the AVX-512
+decode attention beside it) on first use.
 
 Decoding a small batch on CPU spends as long in the ~50 small PyTorch ops per
 layer (norms, rotary, K/V gather, attention, SiLU) as in the GEMMs. The four ops
@@ -8,7 +9,9 @@ in ``cpu_ops.cpp`` do that work in one pass each:
 * ``rotary_and_cache(qkv, positions, cos, sin, k_pool, v_pool, slots, nh, nkv)``:
   RoPE on q and k in place, K/V written to their cache slots;
 * ``decode_attention(q, k_pool, v_pool, block_tables, lens, block_size, scale)``:
-  single-token attention read straight from the paged pool (no gather);
+  single-token attention read straight from the paged pool (no gather); with
+  AVX-512 (float32) or AVX-512 BF16 (bfloat16) it runs the vectorized kernel of
+  ``decode_attention_avx512.cpp``, and ``vectorized=False`` selects the portable one;
 * ``silu_and_mul(x)``: ``silu(gate) * up``.
 
 They round like the PyTorch reference (:mod:`model_shards.layers.fused`) and
@@ -34,7 +37,7 @@ import torch
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("cpu_ops.cpp")
+SOURCES = [Path(__file__).with_name(n) for n in ("cpu_ops.cpp", "decode_attention_avx512.cpp")]
 _DTYPES = (torch.float32, torch.bfloat16)
 
 
@@ -65,7 +68,7 @@ def cpu_kernels_loaded() -> bool:
         os.environ["PATH"] = f"{ninja.BIN_DIR}{os.pathsep}{os.environ.get('PATH', '')}"
         load(
             name=f"shardserve_cpu_ops_{_cpu_tag()}",
-            sources=[str(SOURCE)],
+            sources=[str(path) for path in SOURCES],
             extra_cflags=["-O3", "-march=native", "-fopenmp"],
             extra_ldflags=["-fopenmp"],
             is_python_module=False,

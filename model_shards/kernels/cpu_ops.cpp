@@ -14,7 +14,21 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <vector>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+namespace shardserve_cpu {
+// decode_attention_avx512.cpp: false where it does not apply (no AVX-512, dtype, head dim).
+bool decode_attention_avx512(const at::Tensor& q, const at::Tensor& k_pool,
+                             const at::Tensor& v_pool, const at::Tensor& block_tables,
+                             const at::Tensor& context_lens, int64_t block_size, double scale,
+                             at::Tensor& out);
+bool decode_attention_avx512_supports(at::ScalarType dtype, int64_t head_dim);
+}  // namespace shardserve_cpu
 
 namespace {
 
@@ -91,6 +105,15 @@ inline float exp_f(float x) {
   p = p * r + 1.f;
   return p * bits_to_f(static_cast<uint32_t>(static_cast<int32_t>(n) + 127) << 23);
 }
+
+#if defined(__AVX512F__)
+// 16 consecutive values widened to float32.
+inline __m512 load16(const float* x) { return _mm512_loadu_ps(x); }
+inline __m512 load16(const c10::BFloat16* x) {
+  const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+}
+#endif
 
 template <typename T>
 inline float dot(const float* a, const T* b, int64_t n) {
@@ -177,9 +200,11 @@ void decode_attention_impl(const at::Tensor& q, const at::Tensor& k_pool, const 
   });
 }
 
+// vectorized: use the AVX-512 kernel where the build and the shapes allow (the default);
+// false runs this portable kernel, which tests compare against the same reference.
 at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor& v_pool,
                             const at::Tensor& block_tables, const at::Tensor& context_lens,
-                            int64_t block_size, double scale) {
+                            int64_t block_size, double scale, bool vectorized) {
   TORCH_CHECK(q.dim() == 3 && k_pool.dim() == 3 && v_pool.dim() == 3, "decode_attention: bad ranks");
   TORCH_CHECK(q.stride(2) == 1 && q.stride(1) == q.size(2) && k_pool.is_contiguous() &&
                   v_pool.is_contiguous(),
@@ -200,6 +225,9 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_pool, const
   at::Tensor out = at::empty(q.sizes(), q.options());
   TORCH_CHECK(q.scalar_type() == at::kFloat || q.scalar_type() == at::kBFloat16,
               "decode_attention: float32 or bfloat16 only");
+  if (vectorized && shardserve_cpu::decode_attention_avx512(q, k_pool, v_pool, tables, lens,
+                                                            block_size, scale, out))
+    return out;
   const bool f32 = q.scalar_type() == at::kFloat;
   using bf = c10::BFloat16;
   auto run = [&](auto impl_f32, auto impl_bf16) {
@@ -228,9 +256,9 @@ void rms_norm_impl(const T* x, T* residual, const T* w, T* y, int64_t rows, int6
         T* rr = residual + r * H;
 #pragma omp simd
         for (int64_t i = 0; i < H; ++i) {
-          const T sum = from_f<T>(to_f(xr[i]) + to_f(rr[i]));
-          rr[i] = sum;
-          buf[i] = to_f(sum);
+          const float sum = round_to<T>(to_f(xr[i]) + to_f(rr[i]));
+          rr[i] = from_f<T>(sum);
+          buf[i] = sum;
         }
       } else {
 #pragma omp simd
@@ -382,16 +410,111 @@ at::Tensor silu_and_mul(const at::Tensor& x) {
   return y;
 }
 
+// Index of each row's maximum, the first one on ties; a NaN counts as the maximum (the first
+// NaN wins), as in torch.argmax. x: [S, V] with unit column stride -> [S] int64.
+// One pass: 16 lanes each keep the first maximum of their residue class, then the lanes are
+// merged (largest value, then smallest index). A row holding a NaN is scanned again for it.
+template <typename T>
+void argmax_impl(const T* x, int64_t* out, int64_t rows, int64_t V, int64_t x_stride) {
+  constexpr int64_t kLanes = 16;
+  at::parallel_for(0, rows, rows_grain(V), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const T* xr = x + r * x_stride;
+      alignas(64) float lane_max[kLanes];
+      alignas(64) int32_t lane_index[kLanes];
+      alignas(64) int32_t lane_nan[kLanes];
+      const int64_t whole = V / kLanes * kLanes;
+#if defined(__AVX512F__)
+      __m512 best_v = _mm512_set1_ps(-INFINITY);
+      __m512i index_v = _mm512_setzero_si512(), at = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+      __mmask16 nan_lanes = 0;
+      for (int64_t i0 = 0; i0 < whole; i0 += kLanes) {
+        const __m512 v = load16(xr + i0);
+        const __mmask16 greater = _mm512_cmp_ps_mask(v, best_v, _CMP_GT_OQ);
+        best_v = _mm512_mask_mov_ps(best_v, greater, v);
+        index_v = _mm512_mask_mov_epi32(index_v, greater, at);
+        nan_lanes |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+        at = _mm512_add_epi32(at, _mm512_set1_epi32(kLanes));
+      }
+      _mm512_store_ps(lane_max, best_v);
+      _mm512_store_si512(lane_index, index_v);
+      _mm512_store_si512(lane_nan, _mm512_maskz_set1_epi32(nan_lanes, 1));
+#else
+      std::fill(lane_max, lane_max + kLanes, -INFINITY);
+      std::fill(lane_index, lane_index + kLanes, 0);
+      std::fill(lane_nan, lane_nan + kLanes, 0);
+      for (int64_t i0 = 0; i0 < whole; i0 += kLanes) {
+#pragma omp simd
+        for (int64_t l = 0; l < kLanes; ++l) {
+          const float v = to_f(xr[i0 + l]);
+          const bool greater = v > lane_max[l];
+          lane_max[l] = greater ? v : lane_max[l];
+          lane_index[l] = greater ? static_cast<int32_t>(i0 + l) : lane_index[l];
+          lane_nan[l] |= static_cast<int32_t>(v != v);
+        }
+      }
+#endif
+      bool nan = false;
+      for (int64_t l = 0; l < kLanes; ++l) nan = nan || lane_nan[l] != 0;
+      float best = -INFINITY;
+      int64_t index = -1;  // none yet
+      for (int64_t l = 0; l < kLanes; ++l) {
+        if (lane_max[l] > best || (lane_max[l] == best && lane_index[l] < index) ||
+            (index < 0 && lane_max[l] == best && whole > 0)) {
+          best = lane_max[l];
+          index = lane_index[l];
+        }
+      }
+      for (int64_t i = whole; i < V; ++i) {
+        const float v = to_f(xr[i]);
+        nan = nan || v != v;
+        if (v > best || index < 0) {
+          best = v;
+          index = i;
+        }
+      }
+      if (nan) {
+        for (int64_t i = 0; i < V; ++i)
+          if (to_f(xr[i]) != to_f(xr[i])) {
+            index = i;
+            break;
+          }
+      }
+      out[r] = index;
+    }
+  });
+}
+
+at::Tensor argmax(const at::Tensor& x) {
+  TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1 && x.size(1) > 0 &&
+                  x.size(1) < std::numeric_limits<int32_t>::max(),
+              "argmax: x must be [S, V] with unit column stride and 0 < V < 2^31");
+  at::Tensor out = at::empty({x.size(0)}, x.options().dtype(at::kLong));
+  if (x.scalar_type() == at::kFloat) {
+    argmax_impl<float>(x.data_ptr<float>(), out.data_ptr<int64_t>(), x.size(0), x.size(1),
+                       x.stride(0));
+  } else if (x.scalar_type() == at::kBFloat16) {
+    using bf = c10::BFloat16;
+    argmax_impl<bf>(x.data_ptr<bf>(), out.data_ptr<int64_t>(), x.size(0), x.size(1), x.stride(0));
+  } else {
+    TORCH_CHECK(false, "argmax: float32 or bfloat16 only");
+  }
+  return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY(shardserve_cpu, m) {
   m.def("decode_attention(Tensor q, Tensor k_pool, Tensor v_pool, Tensor block_tables, "
-        "Tensor context_lens, int block_size, float scale) -> Tensor");
+        "Tensor context_lens, int block_size, float scale, bool vectorized=True) -> Tensor");
   m.def("rms_norm(Tensor x, Tensor(a!)? residual, Tensor weight, float eps) -> Tensor");
   m.def("rotary_and_cache(Tensor(a!) qkv, Tensor positions, Tensor cos, Tensor sin, "
         "Tensor(b!) k_pool, Tensor(c!) v_pool, Tensor slot_mapping, int num_heads, "
         "int num_kv_heads) -> ()");
   m.def("silu_and_mul(Tensor x) -> Tensor");
+  m.def("argmax(Tensor x) -> Tensor");
+  m.def("decode_attention_vectorized(ScalarType dtype, int head_dim) -> bool",
+        &shardserve_cpu::decode_attention_avx512_supports);
 }
 
 TORCH_LIBRARY_IMPL(shardserve_cpu, CPU, m) {
@@ -399,4 +522,5 @@ TORCH_LIBRARY_IMPL(shardserve_cpu, CPU, m) {
   m.impl("rms_norm", &rms_norm);
   m.impl("rotary_and_cache", &rotary_and_cache);
   m.impl("silu_and_mul", &silu_and_mul);
+  m.impl("argmax", &argmax);
 }

@@ -1,4 +1,5 @@
-"""RMSNorm (with the residual add) and SiLU-and-multiply, each one call: a fused CPU
+"""RMSNorm (with the residual add), SiLU-and-multiply and the row argmax of greedy
+sampling, each one call: a fused CPU
 kernel where :func:`model_shards.kernels.use_cpu_kernels` says so, else PyTorch ops
 that round the same way (the reference the kernels are tested against, and the GPU
 path). Rotary and decode attention are fused the same way in ``attention.py``.
@@ -35,3 +36,10 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
         return torch.ops.shardserve_cpu.silu_and_mul(x)
     gate, up = x.chunk(2, dim=-1)
     return F.silu(gate) * up
+
+
+def argmax(x: torch.Tensor) -> torch.Tensor:
+    """``x: [S, V]`` → ``[S]`` int64, torch.argmax's answer (first maximum; a NaN wins)."""
+    if use_cpu_kernels(x) and x.stride(-1) == 1:
+        return torch.ops.shardserve_cpu.argmax(x)
+    return x.argmax(dim=-1)

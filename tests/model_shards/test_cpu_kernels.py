@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import platform
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import torch
@@ -33,6 +34,45 @@ def test_kernels_build_here() -> None:
     assert kernels.use_cpu_kernels(torch.zeros(1))
     assert kernels.use_cpu_kernels(torch.zeros(1, dtype=torch.bfloat16))
     assert not kernels.use_cpu_kernels(torch.zeros(1, dtype=torch.float16))
+
+
+def test_vectorized_decode_attention_runs_here() -> None:
+    """Where the CPU has AVX-512 (BF16), head dims 64 and 128 take the vectorized kernel,
+    so the tests above check it and not only the portable one."""
+    flags = Path("/proc/cpuinfo").read_text().split() if Path("/proc/cpuinfo").exists() else []
+    supports = torch.ops.shardserve_cpu.decode_attention_vectorized
+    assert supports(torch.float32, 64) == ("avx512f" in flags)
+    assert supports(torch.bfloat16, 128) == ("avx512_bf16" in flags)
+    assert not supports(torch.float32, 16) and not supports(torch.float16, 64)
+
+
+def test_vectorized_decode_attention_matches_portable() -> None:
+    """Many lengths and block sizes, straight on the op: vectorized vs portable kernel."""
+    g = torch.Generator().manual_seed(11)
+    for dtype in DTYPES:
+        for d, nh, nkv, bs in [(64, 9, 3, 16), (128, 8, 2, 16), (64, 4, 4, 32), (64, 6, 2, 8)]:
+            pool = [torch.randn(200 * bs, nkv, d, generator=g).to(dtype) for _ in range(2)]
+            tables = torch.randperm(200, generator=g)[:42].view(7, 6)
+            lens = torch.tensor([1, 5, bs, bs + 1, 3 * bs - 1, 40, 6 * bs])
+            q = (3 * torch.randn(7, nh, d, generator=g)).to(dtype)
+            args = (q, *pool, tables, lens, bs, d**-0.5)
+            fast = torch.ops.shardserve_cpu.decode_attention(*args, True)
+            portable = torch.ops.shardserve_cpu.decode_attention(*args, False)
+            _close(fast, portable, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_argmax(dtype: torch.dtype) -> None:
+    """torch.argmax's answer: the first maximum on ties, a NaN wins, any row length."""
+    g = torch.Generator().manual_seed(2)
+    for vocab in (1, 15, 16, 17, 100, 4099):
+        x = torch.randint(-3, 3, (6, vocab), generator=g).to(dtype)  # many ties
+        x[0] = float("-inf")
+        x[1, vocab // 2] = float("nan")
+        x[2, -1] = float("inf")
+        assert torch.equal(fused.argmax(x), x.argmax(-1)), vocab
+    rows = torch.randn(3, 2 * 4099, generator=g).to(dtype)[:, :4099]  # rows apart in memory
+    assert torch.equal(fused.argmax(rows), rows.argmax(-1))
 
 
 def _reference(monkeypatch: pytest.MonkeyPatch, fn: Callable[[], object]) -> object:
@@ -74,11 +114,12 @@ def test_silu_and_mul(dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch) -> No
 
 
 def _attention_step(
-    dtype: torch.dtype, chunks: list[SeqChunk], lengths: dict[int, int], seed: int
-) -> tuple[Attention, ForwardBatch, torch.Tensor]:
-    """A GQA layer (6 query heads, 2 KV heads, D=16) over a pool whose earlier positions
-    hold random K/V; returns the layer, the step's batch and its qkv input."""
-    nh, nkv, d, bs = 6, 2, 16, 4
+    dtype: torch.dtype, chunks: list[SeqChunk], lengths: dict[int, int], seed: int,
+    d: int = 16, bs: int = 4,
+) -> tuple[Attention, ForwardBatch, torch.Tensor]:  # fmt: skip
+    """A GQA layer (6 query heads, 2 KV heads, head dim ``d``, blocks of ``bs``) over a pool
+    whose earlier positions hold random K/V; returns the layer, the step's batch and its qkv."""
+    nh, nkv = 6, 2
     g = torch.Generator().manual_seed(seed)
     kv = PagedKVCache(range(1), 40, bs, nkv, d, dtype, torch.device("cpu"))
     kv.k[0].copy_(torch.randn(kv.k[0].shape, generator=g))
@@ -97,18 +138,27 @@ def _chunk(seq_id: int, start: int, n: int) -> SeqChunk:
     return SeqChunk(seq_id=seq_id, token_ids=[1] * n, start_pos=start, new_block_ids=[])
 
 
+# (head dim, block size): 16 runs the portable decode-attention kernel; 64 and 128 the
+# vectorized one where the CPU has AVX-512, with chunks cut at block edges (4) and blocks
+# longer than one 16-token chunk (32).
+SHAPES = [(16, 4), (64, 4), (128, 32)]
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("mixed", [False, True], ids=["decodes", "decodes+prefill"])
-def test_attention_step(dtype: torch.dtype, mixed: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(("d", "bs"), SHAPES, ids=[f"d{d}-bs{bs}" for d, bs in SHAPES])
+def test_attention_step(
+    dtype: torch.dtype, mixed: bool, d: int, bs: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """RoPE + K/V write + decode attention: output and the pool match the reference."""
-    lengths = {0: 9, 1: 1, 2: 17, 3: 4, 4: 12}
+    lengths = {0: 9, 1: 1, 2: 17, 3: 4, 4: 12, 6: 36}
     chunks = [_chunk(s, n - 1, 1) for s, n in lengths.items()]
     if mixed:
         lengths[5] = 7
         chunks.insert(2, _chunk(5, 2, 5))  # a prefill chunk continuing a cached prefix
 
     def run(kernel: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        layer, batch, qkv = _attention_step(dtype, chunks, lengths, seed=3)
+        layer, batch, qkv = _attention_step(dtype, chunks, lengths, seed=3, d=d, bs=bs)
         step = lambda: layer(qkv, batch)  # noqa: E731
         out = step() if kernel else _reference(monkeypatch, step)
         return out, batch.kv.k[0], batch.kv.v[0]  # type: ignore[return-value]
@@ -121,10 +171,11 @@ def test_attention_step(dtype: torch.dtype, mixed: bool, monkeypatch: pytest.Mon
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_decode_attention_row_is_batch_invariant(dtype: torch.dtype) -> None:
+@pytest.mark.parametrize("d", [16, 64])
+def test_decode_attention_row_is_batch_invariant(dtype: torch.dtype, d: int) -> None:
     lengths = {0: 9, 1: 30, 2: 3}
     layer, batch, qkv = _attention_step(
-        dtype, [_chunk(s, n - 1, 1) for s, n in lengths.items()], lengths, seed=5
+        dtype, [_chunk(s, n - 1, 1) for s, n in lengths.items()], lengths, seed=5, d=d
     )
     row = qkv[1:2].clone()  # the layer rotates qkv in place
     together = layer(qkv, batch)

@@ -1,0 +1,249 @@
+// Decode attention over the paged KV pool with AVX-512 (float32) and AVX-512 BF16 (bfloat16).
+//
+// Same contract as the portable kernel in cpu_ops.cpp (see decode_attention there):
+// out[b, h, :] = softmax(scale * q[b, h] . K[ctx(b)]) V[ctx(b)], one task per sequence, one
+// pass over its context with an online softmax, every row computed on its own.
+//
+// What makes it fast: the scores of up to 16 tokens are 16 vector accumulators reduced together
+// by one transpose-and-add tree (hsum16) instead of one horizontal sum per (token, head); in
+// bfloat16 the q . k products are vdpbf16ps (bf16 pairs multiplied exactly, summed in float32),
+// so the keys are never widened; the softmax of 16 scores is one vector exp; a head's running
+// sum of p v stays in registers across the chunk (head dims 64 and 128 are compiled in).
+//
+// decode_attention_avx512 returns false (and does nothing) where it does not apply: a build
+// without these instructions, another dtype, or a head dim other than 64 or 128. The caller then runs the portable kernel.
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+namespace shardserve_cpu {
+
+#if defined(__AVX512F__)
+namespace {
+
+constexpr int64_t kLanes = 16;   // float32 lanes of a zmm register
+
+// v[0..15] -> one vector whose lane i is the sum of v[i]'s 16 lanes.
+inline __m512 hsum16(const __m512* v) {
+  __m512 t[8], u[4];
+  for (int k = 0; k < 8; ++k)  // per 128-bit lane: (a0+a2, b0+b2, a1+a3, b1+b3)
+    t[k] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * k], v[2 * k + 1]),
+                         _mm512_unpackhi_ps(v[2 * k], v[2 * k + 1]));
+  for (int k = 0; k < 4; ++k) {  // per 128-bit lane: the lane sums of 4 inputs
+    const __m512d a = _mm512_castps_pd(t[2 * k]), b = _mm512_castps_pd(t[2 * k + 1]);
+    u[k] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)),
+                         _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
+  }
+  // Add the four 128-bit lanes: even lanes + odd lanes, twice.
+  const __m512 w = _mm512_add_ps(_mm512_shuffle_f32x4(u[0], u[1], 0x88),
+                                 _mm512_shuffle_f32x4(u[0], u[1], 0xDD));
+  const __m512 y = _mm512_add_ps(_mm512_shuffle_f32x4(u[2], u[3], 0x88),
+                                 _mm512_shuffle_f32x4(u[2], u[3], 0xDD));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(w, y, 0x88), _mm512_shuffle_f32x4(w, y, 0xDD));
+}
+
+// e^x per lane, the same method as exp_f in cpu_ops.cpp: x = n ln2 + r, degree-6 polynomial.
+inline __m512 exp512(__m512 x) {
+  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.f)), _mm512_set1_ps(88.f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187e-06f), r);
+  __m512 p = _mm512_set1_ps(1.f / 720.f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 120.f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 24.f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 6.f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
+  return _mm512_scalef_ps(p, n);
+}
+
+inline float exp1(float x) { return _mm512_cvtss_f32(exp512(_mm512_set1_ps(x))); }
+
+// Storage type → the q . k dot of one (head, token) as a vector of partial sums, the
+// widening of 16 values to float32, and the rounding store of 16 results.
+struct F32 {
+  using T = float;
+  static constexpr int64_t kDotStep = 16;
+  template <int64_t kD>
+  static __m512 dot(const float* q, const float* k) {
+    __m512 s = _mm512_mul_ps(_mm512_loadu_ps(q), _mm512_loadu_ps(k));
+    for (int64_t d = kDotStep; d < kD; d += kDotStep)
+      s = _mm512_fmadd_ps(_mm512_loadu_ps(q + d), _mm512_loadu_ps(k + d), s);
+    return s;
+  }
+  static __m512 widen(const float* x) { return _mm512_loadu_ps(x); }
+  static void store(float* dst, __m512 x) { _mm512_storeu_ps(dst, x); }
+};
+
+#if defined(__AVX512BF16__)
+struct BF16 {
+  using T = c10::BFloat16;
+  static constexpr int64_t kDotStep = 32;
+  static __m512bh load_bh(const T* x) { return (__m512bh)_mm512_loadu_si512(x); }
+  template <int64_t kD>
+  static __m512 dot(const T* q, const T* k) {
+    __m512 s = _mm512_dpbf16_ps(_mm512_setzero_ps(), load_bh(q), load_bh(k));
+    for (int64_t d = kDotStep; d < kD; d += kDotStep)
+      s = _mm512_dpbf16_ps(s, load_bh(q + d), load_bh(k + d));
+    return s;
+  }
+  static __m512 widen(const T* x) {
+    const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+  }
+  static void store(T* dst, __m512 x) {  // round to nearest even
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), (__m256i)_mm512_cvtneps_pbh(x));
+  }
+};
+#endif
+
+// kD: the head dim, a compile-time constant so that a head's q and its running sum of p v
+// stay in registers.
+template <typename S, int64_t kD>
+void run(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor& v_pool,
+         const at::Tensor& block_tables, const at::Tensor& context_lens, int64_t block_size,
+         double scale, at::Tensor& out) {
+  using T = typename S::T;
+  constexpr int64_t kChunks = kD / kLanes;
+  const int64_t B = q.size(0), nh = q.size(1), nkv = k_pool.size(1);
+  const int64_t q_stride = q.stride(0), group = nh / nkv, max_blocks = block_tables.size(1);
+  const int64_t slot_stride = nkv * kD;
+  const T* qp = q.data_ptr<T>();
+  const T* kp = k_pool.data_ptr<T>();
+  const T* vp = v_pool.data_ptr<T>();
+  T* op = out.data_ptr<T>();
+  const int64_t* tables = block_tables.data_ptr<int64_t>();
+  const int64_t* lens = context_lens.data_ptr<int64_t>();
+  const __m512 vscale = _mm512_set1_ps(static_cast<float>(scale));
+  const __m512 neg_inf = _mm512_set1_ps(-INFINITY);
+  auto chunk_tokens = [&](int64_t len, int64_t t0) {
+    return std::min({kLanes, len - t0, block_size - t0 % block_size});
+  };
+  auto chunk_slot = [&](const int64_t* table, int64_t t0) {
+    return table[t0 / block_size] * block_size + t0 % block_size;
+  };
+  auto prefetch_chunk = [&](int64_t first_slot, int64_t n) {
+    const char* k = reinterpret_cast<const char*>(kp + first_slot * slot_stride);
+    const char* v = reinterpret_cast<const char*>(vp + first_slot * slot_stride);
+    for (int64_t byte = 0, bytes = n * slot_stride * sizeof(T); byte < bytes; byte += 64) {
+      _mm_prefetch(k + byte, _MM_HINT_T0);
+      _mm_prefetch(v + byte, _MM_HINT_T0);
+    }
+  };
+  at::parallel_for(0, B, 1, [&](int64_t begin, int64_t end) {
+    // acc: [nh, D] running sums of p v; m, l: running max and sum of e^(s - m) per head.
+    std::vector<float> acc(nh * kD), m(nh), l(nh);
+    alignas(64) float e[kLanes];
+    __m512 partial[kLanes];
+    for (int64_t b = begin; b < end; ++b) {
+      const int64_t len = lens[b];
+      const int64_t* table = tables + b * max_blocks;
+      const T* qb = qp + b * q_stride;
+      std::fill(acc.begin(), acc.end(), 0.f);
+      std::fill(l.begin(), l.end(), 0.f);
+      std::fill(m.begin(), m.end(), -INFINITY);
+      // Chunks of up to 16 tokens; a chunk ends early at a block edge or at the context's end.
+      // Chunk rows are consecutive slots of one block, so K and V of a chunk are two
+      // contiguous runs of the pools; the next chunk's are prefetched while this one runs.
+      for (int64_t t0 = 0, n = 0; t0 < len; t0 += n) {
+        n = chunk_tokens(len, t0);
+        const int64_t first_slot = chunk_slot(table, t0);
+        if (t0 + n < len)
+          prefetch_chunk(chunk_slot(table, t0 + n), chunk_tokens(len, t0 + n));
+        else if (b + 1 < end)
+          prefetch_chunk(tables[(b + 1) * max_blocks] * block_size, chunk_tokens(lens[b + 1], 0));
+        const __mmask16 valid = static_cast<__mmask16>((1u << n) - 1u);
+        for (int64_t h = 0; h < nh; ++h) {
+          const int64_t kv_offset = first_slot * slot_stride + (h / group) * kD;
+          const T* k0 = kp + kv_offset;
+          const T* v0 = vp + kv_offset;
+          const T* qh = qb + h * kD;
+          for (int64_t i = 0; i < n; ++i) partial[i] = S::template dot<kD>(qh, k0 + i * slot_stride);
+          for (int64_t i = n; i < kLanes; ++i) partial[i] = _mm512_setzero_ps();
+          const __m512 s =
+              _mm512_mask_blend_ps(valid, neg_inf, _mm512_mul_ps(hsum16(partial), vscale));
+          const float m_new = std::max(m[h], _mm512_reduce_max_ps(s));
+          const float correction = exp1(m[h] - m_new);
+          const __m512 p = _mm512_maskz_mov_ps(valid, exp512(_mm512_sub_ps(s, _mm512_set1_ps(m_new))));
+          l[h] = l[h] * correction + _mm512_reduce_add_ps(p);
+          m[h] = m_new;
+          _mm512_store_ps(e, p);
+          float* a = &acc[h * kD];
+          __m512 sum[kChunks];
+          const __m512 c = _mm512_set1_ps(correction);
+          for (int64_t d = 0; d < kChunks; ++d) sum[d] = _mm512_mul_ps(_mm512_loadu_ps(a + d * kLanes), c);
+          for (int64_t i = 0; i < n; ++i) {
+            const __m512 w = _mm512_set1_ps(e[i]);
+            const T* v = v0 + i * slot_stride;
+            for (int64_t d = 0; d < kChunks; ++d)
+              sum[d] = _mm512_fmadd_ps(w, S::widen(v + d * kLanes), sum[d]);
+          }
+          for (int64_t d = 0; d < kChunks; ++d) _mm512_storeu_ps(a + d * kLanes, sum[d]);
+        }
+      }
+      for (int64_t h = 0; h < nh; ++h) {
+        const __m512 inv = _mm512_set1_ps(1.f / l[h]);
+        for (int64_t d = 0; d < kD; d += kLanes)
+          S::store(op + (b * nh + h) * kD + d, _mm512_mul_ps(_mm512_loadu_ps(&acc[h * kD + d]), inv));
+      }
+    }
+  });
+}
+
+// Runs S's kernel when the head dim is one it is compiled for.
+template <typename S>
+bool run_for_head_dim(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor& v_pool,
+                      const at::Tensor& block_tables, const at::Tensor& context_lens,
+                      int64_t block_size, double scale, at::Tensor& out) {
+  switch (q.size(2)) {
+    case 64: run<S, 64>(q, k_pool, v_pool, block_tables, context_lens, block_size, scale, out); return true;
+    case 128: run<S, 128>(q, k_pool, v_pool, block_tables, context_lens, block_size, scale, out); return true;
+    default: return false;
+  }
+}
+
+}  // namespace
+#endif  // __AVX512F__
+
+bool decode_attention_avx512_supports(at::ScalarType dtype, int64_t head_dim) {
+  const bool head_dim_ok = head_dim == 64 || head_dim == 128;
+#if defined(__AVX512F__)
+  if (dtype == at::kFloat) return head_dim_ok;
+#if defined(__AVX512BF16__)
+  if (dtype == at::kBFloat16) return head_dim_ok;
+#endif
+#endif
+  (void)dtype, (void)head_dim_ok;
+  return false;
+}
+
+bool decode_attention_avx512(const at::Tensor& q, const at::Tensor& k_pool,
+                             const at::Tensor& v_pool, const at::Tensor& block_tables,
+                             const at::Tensor& context_lens, int64_t block_size, double scale,
+                             at::Tensor& out) {
+  if (!decode_attention_avx512_supports(q.scalar_type(), q.size(2))) return false;
+#if defined(__AVX512F__)
+  if (q.scalar_type() == at::kFloat)
+    return run_for_head_dim<F32>(q, k_pool, v_pool, block_tables, context_lens, block_size, scale, out);
+#if defined(__AVX512BF16__)
+  if (q.scalar_type() == at::kBFloat16)
+    return run_for_head_dim<BF16>(q, k_pool, v_pool, block_tables, context_lens, block_size, scale, out);
+#endif
+#endif
+  (void)k_pool, (void)v_pool, (void)block_tables, (void)context_lens, (void)block_size,
+      (void)scale, (void)out;
+  return false;
+}
+
+}  // namespace shardserve_cpu
