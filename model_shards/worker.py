@@ -171,11 +171,11 @@ class Worker:
             return StepResult([]) if ps.rank == 0 else None
         ends = list(accumulate(len(c.token_ids) for c in plan.chunks))
         rows = torch.tensor([ends[i] - 1 for i in sampled], device=ps.device)
-        logits = self.model.compute_logits(hidden[rows])  # [S, V] float32
+        logits = self.model.compute_logits(hidden[rows])  # [S, V]
         if ps.tp_rank != 0:
             return None
         out = self.sampler.sample(logits, [plan.chunks[i] for i in sampled])
-        full = logits.cpu() if plan.return_logits else None
+        full = logits.float().cpu() if plan.return_logits else None
         if ps.rank == 0:
             return _to_result(out, full)
         _send_result(out, full, ps, self.pending)

@@ -137,8 +137,8 @@ void run(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor& v_pool
     const char* k = reinterpret_cast<const char*>(kp + first_slot * slot_stride);
     const char* v = reinterpret_cast<const char*>(vp + first_slot * slot_stride);
     for (int64_t byte = 0, bytes = n * slot_stride * sizeof(T); byte < bytes; byte += 64) {
-      _mm_prefetch(k + byte, _MM_HINT_T0);
-      _mm_prefetch(v + byte, _MM_HINT_T0);
+      _mm_prefetch(k + byte, _MM_HINT_T1);
+      _mm_prefetch(v + byte, _MM_HINT_T1);
     }
   };
   at::parallel_for(0, B, 1, [&](int64_t begin, int64_t end) {

@@ -193,6 +193,7 @@ class LlamaForCausalLM(nn.Module):
         return self.model(x, batch)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Last stage only: ``hidden [N, H]`` (pre-norm) → float32 ``logits [N, vocab]``."""
+        """Last stage only: ``hidden [N, H]`` (pre-norm) → ``logits [N, vocab]`` in the model's
+        dtype (the sampler widens them to float32 only where a row needs more than argmax)."""
         assert self.model.norm is not None and self.lm_head is not None
-        return self.lm_head(self.model.norm(hidden)[0]).float()
+        return self.lm_head(self.model.norm(hidden)[0])
