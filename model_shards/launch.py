@@ -26,7 +26,7 @@ import shutil
 import signal
 import socket
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from multiprocessing.process import BaseProcess
 from typing import TYPE_CHECKING
@@ -211,17 +211,44 @@ def start_replica(
     port = free_port()
     visible = ",".join(map(str, gpus)) if gpus is not None else None
     procs: list[BaseProcess] = []
-    for rank in range(config.world_size):
-        p = ctx.Process(
-            target=run_rank,
-            args=(rank, config, "127.0.0.1", port, address, visible),
-            name=f"shardserve-rank{rank}",
-            daemon=True,
-        )
-        p.start()
-        procs.append(p)
+    with _environment(rank_environment(os.environ)):
+        for rank in range(config.world_size):
+            p = ctx.Process(
+                target=run_rank,
+                args=(rank, config, "127.0.0.1", port, address, visible),
+                name=f"shardserve-rank{rank}",
+                daemon=True,
+            )
+            p.start()
+            procs.append(p)
     kept_gpus = list(gpus) if gpus is not None else None
     return ReplicaHandle(address, procs, tmpdir, config, kept_gpus)
+
+
+# glibc (2.35+) backs malloc's large areas with transparent huge pages: every decode step
+# streams all the weights, and with 2 MiB pages it takes ~2% less time (fewer TLB misses).
+HUGE_PAGE_TUNABLE = "glibc.malloc.hugetlb=1"
+
+
+def rank_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """Variables a rank process starts with beyond the parent's: the huge-page malloc
+    tunable, unless ``GLIBC_TUNABLES`` is already set (the user's choice wins)."""
+    return {} if "GLIBC_TUNABLES" in environ else {"GLIBC_TUNABLES": HUGE_PAGE_TUNABLE}
+
+
+@contextlib.contextmanager
+def _environment(extra: Mapping[str, str]) -> Iterator[None]:
+    """``os.environ`` plus ``extra`` while spawning (a child copies it), then as it was."""
+    saved = {name: os.environ.get(name) for name in extra}
+    os.environ.update(extra)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def _die_with_parent() -> None:
