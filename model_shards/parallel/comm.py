@@ -8,6 +8,7 @@ dead peer turns into an exception, not a hang.
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 
 import torch
@@ -39,30 +40,35 @@ def tp_all_gather_last_dim(x: torch.Tensor, ps: ParallelState) -> torch.Tensor:
 
 @dataclass
 class Pending:
-    """Non-blocking sends in progress: their buffers stay referenced until they complete."""
+    """Non-blocking sends in progress, oldest first; each buffer stays referenced until its
+    work is known to be complete.
 
-    works: list[dist.Work] = field(default_factory=list)
-    buffers: list[torch.Tensor] = field(default_factory=list)
+    gloo reports a point-to-point send complete only once it has been waited on (its
+    ``is_completed()`` stays ``False``), so polling alone would keep every send and its
+    buffer forever. Past ``max_pending`` entries the oldest is waited on: a send that far
+    back was issued before everything its receiver has taken since, and receivers take
+    their messages in order without waiting on this rank's later sends, so the wait ends
+    at once in practice and can never deadlock.
+    """
+
+    max_pending: int = 32
+    works: deque[tuple[dist.Work, torch.Tensor]] = field(default_factory=deque)
 
     def add(self, work: dist.Work | None, buffer: torch.Tensor) -> None:
-        self.prune()
         if work is not None:
-            self.works.append(work)
-            self.buffers.append(buffer)
+            self.works.append((work, buffer))
+        self.prune()
 
     def prune(self) -> None:
-        """Forget completed work (raising if one failed)."""
-        keep = [i for i, w in enumerate(self.works) if not w.is_completed()]
-        for i, w in enumerate(self.works):
-            if i not in keep:
-                w.wait()
-        self.works = [self.works[i] for i in keep]
-        self.buffers = [self.buffers[i] for i in keep]
+        """Forget completed work from the front (raising if one failed); bound the rest."""
+        while self.works and (
+            len(self.works) > self.max_pending or self.works[0][0].is_completed()
+        ):
+            self.works.popleft()[0].wait()
 
     def wait_all(self) -> None:
-        for w in self.works:
-            w.wait()
-        self.works, self.buffers = [], []
+        while self.works:
+            self.works.popleft()[0].wait()
 
 
 def send_to_next_stage(x: torch.Tensor, ps: ParallelState, pending: Pending) -> None:
