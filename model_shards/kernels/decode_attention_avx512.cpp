@@ -8,10 +8,12 @@
 // by one transpose-and-add tree (hsum16) instead of one horizontal sum per (token, head); in
 // bfloat16 the q . k products are vdpbf16ps (bf16 pairs multiplied exactly, summed in float32),
 // so the keys are never widened; the softmax of 16 scores is one vector exp; a head's running
-// sum of p v stays in registers across the chunk (head dims 64 and 128 are compiled in).
+// sum of p v stays in registers across the chunk (the common head dims are compiled in:
+// 48, 64, 80, 96, 128, 256).
 //
 // decode_attention_avx512 returns false (and does nothing) where it does not apply: a build
-// without these instructions, another dtype, or a head dim other than 64 or 128. The caller then runs the portable kernel.
+// without these instructions, another dtype, or a head dim not compiled in. The caller then
+// runs the portable kernel.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -86,16 +88,21 @@ struct F32 {
   static void store(float* dst, __m512 x) { _mm512_storeu_ps(dst, x); }
 };
 
-#if defined(__AVX512BF16__)
+#if defined(__AVX512BF16__) && defined(__AVX512BW__)
 struct BF16 {
   using T = c10::BFloat16;
   static constexpr int64_t kDotStep = 32;
   static __m512bh load_bh(const T* x) { return (__m512bh)_mm512_loadu_si512(x); }
+  // 16 values in the low half, zeros above (a head dim that is an odd multiple of 16).
+  static __m512bh load_half_bh(const T* x) {
+    return (__m512bh)_mm512_maskz_loadu_epi16(static_cast<__mmask32>(0xFFFF), x);
+  }
   template <int64_t kD>
   static __m512 dot(const T* q, const T* k) {
-    __m512 s = _mm512_dpbf16_ps(_mm512_setzero_ps(), load_bh(q), load_bh(k));
-    for (int64_t d = kDotStep; d < kD; d += kDotStep)
-      s = _mm512_dpbf16_ps(s, load_bh(q + d), load_bh(k + d));
+    __m512 s = _mm512_setzero_ps();
+    int64_t d = 0;
+    for (; d + kDotStep <= kD; d += kDotStep) s = _mm512_dpbf16_ps(s, load_bh(q + d), load_bh(k + d));
+    if constexpr (kD % kDotStep != 0) s = _mm512_dpbf16_ps(s, load_half_bh(q + d), load_half_bh(k + d));
     return s;
   }
   static __m512 widen(const T* x) {
@@ -206,9 +213,17 @@ template <typename S>
 bool run_for_head_dim(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor& v_pool,
                       const at::Tensor& block_tables, const at::Tensor& context_lens,
                       int64_t block_size, double scale, at::Tensor& out) {
+  auto go = [&](auto kernel) {
+    kernel(q, k_pool, v_pool, block_tables, context_lens, block_size, scale, out);
+    return true;
+  };
   switch (q.size(2)) {
-    case 64: run<S, 64>(q, k_pool, v_pool, block_tables, context_lens, block_size, scale, out); return true;
-    case 128: run<S, 128>(q, k_pool, v_pool, block_tables, context_lens, block_size, scale, out); return true;
+    case 48: return go(run<S, 48>);
+    case 64: return go(run<S, 64>);
+    case 80: return go(run<S, 80>);
+    case 96: return go(run<S, 96>);
+    case 128: return go(run<S, 128>);
+    case 256: return go(run<S, 256>);
     default: return false;
   }
 }
@@ -217,10 +232,11 @@ bool run_for_head_dim(const at::Tensor& q, const at::Tensor& k_pool, const at::T
 #endif  // __AVX512F__
 
 bool decode_attention_avx512_supports(at::ScalarType dtype, int64_t head_dim) {
-  const bool head_dim_ok = head_dim == 64 || head_dim == 128;
+  const bool head_dim_ok = head_dim == 48 || head_dim == 64 || head_dim == 80 || head_dim == 96 ||
+                           head_dim == 128 || head_dim == 256;
 #if defined(__AVX512F__)
   if (dtype == at::kFloat) return head_dim_ok;
-#if defined(__AVX512BF16__)
+#if defined(__AVX512BF16__) && defined(__AVX512BW__)
   if (dtype == at::kBFloat16) return head_dim_ok;
 #endif
 #endif
@@ -236,7 +252,7 @@ bool decode_attention_avx512(const at::Tensor& q, const at::Tensor& k_pool,
 #if defined(__AVX512F__)
   if (q.scalar_type() == at::kFloat)
     return run_for_head_dim<F32>(q, k_pool, v_pool, block_tables, context_lens, block_size, scale, out);
-#if defined(__AVX512BF16__)
+#if defined(__AVX512BF16__) && defined(__AVX512BW__)
   if (q.scalar_type() == at::kBFloat16)
     return run_for_head_dim<BF16>(q, k_pool, v_pool, block_tables, context_lens, block_size, scale, out);
 #endif

@@ -37,20 +37,25 @@ def test_kernels_build_here() -> None:
 
 
 def test_vectorized_decode_attention_runs_here() -> None:
-    """Where the CPU has AVX-512 (BF16), head dims 64 and 128 take the vectorized kernel,
-    so the tests above check it and not only the portable one."""
+    """Where the CPU has AVX-512 (BF16), the common head dims take the vectorized kernel,
+    so the tests here check it and not only the portable one."""
     flags = Path("/proc/cpuinfo").read_text().split() if Path("/proc/cpuinfo").exists() else []
     supports = torch.ops.shardserve_cpu.decode_attention_vectorized
-    assert supports(torch.float32, 64) == ("avx512f" in flags)
-    assert supports(torch.bfloat16, 128) == ("avx512_bf16" in flags)
-    assert not supports(torch.float32, 16) and not supports(torch.float16, 64)
+    for d in (48, 64, 80, 96, 128, 256):
+        assert supports(torch.float32, d) == ("avx512f" in flags)
+        assert supports(torch.bfloat16, d) == ("avx512_bf16" in flags and "avx512bw" in flags)
+    assert not supports(torch.float32, 16) and not supports(torch.float32, 72)
+    assert not supports(torch.float16, 64)
 
 
 def test_vectorized_decode_attention_matches_portable() -> None:
     """Many lengths and block sizes, straight on the op: vectorized vs portable kernel."""
     g = torch.Generator().manual_seed(11)
     for dtype in DTYPES:
-        for d, nh, nkv, bs in [(64, 9, 3, 16), (128, 8, 2, 16), (64, 4, 4, 32), (64, 6, 2, 8)]:
+        for d, nh, nkv, bs in [
+            (64, 9, 3, 16), (128, 8, 2, 16), (64, 4, 4, 32), (64, 6, 2, 8), (48, 6, 2, 16),
+            (80, 4, 1, 16), (96, 4, 2, 8), (256, 2, 1, 16),
+        ]:  # fmt: skip
             pool = [torch.randn(200 * bs, nkv, d, generator=g).to(dtype) for _ in range(2)]
             tables = torch.randperm(200, generator=g)[:42].view(7, 6)
             lens = torch.tensor([1, 5, bs, bs + 1, 3 * bs - 1, 40, 6 * bs])
@@ -138,10 +143,10 @@ def _chunk(seq_id: int, start: int, n: int) -> SeqChunk:
     return SeqChunk(seq_id=seq_id, token_ids=[1] * n, start_pos=start, new_block_ids=[])
 
 
-# (head dim, block size): 16 runs the portable decode-attention kernel; 64 and 128 the
+# (head dim, block size): 16 runs the portable decode-attention kernel; the others the
 # vectorized one where the CPU has AVX-512, with chunks cut at block edges (4) and blocks
-# longer than one 16-token chunk (32).
-SHAPES = [(16, 4), (64, 4), (128, 32)]
+# longer than one 16-token chunk (32); 48 leaves half a bf16 dot step.
+SHAPES = [(16, 4), (48, 4), (64, 4), (128, 32)]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
