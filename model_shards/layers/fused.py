@@ -1,8 +1,8 @@
 """RMSNorm (with the residual add), SiLU-and-multiply and the row argmax of greedy
-sampling, each one call: a fused CPU
-kernel where :func:`model_shards.kernels.use_cpu_kernels` says so, else PyTorch ops
-that round the same way (the reference the kernels are tested against, and the GPU
-path). Rotary and decode attention are fused the same way in ``attention.py``.
+sampling, each one call: a fused CPU kernel where
+:func:`model_shards.kernels.use_cpu_kernels` says so, else PyTorch ops that round the
+same way (the reference the kernels are tested against, and the GPU path). Rotary and
+decode attention are fused the same way in ``attention.py``.
 """
 
 from __future__ import annotations

@@ -45,10 +45,9 @@ class Pending:
 
     gloo reports a point-to-point send complete only once it has been waited on (its
     ``is_completed()`` stays ``False``), so polling alone would keep every send and its
-    buffer forever. Past ``max_pending`` entries the oldest is waited on: a send that far
-    back was issued before everything its receiver has taken since, and receivers take
-    their messages in order without waiting on this rank's later sends, so the wait ends
-    at once in practice and can never deadlock.
+    buffer forever. Past ``max_pending`` entries the oldest is waited on. Its receiver
+    takes messages in order and never waits on this rank's later sends, so the wait
+    cannot deadlock; and a send that old has in practice long been taken.
     """
 
     max_pending: int = 32
