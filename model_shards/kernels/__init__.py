@@ -38,6 +38,7 @@ import torch
 log = logging.getLogger(__name__)
 
 SOURCES = [Path(__file__).with_name(n) for n in ("cpu_ops.cpp", "decode_attention_avx512.cpp")]
+HEADERS = [Path(__file__).with_name("kernel_common.h")]
 _DTYPES = (torch.float32, torch.bfloat16)
 
 
@@ -52,6 +53,13 @@ def _cpu_tag() -> str:
     except (OSError, StopIteration):
         flags = platform.processor()
     return hashlib.sha256(f"{platform.machine()} {flags}".encode()).hexdigest()[:10]
+
+
+def _headers_tag() -> str:
+    """Changes with the headers' text: torch re-builds an extension when a source or a flag
+    changes, and this tag in the flags brings the headers in."""
+    text = b"".join(path.read_bytes() for path in HEADERS)
+    return hashlib.sha256(text).hexdigest()[:10]
 
 
 @cache
@@ -69,7 +77,7 @@ def cpu_kernels_loaded() -> bool:
         load(
             name=f"shardserve_cpu_ops_{_cpu_tag()}",
             sources=[str(path) for path in SOURCES],
-            extra_cflags=["-O3", "-march=native", "-fopenmp"],
+            extra_cflags=["-O3", "-march=native", "-fopenmp", f"-DHEADERS={_headers_tag()}"],
             extra_ldflags=["-fopenmp"],
             is_python_module=False,
         )

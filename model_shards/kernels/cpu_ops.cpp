@@ -17,9 +17,7 @@
 #include <limits>
 #include <vector>
 
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
+#include "kernel_common.h"
 
 namespace shardserve_cpu {
 // decode_attention_avx512.cpp: false where it does not apply (no AVX-512, dtype, head dim).
@@ -106,15 +104,6 @@ inline float exp_f(float x) {
   return p * bits_to_f(static_cast<uint32_t>(static_cast<int32_t>(n) + 127) << 23);
 }
 
-#if defined(__AVX512F__)
-// 16 consecutive values widened to float32.
-inline __m512 load16(const float* x) { return _mm512_loadu_ps(x); }
-inline __m512 load16(const c10::BFloat16* x) {
-  const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
-}
-#endif
-
 template <typename T>
 inline float dot(const float* a, const T* b, int64_t n) {
   float s = 0.f;
@@ -131,16 +120,13 @@ void decode_attention_impl(const at::Tensor& q, const at::Tensor& k_pool, const 
                            const at::Tensor& block_tables, const at::Tensor& context_lens,
                            int64_t block_size, double scale, at::Tensor& out) {
   // kD > 0: the head dim as a compile-time constant (the common sizes), else q.size(2)
-  const int64_t B = q.size(0), nh = q.size(1), D = kD > 0 ? kD : q.size(2), nkv = k_pool.size(1);
-  const int64_t q_stride = q.stride(0);
-  const int64_t group = nh / nkv, max_blocks = block_tables.size(1);
-  const T* qp = q.data_ptr<T>();
-  const T* kp = k_pool.data_ptr<T>();
-  const T* vp = v_pool.data_ptr<T>();
-  T* op = out.data_ptr<T>();
-  const int64_t* tables = block_tables.data_ptr<int64_t>();
-  const int64_t* lens = context_lens.data_ptr<int64_t>();
-  const int64_t slot_stride = nkv * D;
+  const shardserve_cpu::DecodeAttentionArgs<T> a(q, k_pool, v_pool, block_tables, context_lens,
+                                                 out, kD > 0 ? kD : q.size(2));
+  const int64_t B = a.B, nh = a.nh, D = a.D, q_stride = a.q_stride, group = a.group;
+  const int64_t max_blocks = a.max_blocks, slot_stride = a.slot_stride;
+  const T *qp = a.q, *kp = a.k, *vp = a.v;
+  T* op = a.out;
+  const int64_t *tables = a.tables, *lens = a.lens;
   const float fscale = static_cast<float>(scale);
   // One task per sequence, one pass over its context block by block (online softmax):
   // scores of a block from its K rows, then its V rows, each row holding every KV head
@@ -429,7 +415,7 @@ void argmax_impl(const T* x, int64_t* out, int64_t rows, int64_t V, int64_t x_st
       __m512i index_v = _mm512_setzero_si512(), at = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
       __mmask16 nan_lanes = 0;
       for (int64_t i0 = 0; i0 < whole; i0 += kLanes) {
-        const __m512 v = load16(xr + i0);
+        const __m512 v = shardserve_cpu::widen16(xr + i0);
         const __mmask16 greater = _mm512_cmp_ps_mask(v, best_v, _CMP_GT_OQ);
         best_v = _mm512_mask_mov_ps(best_v, greater, v);
         index_v = _mm512_mask_mov_epi32(index_v, greater, at);

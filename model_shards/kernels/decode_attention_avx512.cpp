@@ -23,9 +23,7 @@
 #include <cstdint>
 #include <vector>
 
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
+#include "kernel_common.h"
 
 namespace shardserve_cpu {
 
@@ -72,8 +70,8 @@ inline __m512 exp512(__m512 x) {
 
 inline float exp1(float x) { return _mm512_cvtss_f32(exp512(_mm512_set1_ps(x))); }
 
-// Storage type → the q . k dot of one (head, token) as a vector of partial sums, the
-// widening of 16 values to float32, and the rounding store of 16 results.
+// Storage type → the q . k dot of one (head, token) as a vector of partial sums, and the
+// rounding store of 16 results (widening is widen16, kernel_common.h).
 struct F32 {
   using T = float;
   static constexpr int64_t kDotStep = 16;
@@ -84,7 +82,6 @@ struct F32 {
       s = _mm512_fmadd_ps(_mm512_loadu_ps(q + d), _mm512_loadu_ps(k + d), s);
     return s;
   }
-  static __m512 widen(const float* x) { return _mm512_loadu_ps(x); }
   static void store(float* dst, __m512 x) { _mm512_storeu_ps(dst, x); }
 };
 
@@ -105,10 +102,6 @@ struct BF16 {
     if constexpr (kD % kDotStep != 0) s = _mm512_dpbf16_ps(s, load_half_bh(q + d), load_half_bh(k + d));
     return s;
   }
-  static __m512 widen(const T* x) {
-    const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
-  }
   static void store(T* dst, __m512 x) {  // round to nearest even
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), (__m256i)_mm512_cvtneps_pbh(x));
   }
@@ -123,15 +116,12 @@ void run(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor& v_pool
          double scale, at::Tensor& out) {
   using T = typename S::T;
   constexpr int64_t kChunks = kD / kLanes;
-  const int64_t B = q.size(0), nh = q.size(1), nkv = k_pool.size(1);
-  const int64_t q_stride = q.stride(0), group = nh / nkv, max_blocks = block_tables.size(1);
-  const int64_t slot_stride = nkv * kD;
-  const T* qp = q.data_ptr<T>();
-  const T* kp = k_pool.data_ptr<T>();
-  const T* vp = v_pool.data_ptr<T>();
-  T* op = out.data_ptr<T>();
-  const int64_t* tables = block_tables.data_ptr<int64_t>();
-  const int64_t* lens = context_lens.data_ptr<int64_t>();
+  const DecodeAttentionArgs<T> a(q, k_pool, v_pool, block_tables, context_lens, out, kD);
+  const int64_t B = a.B, nh = a.nh, q_stride = a.q_stride, group = a.group;
+  const int64_t max_blocks = a.max_blocks, slot_stride = a.slot_stride;
+  const T *qp = a.q, *kp = a.k, *vp = a.v;
+  T* op = a.out;
+  const int64_t *tables = a.tables, *lens = a.lens;
   const __m512 vscale = _mm512_set1_ps(static_cast<float>(scale));
   const __m512 neg_inf = _mm512_set1_ps(-INFINITY);
   auto chunk_tokens = [&](int64_t len, int64_t t0) {
@@ -194,7 +184,7 @@ void run(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor& v_pool
             const __m512 w = _mm512_set1_ps(e[i]);
             const T* v = v0 + i * slot_stride;
             for (int64_t d = 0; d < kChunks; ++d)
-              sum[d] = _mm512_fmadd_ps(w, S::widen(v + d * kLanes), sum[d]);
+              sum[d] = _mm512_fmadd_ps(w, widen16(v + d * kLanes), sum[d]);
           }
           for (int64_t d = 0; d < kChunks; ++d) _mm512_storeu_ps(a + d * kLanes, sum[d]);
         }
