@@ -173,7 +173,7 @@ class NewSequence(msgspec.Struct, frozen=True):
     """Sent once, in the first plan that schedules the sequence (again after a preemption).
 
     ``sampling.seed`` is always set by rank 0, so draws are reproducible: the
-    token at position ``p`` is drawn with a generator seeded from ``(seed, p)``.
+    token at position ``p`` is drawn from uniforms hashed from ``(seed, p)``.
     """
 
     seq_id: int

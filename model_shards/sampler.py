@@ -7,11 +7,12 @@ Per sequence, in this order (vLLM semantics):
 2. stop tokens masked while fewer than ``min_tokens`` tokens are out;
 3. greedy when ``temperature == 0``; otherwise logits / temperature, cut to
    ``top_k``, to the ``top_p`` mass (the top token always kept) and to
-   ``min_p`` × the top probability, then one draw from the softmax.
+   ``min_p`` × the top probability, then one draw from the softmax
+   (:func:`model_shards.layers.fused.exponential_race`).
 
-Draws are stateless: the token at position ``p`` is drawn with a generator
-seeded from ``(seed, p)``. The same seed gives the same text whatever else is
-in the batch, and a preempted or replayed sequence draws exactly as before.
+Draws are stateless: the token at position ``p`` is drawn with uniforms hashed
+from ``(seed, p)`` and the token ids. The same seed gives the same text whatever
+else is in the batch, and a preempted or replayed sequence draws exactly as before.
 Log-probabilities are those of the raw model distribution (before penalties
 and temperature).
 """
@@ -22,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from model_shards.layers.fused import argmax
+from model_shards.layers.fused import argmax, exponential_race
 from model_shards.messages import NewSequence, SamplingParams, SeqChunk
 
 _SEED_MIX = 0x9E3779B97F4A7C15
@@ -139,6 +140,9 @@ class Sampler:
         if k is None and all(self._is_plain_greedy(c) for c in chunks):
             return SampleOutput(tokens)
         logits = logits.float().cpu()
+        drawn: list[int] = []  # rows of the random draws, made together at the end
+        seeds: list[int] = []
+        probs: list[torch.Tensor] = []
         for row, chunk in enumerate(chunks):
             state = self._seqs.get(chunk.seq_id)
             if state is None:
@@ -160,9 +164,11 @@ class Sampler:
                 tokens[row] = x.argmax()
                 continue
             assert params.seed is not None, "rank 0 assigns every sequence a seed"
-            gen = torch.Generator().manual_seed(position_seed(params.seed, position))
-            probs = filter_logits(x / params.temperature, params).softmax(-1)
-            tokens[row] = torch.multinomial(probs, 1, generator=gen)[0]
+            drawn.append(row)
+            seeds.append(position_seed(params.seed, position))
+            probs.append(filter_logits(x / params.temperature, params).softmax(-1))
+        if drawn:
+            tokens[drawn] = exponential_race(torch.stack(probs), torch.tensor(seeds))
         if k is None:
             return SampleOutput(tokens)
         logp = logits.log_softmax(-1)

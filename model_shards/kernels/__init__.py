@@ -2,7 +2,7 @@
 decode attention beside it) on first use.
 
 Decoding a small batch on CPU spends as long in the ~50 small PyTorch ops per
-layer (norms, rotary, K/V gather, attention, SiLU) as in the GEMMs. The four ops
+layer (norms, rotary, K/V gather, attention, SiLU) as in the GEMMs. The ops
 in ``cpu_ops.cpp`` do that work in one pass each:
 
 * ``rms_norm(x, residual?, w, eps)``: (residual += x, then) RMSNorm;
@@ -12,7 +12,11 @@ in ``cpu_ops.cpp`` do that work in one pass each:
   single-token attention read straight from the paged pool (no gather); with
   AVX-512 (float32) or AVX-512 BF16 (bfloat16) it runs the vectorized kernel of
   ``decode_attention_avx512.cpp``, and ``vectorized=False`` selects the portable one;
-* ``silu_and_mul(x)``: ``silu(gate) * up``.
+* ``silu_and_mul(x)``: ``silu(gate) * up``;
+* ``argmax(x)``: the row argmax of greedy sampling.
+
+``sampling_ops.cpp`` holds ``exponential_race(probs, seeds)``, the random draw of
+sampling (one per row).
 
 They round like the PyTorch reference (:mod:`model_shards.layers.fused`) and
 compute each row on its own, so outputs do not depend on batch composition.
@@ -37,7 +41,10 @@ import torch
 
 log = logging.getLogger(__name__)
 
-SOURCES = [Path(__file__).with_name(n) for n in ("cpu_ops.cpp", "decode_attention_avx512.cpp")]
+SOURCES = [
+    Path(__file__).with_name(name)
+    for name in ("cpu_ops.cpp", "decode_attention_avx512.cpp", "sampling_ops.cpp")
+]
 HEADERS = [Path(__file__).with_name("kernel_common.h")]
 _DTYPES = (torch.float32, torch.bfloat16)
 
