@@ -3,7 +3,9 @@
 Each primitive is a no-op (or identity) when its group has one member, so a
 ``tp = pp = 1`` replica runs with no process group at all. Timeouts are those
 of the groups (set in :func:`model_shards.parallel.state.init_parallel`), so a
-dead peer turns into an exception, not a hang.
+dead peer turns into an exception, not a hang. Point-to-point messages and the
+plan broadcast go over :mod:`model_shards.parallel.local_links` where the
+replica's ranks have them (CPU ranks of one host), with the same timeout.
 """
 
 from __future__ import annotations
@@ -76,6 +78,9 @@ def send_to_next_stage(x: torch.Tensor, ps: ParallelState, pending: Pending) -> 
     Non-blocking so a stage never waits for its neighbour while that neighbour
     waits on someone else (pipeline micro-batches in flight would deadlock).
     """
+    if ps.links is not None:
+        ps.links.send(ps.next_stage_rank, x)
+        return
     buf = x.contiguous()
     pending.add(dist.isend(buf, dst=ps.next_stage_rank), buf)
 
@@ -85,6 +90,8 @@ def recv_from_prev_stage(
 ) -> torch.Tensor:
     """Receive activations of a known shape from the previous stage."""
     out = torch.empty(shape, dtype=dtype, device=ps.device)
+    if ps.links is not None:
+        return ps.links.recv_into(ps.prev_stage_rank, out)
     dist.recv(out, src=ps.prev_stage_rank)
     return out
 
@@ -92,6 +99,10 @@ def recv_from_prev_stage(
 def broadcast_bytes_from_root(data: bytes, ps: ParallelState, pending: Pending) -> None:
     """Rank 0's side of :func:`broadcast_bytes`, without waiting for the receivers."""
     if ps.world_size == 1:
+        return
+    if ps.links is not None:
+        for rank in range(1, ps.world_size):
+            ps.links.send(rank, data)
         return
     length = torch.tensor([len(data)], dtype=torch.int64)
     pending.add(dist.broadcast(length, src=0, group=ps.cpu_group, async_op=True), length)
@@ -109,6 +120,14 @@ def broadcast_bytes(data: bytes | None, ps: ParallelState, src: int = 0) -> byte
     if ps.world_size == 1:
         assert data is not None, "broadcast_bytes: the only rank must pass the data"
         return data
+    if ps.links is not None:
+        if ps.rank != src:
+            return ps.links.recv_bytes(src)
+        assert data is not None
+        for rank in range(ps.world_size):
+            if rank != src:
+                ps.links.send(rank, data)
+        return data
     length = torch.tensor([len(data) if data is not None else 0], dtype=torch.int64)
     dist.broadcast(length, src=src, group=ps.cpu_group)
     if ps.rank == src:
@@ -123,6 +142,9 @@ def broadcast_bytes(data: bytes | None, ps: ParallelState, src: int = 0) -> byte
 
 def send_cpu(x: torch.Tensor, dst: int, ps: ParallelState, pending: Pending) -> None:
     """Send a small CPU tensor (sampled tokens, logits) over the CPU group, non-blocking."""
+    if ps.links is not None:
+        ps.links.send(dst, x.cpu())
+        return
     buf = x.cpu().contiguous()
     pending.add(dist.isend(buf, dst=dst, group=ps.cpu_group), buf)
 
@@ -131,6 +153,8 @@ def recv_cpu(
     shape: tuple[int, ...], dtype: torch.dtype, src: int, ps: ParallelState
 ) -> torch.Tensor:
     out = torch.empty(shape, dtype=dtype)
+    if ps.links is not None:
+        return ps.links.recv_into(src, out)
     dist.recv(out, src=src, group=ps.cpu_group)
     return out
 

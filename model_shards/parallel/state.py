@@ -15,7 +15,9 @@ otherwise; metadata (step plans, sampled tokens) always travels over a gloo
 CPU group. Every group carries the same timeout, so every collective has one.
 When every TP rank is a CPU process of the same host, TP all-reduces go through
 a shared-memory segment made here (:mod:`model_shards.parallel.shm_all_reduce`,
-same timeout) instead of gloo.
+same timeout) instead of gloo; and when every rank of the replica is, plans,
+activations and sampled tokens go rank to rank over Unix sockets
+(:mod:`model_shards.parallel.local_links`, same timeout).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from model_shards.parallel.local_links import LocalLinks
 from model_shards.parallel.shm_all_reduce import ShmAllReduce
 
 
@@ -48,6 +51,9 @@ class ParallelState:
     timeout_s: float
     # CPU TP ranks of one host sum through shared memory (None: gloo; see shm_all_reduce.py).
     tp_shm: ShmAllReduce | None = field(default=None, compare=False, repr=False)
+    # CPU ranks of one host pass plans, activations and results over Unix sockets
+    # (None: gloo; see local_links.py).
+    links: LocalLinks | None = field(default=None, compare=False, repr=False)
 
     @property
     def world_size(self) -> int:
@@ -144,11 +150,14 @@ def init_parallel(
     tp_shm = None
     if tp_group is not None and backend == "gloo":
         tp_shm = ShmAllReduce.create(tp_group, tp_ranks, tp_rank, timeout_s)
+    links = None
+    if world > 1 and backend == "gloo":
+        links = LocalLinks.create(rank, world, dist.group.WORLD, timeout_s)
     return ParallelState(
         rank=rank, tp_rank=tp_rank, tp_size=tp, pp_rank=pp_rank, pp_size=pp,
         device=local_device, backend=backend, tp_group=tp_group, pp_group=pp_group,
         cpu_group=cpu_group if cpu_group is not None else dist.group.WORLD,
-        timeout_s=timeout_s, tp_shm=tp_shm,
+        timeout_s=timeout_s, tp_shm=tp_shm, links=links,
     )  # fmt: skip
 
 
@@ -160,6 +169,8 @@ def destroy_parallel(ps: ParallelState | None = None) -> None:
     if ps is not None and ps.world_size > 1:
         with contextlib.suppress(RuntimeError):  # a peer already gone: nothing to protect
             dist.barrier(group=ps.cpu_group)
+    if ps is not None and ps.links is not None:
+        ps.links.close()
     if ps is not None and ps.tp_shm is not None:
         ps.tp_shm.close()  # the segment was unlinked at start-up: this only unmaps it
     dist.destroy_process_group()
