@@ -102,9 +102,13 @@ class ModelConfig:
         """Decoder layers per pipeline stage; ``ValueError`` naming the flag on a bad ``spec``.
 
         ``even``: as equal as possible, the first stages taking the remainder.
-        ``balanced``: equal compute per stage, the last stage's LM head counted as
-        ``vocab * hidden / parameters of one layer`` layers (embedding lookups are
-        nearly free); fewer layers go to the last stage. ``"a,b,..."``: explicit.
+        ``balanced``: equal decode time per stage, the last stage's LM head counted
+        as ``vocab * hidden / (2 * parameters of one layer)`` layers: a decoder
+        layer's decode step costs about twice its GEMMs (attention over the KV cache,
+        norms, rotary, per-op overhead) while the LM head is one large, efficient
+        GEMM (measured on the benchmark's 135M shape, CPU, micro-batches of 16:
+        17 + 13 layers beat 19 + 11 by 10%). Embedding lookups are nearly free;
+        fewer layers go to the last stage. ``"a,b,..."``: explicit.
         Every stage gets at least one layer.
         """
         if spec == "even":
@@ -114,7 +118,7 @@ class ModelConfig:
             q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
             h = self.hidden_size
             layer = h * (q + 2 * kv) + q * h + 3 * h * self.intermediate_size
-            head = self.vocab_size * h / layer
+            head = self.vocab_size * h / (2 * layer)
             share = (self.num_layers + head) / pp
             bounds = [0]
             for r in range(1, pp):

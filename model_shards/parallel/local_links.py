@@ -53,6 +53,10 @@ log = logging.getLogger(__name__)
 ENV_VAR = "SHARDSERVE_LOCAL_LINKS"
 _HEADER = struct.Struct("<q")
 _TOKEN_BYTES = 16
+# Asked of the kernel for each socket's send buffer (it grants up to twice
+# net.core.wmem_max): a prefill's activations then go out in one write, with no
+# help from the writer thread, which must wait for the GIL between chunks.
+_SEND_BUFFER_BYTES = 64 * 2**20
 
 
 def unsupported_reason() -> str | None:
@@ -78,11 +82,14 @@ class _Link:
         self.reader.settimeout(timeout_s)
         self.writer = socket.socket(fileno=os.dup(sock.fileno()))
         self.writer.setblocking(False)
+        with contextlib.suppress(OSError):
+            self.writer.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _SEND_BUFFER_BYTES)
         self.lock = threading.Lock()
         self.outbox: deque[memoryview] = deque()
         self.wakeup = threading.Condition(self.lock)
         self.error: BaseException | None = None
         self.thread: threading.Thread | None = None
+        self.overflows = 0  # messages the socket buffer could not take whole
 
     def send(self, parts: list[memoryview]) -> None:
         with self.lock:
@@ -97,6 +104,7 @@ class _Link:
                     raise RuntimeError(f"rank {self.peer} is gone ({e})") from e
                 parts = _drop_front(parts, sent)
             if parts:
+                self.overflows += 1
                 self.outbox.extend(parts)
                 self._start_writer()
                 self.wakeup.notify()
@@ -116,8 +124,9 @@ class _Link:
                     self.wakeup.wait()
                 part = self.outbox[0]
             try:
-                _, ready, _ = select.select([], [self.writer], [], self.timeout_s)
-                if not ready:
+                poll = select.poll()
+                poll.register(self.writer, select.POLLOUT)
+                if not poll.poll(self.timeout_s * 1000):
                     raise TimeoutError(f"rank {self.peer} took nothing for {self.timeout_s:g} s")
                 sent = self.writer.send(part)
             except BlockingIOError:
@@ -241,6 +250,11 @@ class LocalLinks:
         header = memoryview(_HEADER.pack(len(payload)))
         self._links[dst].send([header, payload])
         self.messages_sent += 1
+
+    @property
+    def overflows(self) -> int:
+        """Messages so far that the writer threads finished (bigger than a socket buffer)."""
+        return sum(link.overflows for link in self._links.values())
 
     def recv_bytes(self, src: int) -> bytes:
         link = self._links[src]

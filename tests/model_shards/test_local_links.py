@@ -29,7 +29,16 @@ pytestmark = pytest.mark.skipif(
     unsupported_reason() is not None, reason=f"no local links here: {unsupported_reason()}"
 )
 
-BIG = 6 * 2**20 // 4  # 6 MiB of float32: far more than a Unix socket buffer holds
+def _wmem_max() -> int:
+    try:
+        return int(Path("/proc/sys/net/core/wmem_max").read_text())
+    except (OSError, ValueError):
+        return 4 * 2**20
+
+
+# float32 values: more than the biggest send buffer the kernel grants (twice wmem_max),
+# so these messages go partly through the writer thread
+BIG = max(6 * 2**20, 2 * _wmem_max() + 2**20) // 4
 
 
 def _payload(i: int, sender: int) -> torch.Tensor | bytes:
@@ -65,6 +74,7 @@ def _exchange_rank(ps: ParallelState, n: int) -> None:
     for i in range(n):
         for peer in peers:
             _receive(links, i, peer)
+    assert links.overflows > 0, "no message exercised the writer thread"
     # comm's primitives ride on the links
     sent = links.messages_sent
     plan = comm.broadcast_bytes(b"plan" if ps.rank == 0 else None, ps)

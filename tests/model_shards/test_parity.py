@@ -5,7 +5,8 @@ Each layout spawns one gloo world that loads both tiny checkpoints in turn
 q/k/v bias, tied embeddings, 6 layers so pp=4 splits unevenly) and drives the
 real coordinator + workers: prompt logits through every rank, then 24 greedy
 tokens through the scheduler and KV cache. At tp=1 pp=2 the stages split
-``balanced`` (the LM-head stage takes fewer layers); elsewhere ``even``.
+unevenly (3 + 1 and 4 + 2 layers, the LM-head stage taking fewer); elsewhere
+``even``.
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ def _parity_rank(ps: ParallelState, model_dirs: list[str], out_dir: str) -> None
     for name, model_dir in zip(("llama", "qwen2"), model_dirs, strict=True):
         cfg = ModelConfig.from_dir(model_dir)
         before = _rchar()
-        partition = "balanced" if (ps.tp_size, ps.pp_size) == (1, 2) else "even"
+        uneven = f"{cfg.num_layers - cfg.num_layers // 3},{cfg.num_layers // 3}"
+        partition = uneven if (ps.tp_size, ps.pp_size) == (1, 2) else "even"
         replica = ReplicaConfig(
             model_dir, dtype="float32", max_num_seqs=8, block_size=4, pp_layer_partition=partition
         )
@@ -107,7 +109,7 @@ def test_layout_matches_transformers(
             rel = ((ours[f"p{i}"] - ref).abs().max() / ref.abs().max()).item()
             assert rel < 1e-4, f"{name} prompt {i}: logits relative error {rel:.2e}"
             assert tokens[str(i)] == references[name]["tokens"][i], f"{name} prompt {i}"
-        if (tp, pp) == (1, 2) and name == "llama":  # balanced: 4 layers + head -> 3, 1
+        if (tp, pp) == (1, 2) and name == "llama":  # 4 layers -> 3, 1
             stages = [json.loads((tmp_path / f"llama-rank{r}.json").read_text()) for r in (0, 1)]
             assert [io["layers"] for io in stages] == [[0, 3], [3, 4]]
         if (tp, pp) == (2, 2) and name == "llama":
