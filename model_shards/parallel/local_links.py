@@ -46,7 +46,7 @@ from collections import deque
 import torch
 import torch.distributed as dist
 
-from model_shards.parallel.shm_all_reduce import host_id
+from model_shards.parallel.same_host import all_on_one_host, switched_off
 
 log = logging.getLogger(__name__)
 
@@ -61,11 +61,9 @@ _SEND_BUFFER_BYTES = 64 * 2**20
 
 def unsupported_reason() -> str | None:
     """Why this process cannot use local links, or ``None`` if it can."""
-    value = os.environ.get(ENV_VAR, "1").strip().lower()
-    if value in ("0", "false", "off", "no"):
-        return f"{ENV_VAR}={value}"
-    if value not in ("", "1", "true", "on", "yes"):
-        raise ValueError(f"{ENV_VAR}={value!r}: use 1 (default) or 0 to keep gloo")
+    off = switched_off(ENV_VAR)
+    if off is not None:
+        return off
     if not sys.platform.startswith("linux"):
         return f"platform {sys.platform} (abstract Unix sockets need Linux)"
     return None
@@ -208,15 +206,7 @@ class LocalLinks:
 
         Every rank gets an instance, or every rank gets ``None`` (use gloo).
         """
-        reason = unsupported_reason()
-        mine = torch.tensor([int(reason is None), host_id()], dtype=torch.int64)
-        every = [torch.empty_like(mine) for _ in range(world_size)]
-        dist.all_gather(every, mine, group=group)
-        if not all(int(t[0]) for t in every):
-            log.info("rank messages over gloo: %s", reason or "a peer cannot use local links")
-            return None
-        if len({int(t[1]) for t in every}) > 1:
-            log.info("rank messages over gloo: the ranks are on different hosts")
+        if not all_on_one_host(unsupported_reason(), world_size, group, "rank messages"):
             return None
         token = torch.tensor(list(secrets.token_bytes(_TOKEN_BYTES)), dtype=torch.uint8)
         dist.broadcast(token, src=0, group=group)

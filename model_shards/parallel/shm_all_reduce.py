@@ -54,19 +54,19 @@ platforms, or when ``/dev/shm`` has no room for the segment.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import logging
 import mmap
 import os
 import platform
 import secrets
-import socket
 import struct
 import sys
 import time
 
 import torch
 import torch.distributed as dist
+
+from model_shards.parallel.same_host import all_on_one_host, switched_off
 
 log = logging.getLogger(__name__)
 
@@ -86,25 +86,14 @@ _SUPPORTED = (torch.float32, torch.float64, torch.int32, torch.int64, *_SUM_IN_F
 
 def unsupported_reason() -> str | None:
     """Why this process cannot use the shared-memory all-reduce, or ``None`` if it can."""
-    value = os.environ.get(ENV_VAR, "1").strip().lower()
-    if value in ("0", "false", "off", "no"):
-        return f"{ENV_VAR}={value}"
-    if value not in ("", "1", "true", "on", "yes"):
-        raise ValueError(f"{ENV_VAR}={value!r}: use 1 (default) or 0 to keep gloo")
+    off = switched_off(ENV_VAR)
+    if off is not None:
+        return off
     if not sys.platform.startswith("linux") or platform.machine() not in ("x86_64", "AMD64"):
         return f"platform {sys.platform}/{platform.machine()} (needs Linux x86-64)"
     if not os.access(SHM_DIR, os.W_OK):
         return f"{SHM_DIR} is not writable"
     return None
-
-
-def host_id() -> int:
-    """A stable 63-bit id of this host (hostname and kernel boot id), equal across processes."""
-    boot = ""
-    with contextlib.suppress(OSError), open("/proc/sys/kernel/random/boot_id") as f:
-        boot = f.read().strip()
-    digest = hashlib.blake2b(f"{socket.gethostname()}/{boot}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") >> 1
 
 
 def _start_time(pid: int) -> int | None:
@@ -219,15 +208,7 @@ class ShmAllReduce:
         or every member gets ``None`` (use gloo).
         """
         size = len(ranks)
-        reason = unsupported_reason()
-        mine = torch.tensor([int(reason is None), host_id()], dtype=torch.int64)
-        every = [torch.empty_like(mine) for _ in range(size)]
-        dist.all_gather(every, mine, group=group)
-        if not all(int(t[0]) for t in every):
-            log.info("TP all-reduce over gloo: %s", reason or "a peer cannot use shared memory")
-            return None
-        if len({int(t[1]) for t in every}) > 1:
-            log.info("TP all-reduce over gloo: the TP ranks are on different hosts")
+        if not all_on_one_host(unsupported_reason(), size, group, "TP all-reduce"):
             return None
         slot_bytes = -(-slot_bytes // 64) * 64
         total = _header_bytes(size) + 2 * size * slot_bytes

@@ -110,6 +110,17 @@ def test_stage_hand_off_goes_to_the_same_tp_slot() -> None:
     run_world(_stage_rank, 2, 2, timeout=50)
 
 
+def _record_failed_receive(links: LocalLinks, src: int, out_dir: str) -> None:
+    """Wait for a message from ``src`` that never comes; write how long and what was raised."""
+    start = time.monotonic()
+    try:
+        links.recv_bytes(src)
+        error = "no error"
+    except RuntimeError as e:
+        error = str(e)
+    Path(out_dir, "result").write_text(f"{time.monotonic() - start:.3f}\n{error}")
+
+
 def _dead_peer_rank(ps: ParallelState, out_dir: str) -> None:
     links = ps.links
     assert links is not None
@@ -118,13 +129,7 @@ def _dead_peer_rank(ps: ParallelState, out_dir: str) -> None:
         links.close()
         os._exit(0)  # gone without a word more
     assert links.recv_bytes(1) == b"last words"
-    start = time.monotonic()
-    try:
-        links.recv_bytes(1)
-        error = "no error"
-    except RuntimeError as e:
-        error = str(e)
-    Path(out_dir, "result").write_text(f"{time.monotonic() - start:.3f}\n{error}")
+    _record_failed_receive(links, 1, out_dir)
     os._exit(0)
 
 
@@ -140,13 +145,7 @@ def _silent_peer_rank(ps: ParallelState, out_dir: str) -> None:
     links = LocalLinks.create(ps.rank, ps.world_size, None, timeout_s=1.0)
     assert links is not None
     if ps.rank == 0:
-        start = time.monotonic()
-        try:
-            links.recv_bytes(1)
-            error = "no error"
-        except RuntimeError as e:
-            error = str(e)
-        Path(out_dir, "result").write_text(f"{time.monotonic() - start:.3f}\n{error}")
+        _record_failed_receive(links, 1, out_dir)
     dist.barrier()
     links.close()
 
