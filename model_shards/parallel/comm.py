@@ -100,9 +100,8 @@ def broadcast_bytes_from_root(data: bytes, ps: ParallelState, pending: Pending) 
     """Rank 0's side of :func:`broadcast_bytes`, without waiting for the receivers."""
     if ps.world_size == 1:
         return
-    if ps.links is not None:
-        for rank in range(1, ps.world_size):
-            ps.links.send(rank, data)
+    if ps.links is not None:  # link sends never block: the plain broadcast is already this
+        broadcast_bytes(data, ps)
         return
     length = torch.tensor([len(data)], dtype=torch.int64)
     pending.add(dist.broadcast(length, src=0, group=ps.cpu_group, async_op=True), length)

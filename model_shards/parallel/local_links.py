@@ -46,7 +46,7 @@ from collections import deque
 import torch
 import torch.distributed as dist
 
-from model_shards.parallel.same_host import all_on_one_host, switched_off
+from model_shards.parallel.same_host import all_agree, all_on_one_host, switched_off
 
 log = logging.getLogger(__name__)
 
@@ -116,14 +116,14 @@ class _Link:
 
     def _write_out(self) -> None:
         """Writer thread: send the outbox in order, waiting for room as needed."""
+        poll = select.poll()
+        poll.register(self.writer, select.POLLOUT)
         while True:
             with self.lock:
                 while not self.outbox:
                     self.wakeup.wait()
                 part = self.outbox[0]
             try:
-                poll = select.poll()
-                poll.register(self.writer, select.POLLOUT)
                 if not poll.poll(self.timeout_s * 1000):
                     raise TimeoutError(f"rank {self.peer} took nothing for {self.timeout_s:g} s")
                 sent = self.writer.send(part)
@@ -154,24 +154,37 @@ class _Link:
                 self.wakeup.wait(left)
 
     def recv_exact(self, view: memoryview) -> None:
-        got = 0
-        while got < len(view):
-            try:
-                n = self.reader.recv_into(view[got:])
-            except TimeoutError:
-                raise RuntimeError(
-                    f"no message from rank {self.peer} within {self.timeout_s:g} s"
-                ) from None
-            except OSError as e:
-                raise RuntimeError(f"rank {self.peer} is gone ({e})") from e
-            if n == 0:
-                raise RuntimeError(f"rank {self.peer} closed its link (its process ended?)")
-            got += n
+        try:
+            _read_exact(self.reader, view)
+        except TimeoutError:
+            raise RuntimeError(
+                f"no message from rank {self.peer} within {self.timeout_s:g} s"
+            ) from None
+        except EOFError:
+            raise RuntimeError(f"rank {self.peer} closed its link (its process ended?)") from None
+        except OSError as e:
+            raise RuntimeError(f"rank {self.peer} is gone ({e})") from e
+
+    def recv_size(self) -> int:
+        """The length of the next frame's payload."""
+        header = bytearray(_HEADER.size)
+        self.recv_exact(memoryview(header))
+        return int(_HEADER.unpack(header)[0])
 
     def close(self) -> None:
         for sock in (self.writer, self.reader):
             with contextlib.suppress(OSError):
                 sock.close()
+
+
+def _read_exact(sock: socket.socket, view: memoryview) -> None:
+    """Fill ``view`` from ``sock``; ``EOFError`` if the peer closes first."""
+    got = 0
+    while got < len(view):
+        n = sock.recv_into(view[got:])
+        if n == 0:
+            raise EOFError
+        got += n
 
 
 def _drop_front(parts: list[memoryview], count: int) -> list[memoryview]:
@@ -221,11 +234,11 @@ class LocalLinks:
             log.info("rank messages over gloo: cannot listen (%s)", e)
             ok = False
         try:
-            ok = _agree(ok, group)
+            ok = all_agree(ok, group)
             if ok:
-                ok = _agree(_connect(prefix, rank, world_size, timeout_s, links), group)
+                ok = all_agree(_connect(prefix, rank, world_size, timeout_s, links), group)
             if ok:
-                ok = _agree(_accept(listener, rank, world_size, timeout_s, links), group)
+                ok = all_agree(_accept(listener, rank, world_size, timeout_s, links), group)
         finally:
             listener.close()
         if not ok:
@@ -248,19 +261,14 @@ class LocalLinks:
 
     def recv_bytes(self, src: int) -> bytes:
         link = self._links[src]
-        header = bytearray(_HEADER.size)
-        link.recv_exact(memoryview(header))
-        (size,) = _HEADER.unpack(header)
-        payload = bytearray(size)
+        payload = bytearray(link.recv_size())
         link.recv_exact(memoryview(payload))
         return bytes(payload)
 
     def recv_into(self, src: int, out: torch.Tensor) -> torch.Tensor:
         """Receive one message from ``src`` into the contiguous CPU tensor ``out``."""
         link = self._links[src]
-        header = bytearray(_HEADER.size)
-        link.recv_exact(memoryview(header))
-        (size,) = _HEADER.unpack(header)
+        size = link.recv_size()
         if size != out.numel() * out.element_size():
             raise RuntimeError(
                 f"rank {src} sent {size} bytes where {tuple(out.shape)} {out.dtype} was expected"
@@ -274,12 +282,6 @@ class LocalLinks:
             link.flush(flush_timeout_s)
         for link in self._links.values():
             link.close()
-
-
-def _agree(ok: bool, group: dist.ProcessGroup | None) -> bool:
-    flag = torch.tensor([int(ok)], dtype=torch.int64)
-    dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group)
-    return bool(int(flag))
 
 
 def _connect(
@@ -308,12 +310,10 @@ def _accept(
             sock, _ = listener.accept()
             sock.settimeout(timeout_s)
             hello = bytearray(_HEADER.size)
-            view, got = memoryview(hello), 0
-            while got < len(hello):
-                n = sock.recv_into(view[got:])
-                if n == 0:
-                    raise ConnectionError("closed before saying who it is")
-                got += n
+            _read_exact(sock, memoryview(hello))
+        except EOFError:
+            log.info("rank messages over gloo: a peer closed before saying who it is")
+            return False
         except OSError as e:
             log.info("rank messages over gloo: a peer did not connect (%s)", e)
             return False

@@ -51,3 +51,10 @@ def all_on_one_host(
         log.info("%s over gloo: the ranks are on different hosts", what)
         return False
     return True
+
+
+def all_agree(ok: bool, group: dist.ProcessGroup | None) -> bool:
+    """Collective over ``group``: whether every member passed ``ok=True``."""
+    flag = torch.tensor([int(ok)], dtype=torch.int64)
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group)
+    return bool(int(flag))

@@ -66,7 +66,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from model_shards.parallel.same_host import all_on_one_host, switched_off
+from model_shards.parallel.same_host import all_agree, all_on_one_host, switched_off
 
 log = logging.getLogger(__name__)
 
@@ -222,12 +222,11 @@ class ShmAllReduce:
         if mm is not None:
             at = index * _LINE + 8
             mm[at : at + 24] = struct.pack("=qqq", *_whoami())
-        mapped = torch.tensor([int(mm is not None)], dtype=torch.int64)
-        dist.all_reduce(mapped, op=dist.ReduceOp.MIN, group=group)  # also: every pid is written
+        mapped = all_agree(mm is not None, group)  # also: every pid is written
         if name:  # every rank has mapped it (or given up): gone before anyone returns
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(os.path.join(SHM_DIR, name))
-        if not int(mapped):
+        if not mapped:
             if mm is not None:
                 mm.close()
             log.info("TP all-reduce over gloo: a rank could not map the shared segment")

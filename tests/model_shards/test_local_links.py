@@ -29,6 +29,7 @@ pytestmark = pytest.mark.skipif(
     unsupported_reason() is not None, reason=f"no local links here: {unsupported_reason()}"
 )
 
+
 def _wmem_max() -> int:
     try:
         return int(Path("/proc/sys/net/core/wmem_max").read_text())
