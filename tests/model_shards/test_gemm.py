@@ -1,4 +1,5 @@
-"""Packed CPU GEMM: same numbers as F.linear, row results independent of the batch."""
+"""Packed CPU GEMM (our float32 AVX-512 kernel, else oneDNN): same numbers as F.linear,
+row results independent of the batch and of the thread count."""
 
 from __future__ import annotations
 
@@ -7,13 +8,22 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from model_shards.layers.gemm import PackableGemm, pack_weights, packing_supported
+from model_shards.layers.gemm import (
+    PackableGemm,
+    own_gemm_supported,
+    pack_weights,
+    packing_supported,
+)
 from model_shards.layers.linear import ReplicatedLinear
 from model_shards.layers.vocab import ParallelLMHead, VocabParallelEmbedding
 from model_shards.parallel.state import single_process_state
 
 needs_packing = pytest.mark.skipif(
     not packing_supported(torch.zeros(1)), reason="this torch build has no oneDNN"
+)
+
+needs_own_gemm = pytest.mark.skipif(
+    not own_gemm_supported(torch.zeros(1)), reason="no AVX-512 float32 GEMM on this machine"
 )
 
 
@@ -75,3 +85,69 @@ def test_unsupported_dtype_stays_on_f_linear() -> None:
     assert pack_weights(layer) == 0
     assert layer.packed_weight is None and layer.weight.shape == (160, 96)
     assert isinstance(layer, PackableGemm)
+
+
+def _own_gemm(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    packed = torch.ops.shardserve_cpu.pack_gemm_f32(w)
+    return torch.ops.shardserve_cpu.gemm_f32(x, packed, w.shape[0], bias)
+
+
+@needs_own_gemm
+@pytest.mark.parametrize(
+    ("rows", "outputs", "inner"),
+    [(1, 48, 16), (7, 49, 5), (9, 160, 96), (37, 96, 33), (64, 200, 576), (300, 47, 64)],
+)
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_own_gemm_matches_f_linear(rows: int, outputs: int, inner: int, with_bias: bool) -> None:
+    """Every row tile (1..8 rows) and a partial last panel (outputs not a multiple of 48)."""
+    gen = torch.Generator().manual_seed(rows * 1000 + outputs)
+    w = torch.randn(outputs, inner, generator=gen)
+    x = torch.randn(rows, inner, generator=gen)
+    bias = torch.randn(outputs, generator=gen) if with_bias else None
+    got = _own_gemm(x, w, bias)
+    want = F.linear(x.double(), w.double(), None if bias is None else bias.double())
+    assert got.shape == (rows, outputs) and got.dtype == torch.float32
+    assert torch.allclose(got.double(), want, rtol=1e-5, atol=1e-4 * inner**0.5)
+
+
+@needs_own_gemm
+def test_own_gemm_rows_depend_on_nothing_else() -> None:
+    """A row's bits are the same alone, in any batch, from a strided input, on 1 or 2 threads."""
+    torch.manual_seed(1)
+    w, bias = torch.randn(100, 64), torch.randn(100)
+    x = torch.randn(70, 64)
+    packed = torch.ops.shardserve_cpu.pack_gemm_f32(w)
+    full = torch.ops.shardserve_cpu.gemm_f32(x, packed, 100, bias)
+    threads = torch.get_num_threads()
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            for start, stop in [(0, 1), (5, 6), (3, 20), (0, 33), (41, 70)]:
+                part = torch.ops.shardserve_cpu.gemm_f32(x[start:stop], packed, 100, bias)
+                assert torch.equal(part, full[start:stop]), (n, start, stop)
+        wide = torch.cat([x, torch.zeros(70, 16)], dim=1)[:, :64]  # rows 80 floats apart
+        assert torch.equal(torch.ops.shardserve_cpu.gemm_f32(wide, packed, 100, bias), full)
+        batched = torch.ops.shardserve_cpu.gemm_f32(x.view(7, 10, 64), packed, 100, bias)
+        assert torch.equal(batched, full.view(7, 10, 100))  # leading dims, as F.linear
+    finally:
+        torch.set_num_threads(threads)
+
+
+@needs_own_gemm
+def test_float32_layers_use_the_own_gemm_and_others_onednn() -> None:
+    f32, bf16 = _linear(torch.float32), _linear(torch.bfloat16)
+    assert pack_weights(f32) == 1 and pack_weights(bf16) == 1
+    assert f32.packed_outputs == 160 and f32.packed_weight is not None
+    assert f32.packed_weight.shape == (4, 96, 48)  # ceil(160 / 48) zero-padded panels
+    assert bf16.packed_outputs == 0
+
+
+@needs_own_gemm
+def test_own_gemm_rejects_a_mismatched_weight() -> None:
+    packed = torch.ops.shardserve_cpu.pack_gemm_f32(torch.randn(96, 32))
+    with pytest.raises(RuntimeError, match="pack_gemm_f32"):
+        torch.ops.shardserve_cpu.gemm_f32(torch.randn(4, 16), packed, 96)
+    with pytest.raises(RuntimeError, match="pack_gemm_f32"):
+        torch.ops.shardserve_cpu.gemm_f32(torch.randn(4, 32), packed, 200)
+    with pytest.raises(RuntimeError, match="bias"):
+        torch.ops.shardserve_cpu.gemm_f32(torch.randn(4, 32), packed, 96, torch.randn(95))

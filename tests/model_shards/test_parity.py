@@ -20,6 +20,7 @@ from safetensors.torch import load_file, save_file
 
 from model_shards.config import ModelConfig, ReplicaConfig
 from model_shards.coordinator import Coordinator
+from model_shards.kernels import cpu_kernels_loaded
 from model_shards.messages import GenerateRequest, SamplingParams
 from model_shards.parallel.state import ParallelState
 from model_shards.worker import Worker
@@ -37,6 +38,7 @@ def _rchar() -> int:
 
 
 def _parity_rank(ps: ParallelState, model_dirs: list[str], out_dir: str) -> None:
+    cpu_kernels_loaded()  # its one-time load reads the extension's files: not checkpoint bytes
     for name, model_dir in zip(("llama", "qwen2"), model_dirs, strict=True):
         cfg = ModelConfig.from_dir(model_dir)
         before = _rchar()
