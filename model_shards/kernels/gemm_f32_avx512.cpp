@@ -11,8 +11,9 @@
 // panels; each weight byte comes from memory once per call and is reused by every row.
 //
 // For the short, wide products of decoding (a few dozen rows against a large matrix)
-// this runs 15-25% faster than oneDNN's packed linear on the CPUs we measured (AMD Zen 4;
-// benchmarks/README.md), and as fast for long prefill batches.
+// this ran 15-25% faster than oneDNN's packed linear on the one CPU we measured (AMD Zen 4,
+// the benchmark model's layer shapes, 1 and 2 threads), and as fast for long prefill
+// batches. The benchmark tables (benchmarks/README.md) show its effect end to end only.
 //
 // Contract: every output is sum_k x[m, k] * W[j, k] accumulated in float32 FMAs in order
 // k = 0, 1, ..., K - 1, then + bias[j]. A row's result therefore depends only on that row,
