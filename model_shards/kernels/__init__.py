@@ -16,8 +16,8 @@ in ``cpu_ops.cpp`` do that work in one pass each:
 * ``argmax(x)``: the row argmax of greedy sampling.
 
 ``sampling_ops.cpp`` holds ``exponential_race(probs, seeds)``, the random draw of
-sampling (one per row), and ``gemm_f32_avx512.cpp`` the float32 GEMM of the linear
-layers (``pack_gemm_f32``, ``gemm_f32``; see :mod:`model_shards.layers.gemm`).
+sampling (one per row), and ``gemm_avx512.cpp`` the float32 and bfloat16 GEMM of the
+linear layers (``pack_gemm``, ``gemm``; see :mod:`model_shards.layers.gemm`).
 
 They round like the PyTorch reference (:mod:`model_shards.layers.fused`) and
 compute each row on its own, so outputs do not depend on batch composition.
@@ -45,7 +45,7 @@ log = logging.getLogger(__name__)
 SOURCES = [
     Path(__file__).with_name(name)
     for name in (
-        "cpu_ops.cpp", "decode_attention_avx512.cpp", "sampling_ops.cpp", "gemm_f32_avx512.cpp"
+        "cpu_ops.cpp", "decode_attention_avx512.cpp", "sampling_ops.cpp", "gemm_avx512.cpp"
     )
 ]
 HEADERS = [Path(__file__).with_name("kernel_common.h")]

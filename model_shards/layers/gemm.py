@@ -5,8 +5,8 @@ wide products of decoding (a few dozen rows against a large matrix) that runs at
 a third to a half of the machine's matmul peak. After loading, :func:`pack_weights`
 reorders each ``W`` once for a faster GEMM:
 
-* float32 with the AVX-512 kernels built: our own GEMM
-  (``model_shards/kernels/gemm_f32_avx512.cpp``), 15-25% faster than oneDNN's on
+* float32 on AVX-512 and bfloat16 on AVX-512 BF16, with the kernels built: our own
+  GEMM (``model_shards/kernels/gemm_avx512.cpp``), 15-25% faster than oneDNN's on
   decode-sized batches and as fast on prefill;
 * otherwise float32 and bfloat16: oneDNN's blocked layout, 1.5-3x faster than
   F.linear on decode-sized batches.
@@ -33,12 +33,12 @@ _PACKABLE_DTYPES = (torch.float32, torch.bfloat16)
 
 
 def own_gemm_supported(weight: torch.Tensor) -> bool:
-    """Whether our AVX-512 float32 GEMM serves this weight."""
+    """Whether our AVX-512 GEMM serves this weight (its dtype on this CPU)."""
     return (
         weight.device.type == "cpu"
-        and weight.dtype == torch.float32
+        and weight.dtype in _PACKABLE_DTYPES
         and cpu_kernels_loaded()
-        and bool(torch.ops.shardserve_cpu.gemm_f32_vectorized())
+        and bool(torch.ops.shardserve_cpu.gemm_vectorized(weight.dtype))
     )
 
 
@@ -68,7 +68,7 @@ class PackableGemm(nn.Module):
             return False
         weight = self.weight.detach()
         if own_gemm_supported(weight):
-            self.packed_weight = torch.ops.shardserve_cpu.pack_gemm_f32(weight)
+            self.packed_weight = torch.ops.shardserve_cpu.pack_gemm(weight)
             self.packed_outputs = weight.shape[0]
         elif onednn_supported(weight):
             self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(weight, None)
@@ -82,7 +82,7 @@ class PackableGemm(nn.Module):
         """``x [T, in]`` → ``[T, out]``."""
         if self.packed_outputs:
             packed, n = self.packed_weight, self.packed_outputs
-            return torch.ops.shardserve_cpu.gemm_f32(x, packed, n, bias)
+            return torch.ops.shardserve_cpu.gemm(x, packed, n, bias)
         if self.packed_weight is not None:
             return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, bias, "none", [], "")
         return F.linear(x, self.weight, bias)
@@ -102,5 +102,5 @@ def pack_weights(model: nn.Module) -> int:
         if isinstance(module, PackableGemm):
             packed += module.pack(keep_dense=users.get(id(module.weight), 0) > 1)
     if packed:
-        log.debug("packed %d weight matrices for oneDNN", packed)
+        log.debug("packed %d weight matrices", packed)
     return packed

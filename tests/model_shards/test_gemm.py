@@ -1,5 +1,5 @@
-"""Packed CPU GEMM (our float32 AVX-512 kernel, else oneDNN): same numbers as F.linear,
-row results independent of the batch and of the thread count."""
+"""Packed CPU GEMM (our AVX-512 kernel in float32 and bfloat16, else oneDNN): same numbers as
+F.linear, row results independent of the batch and of the thread count."""
 
 from __future__ import annotations
 
@@ -22,9 +22,19 @@ needs_packing = pytest.mark.skipif(
     not packing_supported(torch.zeros(1)), reason="this torch build has no oneDNN"
 )
 
-needs_own_gemm = pytest.mark.skipif(
-    not own_gemm_supported(torch.zeros(1)), reason="no AVX-512 float32 GEMM on this machine"
-)
+def _with_own_gemm(dtype: torch.dtype, *more: object) -> object:
+    """A parameter set ``(dtype, *more)``, skipped where our GEMM does not serve ``dtype``."""
+    skip = pytest.mark.skipif(
+        not own_gemm_supported(torch.zeros(1, dtype=dtype)),
+        reason=f"no AVX-512 {dtype} GEMM on this machine",
+    )
+    return pytest.param(dtype, *more, marks=skip, id=str(dtype).removeprefix("torch."))
+
+
+OWN_GEMM_DTYPES = [_with_own_gemm(torch.float32), _with_own_gemm(torch.bfloat16)]
+# what a result may differ from the float64 product by, relative: float32 accumulation, then
+# (bfloat16) one rounding of the output, which the accumulation order may move by one step
+OWN_GEMM_RTOL = {torch.float32: 1e-5, torch.bfloat16: 2.0**-7}
 
 
 def _linear(dtype: torch.dtype, bias: bool = True) -> ReplicatedLinear:
@@ -88,66 +98,77 @@ def test_unsupported_dtype_stays_on_f_linear() -> None:
 
 
 def _own_gemm(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    packed = torch.ops.shardserve_cpu.pack_gemm_f32(w)
-    return torch.ops.shardserve_cpu.gemm_f32(x, packed, w.shape[0], bias)
+    packed = torch.ops.shardserve_cpu.pack_gemm(w)
+    return torch.ops.shardserve_cpu.gemm(x, packed, w.shape[0], bias)
 
 
-@needs_own_gemm
+@pytest.mark.parametrize("dtype", OWN_GEMM_DTYPES)
 @pytest.mark.parametrize(
     ("rows", "outputs", "inner"),
     [(1, 48, 16), (7, 49, 5), (9, 160, 96), (37, 96, 33), (64, 200, 576), (300, 47, 64)],
 )
 @pytest.mark.parametrize("with_bias", [True, False])
-def test_own_gemm_matches_f_linear(rows: int, outputs: int, inner: int, with_bias: bool) -> None:
-    """Every row tile (1..8 rows) and a partial last panel (outputs not a multiple of 48)."""
+def test_own_gemm_matches_f_linear(
+    dtype: torch.dtype, rows: int, outputs: int, inner: int, with_bias: bool
+) -> None:
+    """Every row tile (1..8 rows), a partial last panel (outputs not a multiple of 48) and,
+    in bfloat16, an odd K (the last k has no partner)."""
     gen = torch.Generator().manual_seed(rows * 1000 + outputs)
-    w = torch.randn(outputs, inner, generator=gen)
-    x = torch.randn(rows, inner, generator=gen)
-    bias = torch.randn(outputs, generator=gen) if with_bias else None
+    w = torch.randn(outputs, inner, generator=gen).to(dtype)
+    x = torch.randn(rows, inner, generator=gen).to(dtype)
+    bias = torch.randn(outputs, generator=gen).to(dtype) if with_bias else None
     got = _own_gemm(x, w, bias)
     want = F.linear(x.double(), w.double(), None if bias is None else bias.double())
-    assert got.shape == (rows, outputs) and got.dtype == torch.float32
-    assert torch.allclose(got.double(), want, rtol=1e-5, atol=1e-4 * inner**0.5)
+    assert got.shape == (rows, outputs) and got.dtype == dtype
+    rtol = OWN_GEMM_RTOL[dtype]
+    assert torch.allclose(got.double(), want, rtol=rtol, atol=1e-4 * inner**0.5)
 
 
-@needs_own_gemm
-def test_own_gemm_rows_depend_on_nothing_else() -> None:
+@pytest.mark.parametrize("dtype", OWN_GEMM_DTYPES)
+def test_own_gemm_rows_depend_on_nothing_else(dtype: torch.dtype) -> None:
     """A row's bits are the same alone, in any batch, from a strided input, on 1 or 2 threads."""
     torch.manual_seed(1)
-    w, bias = torch.randn(100, 64), torch.randn(100)
-    x = torch.randn(70, 64)
-    packed = torch.ops.shardserve_cpu.pack_gemm_f32(w)
-    full = torch.ops.shardserve_cpu.gemm_f32(x, packed, 100, bias)
+    w, bias = torch.randn(100, 64).to(dtype), torch.randn(100).to(dtype)
+    x = torch.randn(70, 64).to(dtype)
+    packed = torch.ops.shardserve_cpu.pack_gemm(w)
+    full = torch.ops.shardserve_cpu.gemm(x, packed, 100, bias)
     threads = torch.get_num_threads()
     try:
         for n in (1, 2):
             torch.set_num_threads(n)
             for start, stop in [(0, 1), (5, 6), (3, 20), (0, 33), (41, 70)]:
-                part = torch.ops.shardserve_cpu.gemm_f32(x[start:stop], packed, 100, bias)
+                part = torch.ops.shardserve_cpu.gemm(x[start:stop], packed, 100, bias)
                 assert torch.equal(part, full[start:stop]), (n, start, stop)
-        wide = torch.cat([x, torch.zeros(70, 16)], dim=1)[:, :64]  # rows 80 floats apart
-        assert torch.equal(torch.ops.shardserve_cpu.gemm_f32(wide, packed, 100, bias), full)
-        batched = torch.ops.shardserve_cpu.gemm_f32(x.view(7, 10, 64), packed, 100, bias)
+        wide = torch.cat([x, torch.zeros(70, 16, dtype=dtype)], dim=1)[:, :64]  # rows 80 apart
+        assert torch.equal(torch.ops.shardserve_cpu.gemm(wide, packed, 100, bias), full)
+        batched = torch.ops.shardserve_cpu.gemm(x.view(7, 10, 64), packed, 100, bias)
         assert torch.equal(batched, full.view(7, 10, 100))  # leading dims, as F.linear
     finally:
         torch.set_num_threads(threads)
 
 
-@needs_own_gemm
-def test_float32_layers_use_the_own_gemm_and_others_onednn() -> None:
-    f32, bf16 = _linear(torch.float32), _linear(torch.bfloat16)
-    assert pack_weights(f32) == 1 and pack_weights(bf16) == 1
-    assert f32.packed_outputs == 160 and f32.packed_weight is not None
-    assert f32.packed_weight.shape == (4, 96, 48)  # ceil(160 / 48) zero-padded panels
-    assert bf16.packed_outputs == 0
+@pytest.mark.parametrize(
+    ("dtype", "panel_shape"),
+    [_with_own_gemm(torch.float32, (4, 96, 48)), _with_own_gemm(torch.bfloat16, (4, 48, 96))],
+)
+def test_layers_pack_for_the_own_gemm(dtype: torch.dtype, panel_shape: tuple[int, ...]) -> None:
+    """ceil(160 / 48) zero-padded panels; bfloat16 packs k in pairs, two per column."""
+    layer = _linear(dtype)
+    assert pack_weights(layer) == 1
+    assert layer.packed_outputs == 160 and layer.packed_weight is not None
+    assert layer.packed_weight.shape == panel_shape and layer.packed_weight.dtype == dtype
 
 
-@needs_own_gemm
-def test_own_gemm_rejects_a_mismatched_weight() -> None:
-    packed = torch.ops.shardserve_cpu.pack_gemm_f32(torch.randn(96, 32))
-    with pytest.raises(RuntimeError, match="pack_gemm_f32"):
-        torch.ops.shardserve_cpu.gemm_f32(torch.randn(4, 16), packed, 96)
-    with pytest.raises(RuntimeError, match="pack_gemm_f32"):
-        torch.ops.shardserve_cpu.gemm_f32(torch.randn(4, 32), packed, 200)
+@pytest.mark.parametrize("dtype", OWN_GEMM_DTYPES)
+def test_own_gemm_rejects_a_mismatched_weight(dtype: torch.dtype) -> None:
+    packed = torch.ops.shardserve_cpu.pack_gemm(torch.randn(96, 32).to(dtype))
+    with pytest.raises(RuntimeError, match="pack_gemm"):
+        torch.ops.shardserve_cpu.gemm(torch.randn(4, 16).to(dtype), packed, 96)
+    with pytest.raises(RuntimeError, match="pack_gemm"):
+        torch.ops.shardserve_cpu.gemm(torch.randn(4, 32).to(dtype), packed, 200)
+    with pytest.raises(RuntimeError, match="pack_gemm"):  # the other dtype's input
+        other = torch.float32 if dtype == torch.bfloat16 else torch.bfloat16
+        torch.ops.shardserve_cpu.gemm(torch.randn(4, 32).to(other), packed, 96)
     with pytest.raises(RuntimeError, match="bias"):
-        torch.ops.shardserve_cpu.gemm_f32(torch.randn(4, 32), packed, 96, torch.randn(95))
+        bias = torch.randn(95).to(dtype)
+        torch.ops.shardserve_cpu.gemm(torch.randn(4, 32).to(dtype), packed, 96, bias)
