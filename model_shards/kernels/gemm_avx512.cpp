@@ -17,8 +17,8 @@
 // row.
 //
 // For the short, wide products of decoding (a few dozen rows against a large matrix) this ran
-// 15-25% faster than oneDNN's packed linear in float32 and about 30% faster in bfloat16 on the
-// one CPU we measured (AMD Zen 4, the benchmark model's layer shapes, 1 and 2 threads), and
+// 10-25% faster than oneDNN's packed linear in float32 and 15-25% in bfloat16 on the one CPU
+// we measured (AMD Zen 4, the benchmark model's layer shapes, 1 and 2 threads), and
 // as fast for long prefill batches. The benchmark tables (benchmarks/README.md) show its
 // effect end to end only.
 //

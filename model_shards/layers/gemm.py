@@ -6,7 +6,7 @@ a third to a half of the machine's matmul peak. After loading, :func:`pack_weigh
 reorders each ``W`` once for a faster GEMM:
 
 * float32 on AVX-512 and bfloat16 on AVX-512 BF16, with the kernels built: our own
-  GEMM (``model_shards/kernels/gemm_avx512.cpp``), 15-25% faster than oneDNN's on
+  GEMM (``model_shards/kernels/gemm_avx512.cpp``), 10-25% faster than oneDNN's on
   decode-sized batches and as fast on prefill;
 * otherwise float32 and bfloat16: oneDNN's blocked layout, 1.5-3x faster than
   F.linear on decode-sized batches.
