@@ -11,20 +11,45 @@ BASELINE_LAYOUTS = {"shardserve": "tp1 pp1", "hf-serve": "tp1 pp1", "hf-generate
 SYSTEMS = ("shardserve", "hf-serve", "hf-generate")
 
 
+def row_key(row: dict[str, Any]) -> tuple[str, str, int, str]:
+    return (row["system"], row["dtype"], row["concurrency"], row["layout"])
+
+
+def add_run(
+    rows: list[dict[str, Any]], key: tuple[str, str, int, str], run: dict[str, Any]
+) -> dict[str, Any]:
+    """Record one run of the point ``key`` (system, dtype, concurrency, layout); the point's
+    row keeps every run under ``runs`` and takes its fields from the median one (the lower
+    median for an even count: always a run that happened, never an average)."""
+    row = next((r for r in rows if row_key(r) == key), None)
+    if row is None:
+        system, dtype, c, layout = key
+        row = {"system": system, "dtype": dtype, "concurrency": c, "layout": layout, "runs": []}
+        rows.append(row)
+    row["runs"].append(run)
+    ordered = sorted(row["runs"], key=lambda r: float(r["output_throughput"]))
+    row.update(ordered[(len(ordered) - 1) // 2])
+    return row
+
+
+def _row(rows: list[dict[str, Any]], *key: Any) -> dict[str, Any] | None:
+    return next((r for r in rows if row_key(r) == key), None)
+
+
 def _find(rows: list[dict[str, Any]], system: str, dtype: str, c: int, layout: str) -> float | None:
-    for row in rows:
-        if (row["system"], row["dtype"], row["concurrency"], row["layout"]) == (
-            system,
-            dtype,
-            c,
-            layout,
-        ):
-            return float(row["output_throughput"])
-    return None
+    row = _row(rows, system, dtype, c, layout)
+    return None if row is None else float(row["output_throughput"])
 
 
 def _ratio(a: float | None, b: float | None) -> str:
     return f"{a / b:.2f}×" if a and b else "—"
+
+
+def _tok_cell(row: dict[str, Any]) -> str:
+    """tok/s, and the range of the runs where the point ran more than once (median shown)."""
+    text = f"{float(row['output_throughput']):.1f}"
+    runs = [float(run["output_throughput"]) for run in row.get("runs", [])]
+    return f"{text} ({min(runs):.0f}–{max(runs):.0f})" if len(runs) > 1 else text
 
 
 def _roof(result: dict[str, Any], row: dict[str, Any]) -> tuple[float, float]:
@@ -54,15 +79,7 @@ def main_table(result: dict[str, Any]) -> str:
         gen = _find(rows, "hf-generate", dtype, c, "batch")
         for system in SYSTEMS:
             layout = BASELINE_LAYOUTS[system]
-            row = next(
-                (
-                    r
-                    for r in rows
-                    if (r["system"], r["dtype"], r["concurrency"], r["layout"])
-                    == (system, dtype, c, layout)
-                ),
-                None,
-            )
+            row = _row(rows, system, dtype, c, layout)
             if row is None:
                 continue
             tok_s = float(row["output_throughput"])
@@ -70,7 +87,7 @@ def main_table(result: dict[str, Any]) -> str:
             vs_serve = _ratio(tok_s, serve) if system != "hf-serve" else ""
             vs_gen = _ratio(tok_s, gen) if system != "hf-generate" else ""
             lines.append(
-                f"| {system} | {dtype} | {c} | {tok_s:.1f} | {vs_serve} | {vs_gen} "
+                f"| {system} | {dtype} | {c} | {_tok_cell(row)} | {vs_serve} | {vs_gen} "
                 f"| {gflops:.1f} | {pct:.0f}% | {row.get('loadavg_before', 0.0):.1f} |"
             )
     return "\n".join(lines)
@@ -102,7 +119,7 @@ def parallel_table(result: dict[str, Any]) -> str:
         row = next(r for r in rows if r["layout"] == layout)
         gflops, _ = _roof(result, row)
         ratio = f"{_ratio(tok[layout], tok.get(base))} vs {base}" if base else ""
-        lines.append(f"| {layout} | {tok[layout]:.1f} | {ratio} | {gflops:.1f} |")
+        lines.append(f"| {layout} | {_tok_cell(row)} | {ratio} | {gflops:.1f} |")
     return "\n".join(lines)
 
 

@@ -39,6 +39,10 @@ HERE = Path(__file__).resolve().parent
 CACHE = HERE / ".cache"
 PROMPT_LEN, OUTPUT_LEN = 32, 64
 PARALLEL_CONCURRENCY = 32
+# The concurrency the targets are read at: each system runs it this many times, on fresh
+# prompts, alternating, and the table reports the median (hf-serve alone has measured
+# anywhere from 105 to 136 tok/s in float32 across runs on one machine).
+TARGET_CONCURRENCY, TARGET_REPEATS = 32, 3
 POINT_CAP_S = 60.0  # a point running longer is cut short (and reported as such)
 REQUEST_TIMEOUT_S = 300.0
 HELPER_TIMEOUT_S = 300.0
@@ -47,6 +51,14 @@ HELPER_TIMEOUT_S = 300.0
 def num_requests(concurrency: int) -> int:
     """Two full waves per point, at least 4 requests."""
     return max(4, 2 * concurrency)
+
+
+def repeats(concurrency: int) -> int:
+    return TARGET_REPEATS if concurrency == TARGET_CONCURRENCY else 1
+
+
+def dataset_key(concurrency: int, repeat: int) -> str:
+    return f"c{concurrency}" if repeat == 0 else f"c{concurrency}-r{repeat + 1}"
 
 
 def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
@@ -62,23 +74,28 @@ class Bench:
         self.notes: list[str] = []
         self.model = ensure_model("main")
         tokenizer = Tokenizer.from_file(str(self.model / "tokenizer.json"))
-        total = 2 + sum(num_requests(c) for c in concurrencies)
+        keys = [(c, r) for c in concurrencies for r in range(repeats(c))]
+        total = 2 + sum(num_requests(c) for c, _ in keys)
         prompts = exact_prompts(tokenizer, total, PROMPT_LEN, seed="bench-v1")
         self.prompts: dict[str, list[list[int]]] = {"warmup": prompts[:2]}
         start = 2
-        for c in concurrencies:  # each point its own prompts: no prefix-cache hits
-            self.prompts[f"c{c}"] = prompts[start : start + num_requests(c)]
+        for c, r in keys:  # each point its own prompts: no prefix-cache hits
+            self.prompts[dataset_key(c, r)] = prompts[start : start + num_requests(c)]
             start += num_requests(c)
         self.datasets = {
             key: str(write_dataset(tokenizer, ids, OUTPUT_LEN, CACHE / f"data/{key}.jsonl"))
             for key, ids in self.prompts.items()
         }
 
-    def http_point(self, target: Target, dtype: str, c: int | None, layout: str) -> None:
+    def http_point(
+        self, target: Target, dtype: str, c: int | None, layout: str, repeat: int = 0
+    ) -> None:
         """One load point (``c=None``: the 2-request warm-up, not recorded)."""
         system, url, model = target
         hf_serve = system == "hf-serve"
-        key, conc, count = ("warmup", 2, 2) if c is None else (f"c{c}", c, num_requests(c))
+        key, conc, count = (
+            ("warmup", 2, 2) if c is None else (dataset_key(c, repeat), c, num_requests(c))
+        )
         load_before = os.getloadavg()[0]
         metrics = http_load.run_point(
             url,
@@ -140,17 +157,8 @@ class Bench:
         metrics: dict[str, Any],
         load_before: float,
     ) -> None:
-        self.rows.append(
-            {
-                "system": system,
-                "dtype": dtype,
-                "concurrency": c,
-                "layout": layout,
-                "output_throughput": tok_s,
-                "loadavg_before": load_before,
-                "metrics": metrics,
-            }
-        )
+        run = {"output_throughput": tok_s, "loadavg_before": load_before, "metrics": metrics}
+        report.add_run(self.rows, (system, dtype, c, layout), run)
         errors = metrics.get("errors") or {}
         if errors:
             self.notes.append(
@@ -201,10 +209,17 @@ def sweep(bench: Bench, dtype: str, systems: list[str]) -> None:
         for target in targets:
             bench.http_point(target, dtype, None, "")
         for c in bench.concurrencies:
-            for target in targets:
-                bench.http_point(target, dtype, c, "tp1 pp1")
+            alternate(bench, [(t, "tp1 pp1") for t in targets], dtype, c)
             if "hf-generate" in systems:
                 bench.generate_point(dtype, c)
+
+
+def alternate(bench: Bench, targets: list[tuple[Target, str]], dtype: str, c: int) -> None:
+    """Every (target, layout) at concurrency ``c``, ``repeats(c)`` rounds, the order reversed
+    every other round, so that a slow spell of the machine falls on them alike."""
+    for r in range(repeats(c)):
+        for target, layout in targets if r % 2 == 0 else targets[::-1]:
+            bench.http_point(target, dtype, c, layout, r)
 
 
 def run_parallel(bench: Bench, flag_help: str) -> None:
@@ -213,23 +228,25 @@ def run_parallel(bench: Bench, flag_help: str) -> None:
     pp2 = ["-pp", "2"]
     if "--pp-layer-partition" in flag_help:  # the LM-head stage takes fewer layers
         pp2 += ["--pp-layer-partition", "balanced"]
-    runs: list[tuple[list[str], str, Variant]] = [
-        ([], "tp1 (12-head variant)", "tp2"),
-        (["-tp", "2"], "tp2 (12-head variant)", "tp2"),
-        (pp2, "pp2 overlapped", "main"),
+    pairs: list[list[tuple[list[str], str, Variant]]] = [
+        [([], "tp1 (12-head variant)", "tp2"), (["-tp", "2"], "tp2 (12-head variant)", "tp2")],
+        [(pp2, "pp2 overlapped", "main")],
     ]
     if "--no-pipeline-overlap" in flag_help:
-        runs.append(([*pp2, "--no-pipeline-overlap"], "pp2 not overlapped", "main"))
+        pairs[1].append(([*pp2, "--no-pipeline-overlap"], "pp2 not overlapped", "main"))
     else:
         bench.notes.append(
             "pp2 not overlapped: skipped, `shardserve serve` has no "
             "--no-pipeline-overlap flag in this checkout"
         )
-    for flags, layout, variant in runs:
+    for pair in pairs:  # both servers of a pair up at once, measured in turn
         with contextlib.ExitStack() as stack:
-            target = start_ours(stack, "float32", flags, layout, variant)
-            bench.http_point(target, "float32", None, "")
-            bench.http_point(target, "float32", c, layout)
+            targets = []
+            for flags, layout, variant in pair:
+                target = start_ours(stack, "float32", flags, layout, variant)
+                bench.http_point(target, "float32", None, "")
+                targets.append((target, layout))
+            alternate(bench, targets, "float32", c)
 
 
 def machine() -> dict[str, Any]:
