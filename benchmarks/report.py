@@ -15,13 +15,17 @@ def row_key(row: dict[str, Any]) -> tuple[str, str, int, str]:
     return (row["system"], row["dtype"], row["concurrency"], row["layout"])
 
 
+def _row(rows: list[dict[str, Any]], *key: Any) -> dict[str, Any] | None:
+    return next((r for r in rows if row_key(r) == key), None)
+
+
 def add_run(
     rows: list[dict[str, Any]], key: tuple[str, str, int, str], run: dict[str, Any]
 ) -> dict[str, Any]:
     """Record one run of the point ``key`` (system, dtype, concurrency, layout); the point's
     row keeps every run under ``runs`` and takes its fields from the median one (the lower
     median for an even count: always a run that happened, never an average)."""
-    row = next((r for r in rows if row_key(r) == key), None)
+    row = _row(rows, *key)
     if row is None:
         system, dtype, c, layout = key
         row = {"system": system, "dtype": dtype, "concurrency": c, "layout": layout, "runs": []}
@@ -30,10 +34,6 @@ def add_run(
     ordered = sorted(row["runs"], key=lambda r: float(r["output_throughput"]))
     row.update(ordered[(len(ordered) - 1) // 2])
     return row
-
-
-def _row(rows: list[dict[str, Any]], *key: Any) -> dict[str, Any] | None:
-    return next((r for r in rows if row_key(r) == key), None)
 
 
 def _find(rows: list[dict[str, Any]], system: str, dtype: str, c: int, layout: str) -> float | None:
@@ -110,8 +110,8 @@ def parallel_table(result: dict[str, Any]) -> str:
         "tp1 (12-head variant)": None,
         "tp2 (12-head variant)": "tp1 (12-head variant)",
         "tp1 pp1": None,
-        "pp2 overlapped": "tp1 pp1",
-        "pp2 not overlapped": "pp2 overlapped",
+        "pp2 not overlapped": "tp1 pp1",
+        "pp2 overlapped": "pp2 not overlapped",  # the target: overlap's gain
     }
     for layout, base in pairs.items():
         if layout not in tok:

@@ -61,29 +61,35 @@ bool gemm_supported(at::ScalarType dtype) {
   return false;
 }
 
+// W [n, K] -> panels (layout in the header comment), `step` consecutive k per column.
+template <typename T>
+void pack_panels(const T* src, T* dst, int64_t n, int64_t K, int64_t step) {
+  const int64_t P = (n + kPanel - 1) / kPanel, steps = (K + step - 1) / step;
+  at::parallel_for(0, P, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t p = begin; p < end; ++p) {
+      const int64_t cols = std::min(kPanel, n - p * kPanel);
+      T* panel = dst + p * steps * kPanel * step;
+      for (int64_t j = 0; j < cols; ++j) {
+        const T* row = src + (p * kPanel + j) * K;
+        for (int64_t k = 0; k < K; ++k)
+          panel[(k / step) * kPanel * step + j * step + k % step] = row[k];
+      }
+    }
+  });
+}
+
 at::Tensor pack_gemm(const at::Tensor& weight) {
   TORCH_CHECK(weight.dim() == 2 && gemm_supported(weight.scalar_type()),
               "pack_gemm: weight must be [n, K] in a dtype gemm_vectorized accepts, got ",
               weight.scalar_type(), " ", weight.sizes());
   const at::Tensor w = weight.contiguous();
   const int64_t n = w.size(0), K = w.size(1), step = step_of(w.scalar_type());
-  const int64_t P = (n + kPanel - 1) / kPanel, steps = (K + step - 1) / step;
-  const int64_t bytes = w.element_size();
-  at::Tensor packed = at::zeros({P, steps, kPanel * step}, w.options());
-  const char* src = static_cast<const char*>(w.data_ptr());
-  char* dst = static_cast<char*>(packed.data_ptr());
-  at::parallel_for(0, P, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t p = begin; p < end; ++p) {
-      const int64_t cols = std::min(kPanel, n - p * kPanel);
-      for (int64_t j = 0; j < cols; ++j) {
-        const char* row = src + (p * kPanel + j) * K * bytes;
-        for (int64_t k = 0; k < K; ++k) {
-          const int64_t at = (p * steps + k / step) * kPanel * step + j * step + k % step;
-          std::memcpy(dst + at * bytes, row + k * bytes, bytes);
-        }
-      }
-    }
-  });
+  at::Tensor packed =
+      at::zeros({(n + kPanel - 1) / kPanel, (K + step - 1) / step, kPanel * step}, w.options());
+  if (w.scalar_type() == at::kBFloat16)
+    pack_panels(w.data_ptr<c10::BFloat16>(), packed.data_ptr<c10::BFloat16>(), n, K, step);
+  else
+    pack_panels(w.data_ptr<float>(), packed.data_ptr<float>(), n, K, step);
   return packed;
 }
 

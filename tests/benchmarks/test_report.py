@@ -83,5 +83,5 @@ def test_readme_has_ratios(tmp_path: Path) -> None:
     report.write_readme(result, path)
     text = path.read_text()
     assert "| shardserve | float32 | 32 | 100.0 | 2.00× | 1.25× | 30.0 | 30% | 0.0 |" in text
-    assert "| pp2 not overlapped | 60.0 | 0.67× vs pp2 overlapped | 18.0 |" in text
-    assert "| pp2 overlapped | 90.0 (84–97) | 0.90× vs tp1 pp1 | 27.0 |" in text
+    assert "| pp2 not overlapped | 60.0 | 0.60× vs tp1 pp1 | 18.0 |" in text
+    assert "| pp2 overlapped | 90.0 (84–97) | 1.50× vs pp2 not overlapped | 27.0 |" in text
