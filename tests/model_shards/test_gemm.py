@@ -22,6 +22,7 @@ needs_packing = pytest.mark.skipif(
     not packing_supported(torch.zeros(1)), reason="this torch build has no oneDNN"
 )
 
+
 def _with_own_gemm(dtype: torch.dtype, *more: object) -> object:
     """A parameter set ``(dtype, *more)``, skipped where our GEMM does not serve ``dtype``."""
     skip = pytest.mark.skipif(

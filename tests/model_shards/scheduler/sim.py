@@ -17,7 +17,7 @@ output, besides failing the explicit checks:
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from model_shards.messages import FinishReason, GenerateRequest, SamplingParams
@@ -197,6 +197,29 @@ def drive(
         assert len(run.steps) < max_steps
     assert_quiescent(sched, worker)
     return run
+
+
+def drive_pipelined(
+    sched: Scheduler,
+    worker: FakeWorker,
+    micro_batches: int,
+    on_schedule: Callable[[ScheduledStep], None] = lambda step: None,
+) -> dict[str, list[int]]:
+    """Run every request already added to its end with up to ``micro_batches`` steps in
+    flight, as the coordinator's pump does, calling ``on_schedule`` on each step as it is
+    scheduled. Returns each request's tokens; the worker has been told the last frees."""
+    outputs: dict[str, list[int]] = {}
+    in_flight: list[ScheduledStep] = []
+    while sched.has_work() or in_flight:
+        while len(in_flight) < micro_batches and sched.has_schedulable():
+            step = sched.schedule(micro_batches=micro_batches)
+            on_schedule(step)
+            in_flight.append(step)
+        done = in_flight.pop(0)
+        for update in sched.update(done, worker.execute(done)):
+            outputs.setdefault(update.output.request_id, []).extend(update.output.new_token_ids)
+    worker.execute(sched.schedule(micro_batches=micro_batches))
+    return outputs
 
 
 def assert_quiescent(sched: Scheduler, worker: FakeWorker | None = None) -> None:

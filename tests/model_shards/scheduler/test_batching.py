@@ -14,6 +14,7 @@ from tests.model_shards.scheduler.sim import (
     assert_quiescent,
     config,
     drive,
+    drive_pipelined,
     make_request,
     reference,
 )
@@ -164,26 +165,21 @@ def test_pipeline_micro_batches_split_the_live_sequences() -> None:
     worker = FakeWorker(sched.config.num_blocks, sched.config.block_size)
     for req in requests:
         sched.add(req)
-    outputs: dict[str, list[int]] = {r.request_id: [] for r in requests}
-    in_flight: list[ScheduledStep] = []
     sizes = []
-    while sched.has_work() or in_flight:
-        while len(in_flight) < 2 and sched.has_schedulable():
-            step = sched.schedule(micro_batches=2)
-            assert step.chunks, "a schedulable sequence was left out"
-            sizes.append(len(step.chunks))
-            in_flight.append(step)
-        done = in_flight.pop(0)
-        for update in sched.update(done, worker.execute(done)):
-            outputs[update.output.request_id] += update.output.new_token_ids
+
+    def record(step: ScheduledStep) -> None:
+        assert step.chunks, "a schedulable sequence was left out"
+        sizes.append(len(step.chunks))
+
+    outputs = drive_pipelined(sched, worker, 2, record)
     assert sizes[:4] == [4, 4, 4, 4]  # halves, not one batch of 8 and an empty second
     for req in requests:
         assert outputs[req.request_id] == reference(req)[0]
-    worker.execute(sched.schedule(micro_batches=2))  # tells the worker the last frees
     assert_quiescent(sched, worker)
 
 
-def test_pipeline_takes_a_burst_of_prompts_in_shrinking_chunks() -> None:
+@pytest.mark.parametrize("micro_batches", [2, 1])
+def test_pipeline_takes_a_burst_of_prompts_in_shrinking_chunks(micro_batches: int) -> None:
     """With micro-batches in flight, a step's prompt tokens are capped at a quarter (two
     micro-batches) of the prompt tokens not yet scheduled, never below
     PIPELINE_MIN_PREFILL; one micro-batch takes the whole budget. Outputs are unchanged."""
@@ -191,41 +187,33 @@ def test_pipeline_takes_a_burst_of_prompts_in_shrinking_chunks() -> None:
     requests = [
         make_request(f"r{i}", [i + 1] * prompt_len, 4, ignore_eos=True) for i in range(n)
     ]  # no prefix shared: every prompt token is computed
-    for micro_batches in (2, 1):
-        cfg = config(max_num_seqs=n, max_num_batched_tokens=4096, num_blocks=1200)
-        sched = Scheduler(cfg)
-        worker = FakeWorker(cfg.num_blocks, cfg.block_size)
-        for req in requests:
-            sched.add(req)
-        outputs: dict[str, list[int]] = {r.request_id: [] for r in requests}
-        in_flight: list[ScheduledStep] = []
-        backlog = n * prompt_len
-        prompt_tokens = []  # per step
-        while sched.has_work() or in_flight:
-            while len(in_flight) < micro_batches and sched.has_schedulable():
-                step = sched.schedule(micro_batches=micro_batches)
-                took = sum(
-                    max(0, min(c.start_pos + len(c.token_ids), prompt_len) - c.start_pos)
-                    for c in step.chunks
-                )
-                if micro_batches > 1:  # at most the seats' slack over the cap
-                    cap = max(PIPELINE_MIN_PREFILL, -(-backlog // (2 * micro_batches)))
-                    assert took <= n // micro_batches + cap, (took, backlog)
-                backlog -= took
-                prompt_tokens.append(took)
-                in_flight.append(step)
-            done = in_flight.pop(0)
-            for update in sched.update(done, worker.execute(done)):
-                outputs[update.output.request_id] += update.output.new_token_ids
-        for req in requests:
-            assert outputs[req.request_id] == reference(req)[0]
-        assert backlog == 0
-        if micro_batches == 2:
-            # a quarter of 4000 (and the seats' slack), then a quarter of what is left
-            assert 1000 <= prompt_tokens[0] <= 1020
-            head = prompt_tokens[:5]
-            assert head == sorted(head, reverse=True) and head[-1] < 400
-        else:
-            assert prompt_tokens[0] == n * prompt_len  # the whole burst in one step
-        worker.execute(sched.schedule(micro_batches=micro_batches))
-        assert_quiescent(sched, worker)
+    cfg = config(max_num_seqs=n, max_num_batched_tokens=4096, num_blocks=1200)
+    sched = Scheduler(cfg)
+    worker = FakeWorker(cfg.num_blocks, cfg.block_size)
+    for req in requests:
+        sched.add(req)
+    prompt_tokens: list[int] = []  # per step
+
+    def record(step: ScheduledStep) -> None:
+        took = sum(
+            max(0, min(c.start_pos + len(c.token_ids), prompt_len) - c.start_pos)
+            for c in step.chunks
+        )
+        if micro_batches > 1:  # at most the seats' slack over the cap
+            backlog = n * prompt_len - sum(prompt_tokens)
+            cap = max(PIPELINE_MIN_PREFILL, -(-backlog // (2 * micro_batches)))
+            assert took <= n // micro_batches + cap, (took, backlog)
+        prompt_tokens.append(took)
+
+    outputs = drive_pipelined(sched, worker, micro_batches, record)
+    for req in requests:
+        assert outputs[req.request_id] == reference(req)[0]
+    assert sum(prompt_tokens) == n * prompt_len
+    if micro_batches == 2:
+        # a quarter of 4000 (and the seats' slack), then a quarter of what is left
+        assert 1000 <= prompt_tokens[0] <= 1020
+        head = prompt_tokens[:5]
+        assert head == sorted(head, reverse=True) and head[-1] < 400
+    else:
+        assert prompt_tokens[0] == n * prompt_len  # the whole burst in one step
+    assert_quiescent(sched, worker)
