@@ -46,7 +46,6 @@ namespace {
 
 constexpr int64_t kPanel = 48;  // output columns per packed panel: three zmm registers of sums
 constexpr int64_t kRows = 8;    // rows of x per register tile
-constexpr int64_t kPrefetchSteps = 16;  // how far ahead in k the first tile prefetches W
 
 // k values per packed step: 1 in float32, a pair in bfloat16.
 int64_t step_of(at::ScalarType dtype) { return dtype == at::kBFloat16 ? 2 : 1; }
@@ -142,7 +141,7 @@ struct BF16 {
 template <typename E, int64_t R>
 void tile(const typename E::T* __restrict x, int64_t ldx, const typename E::T* __restrict panel,
           int64_t K, const typename E::T* bias, int64_t cols, typename E::T* __restrict y,
-          int64_t ldy, bool prefetch) {
+          int64_t ldy) {
   constexpr int64_t width = kPanel * E::kStep;  // elements per packed step
   __m512 acc[R][3];
   for (int64_t i = 0; i < R; ++i)
@@ -160,15 +159,8 @@ void tile(const typename E::T* __restrict x, int64_t ldx, const typename E::T* _
     }
   };
   const int64_t whole = K / E::kStep;  // steps with all their k inside K
-  for (int64_t s = 0; s < whole; ++s) {
-    if (prefetch && s + kPrefetchSteps < whole) {
-      const char* ahead = reinterpret_cast<const char*>(panel + (s + kPrefetchSteps) * width);
-      _mm_prefetch(ahead, _MM_HINT_T0);
-      _mm_prefetch(ahead + 64, _MM_HINT_T0);
-      _mm_prefetch(ahead + 128, _MM_HINT_T0);  // a step is 192 bytes in either dtype
-    }
+  for (int64_t s = 0; s < whole; ++s)
     step(s, [](const typename E::T* xk) { return E::broadcast(xk); });
-  }
   if (whole * E::kStep < K)  // bfloat16 with odd K: x[K - 1] has no partner
     step(whole, [](const typename E::T* xk) { return E::broadcast_last(xk); });
   for (int64_t j = 0; j < 3; ++j) {
@@ -184,8 +176,7 @@ template <typename E>
 void run_tiles(const at::Tensor& x, const at::Tensor& packed, int64_t n,
                const std::optional<at::Tensor>& bias, at::Tensor& y) {
   using T = typename E::T;
-  using TileFn = void (*)(const T*, int64_t, const T*, int64_t, const T*, int64_t, T*, int64_t,
-                          bool);
+  using TileFn = void (*)(const T*, int64_t, const T*, int64_t, const T*, int64_t, T*, int64_t);
   static constexpr TileFn kTiles[kRows + 1] = {nullptr,       tile<E, 1>, tile<E, 2>,
                                                tile<E, 3>,    tile<E, 4>, tile<E, 5>,
                                                tile<E, 6>,    tile<E, 7>, tile<E, 8>};
@@ -199,10 +190,11 @@ void run_tiles(const at::Tensor& x, const at::Tensor& packed, int64_t n,
     for (int64_t p = begin; p < end; ++p) {
       const int64_t col0 = p * kPanel, cols = std::min(kPanel, n - col0);
       for (int64_t m = 0; m < M; m += kRows) {
-        // the first tile brings the panel in from memory; the others find it in cache
+        // the first tile brings the panel in from memory (the hardware prefetcher follows
+        // its stream); the others find it in cache
         kTiles[std::min(kRows, M - m)](xp + m * ldx, ldx, wp + p * panel_size, K,
                                         bp == nullptr ? nullptr : bp + col0, cols,
-                                        yp + m * n + col0, n, m == 0);
+                                        yp + m * n + col0, n);
       }
     }
   });
