@@ -46,6 +46,14 @@ class PagedKVCache:
         for chunk in chunks:
             self.tables.setdefault(chunk.seq_id, []).extend(chunk.new_block_ids)
 
+    def slot(self, seq_id: int, position: int) -> int:
+        """Slot of one position of ``seq_id`` (a decode step's, without building tensors)."""
+        table = self.tables[seq_id]
+        block = position // self.block_size
+        if block >= len(table):
+            raise RuntimeError(f"sequence {seq_id}: block table too short for position {position}")
+        return table[block] * self.block_size + position % self.block_size
+
     def slots(self, seq_id: int, start: int, end: int) -> torch.Tensor:
         """Slot of every position ``start..end-1`` of ``seq_id`` (``[end - start]`` int64)."""
         table = self.tables[seq_id]

@@ -62,7 +62,14 @@ class Router:
         if not clients:
             raise ValueError("a router needs at least one replica")
         self.clients = list(clients)
-        self._metrics = metrics
+        # per replica: routed requests and outstanding tokens, their label looked up once
+        # (the gauge is set on every streamed token)
+        self._routed = [] if metrics is None else [
+            metrics.replica_requests.labels(replica=str(r)) for r in range(len(clients))
+        ]  # fmt: skip  # a replica's counter shows 0 before its first request
+        self._outstanding_gauges = [] if metrics is None else [
+            metrics.replica_outstanding.labels(replica=str(r)) for r in range(len(clients))
+        ]  # fmt: skip
         self._info: EngineReady | None = None
         self._outstanding = [0] * len(clients)
         self._where: dict[str, int] = {}  # request id -> replica
@@ -154,8 +161,8 @@ class Router:
         tokens_left = request.max_tokens
         self._add(replica, prompt_left + tokens_left)
         self._where[request.request_id] = replica
-        if self._metrics is not None:
-            self._metrics.replica_requests.labels(replica=str(replica)).inc()
+        if self._routed:
+            self._routed[replica].inc()
         try:
             source = self.clients[replica].generate(request)
             async with contextlib.aclosing(source):
@@ -173,8 +180,8 @@ class Router:
         replica = self.pick()
         tokens = len(request.token_ids)
         self._add(replica, tokens)
-        if self._metrics is not None:
-            self._metrics.replica_requests.labels(replica=str(replica)).inc()
+        if self._routed:
+            self._routed[replica].inc()
         try:
             return await self.clients[replica].embed(request)
         finally:
@@ -196,10 +203,8 @@ class Router:
         self._publish(replica)
 
     def _publish(self, replica: int) -> None:
-        if self._metrics is not None:
-            label = str(replica)
-            self._metrics.replica_requests.labels(replica=label)  # shows 0 before any request
-            self._metrics.replica_outstanding.labels(replica=label).set(self._outstanding[replica])
+        if self._outstanding_gauges:
+            self._outstanding_gauges[replica].set(self._outstanding[replica])
 
     def _name(self, replica: int, reason: str) -> str:
         return f"replica {replica} ({self.clients[replica].address}): {reason}"

@@ -76,7 +76,10 @@ class ForwardBatch:
 
     @staticmethod
     def build(chunks: list[SeqChunk], kv: PagedKVCache) -> ForwardBatch:
-        positions, slots, prefills = [], [], []
+        # Python ints, one tensor each at the end: a decode row costs no tensor ops
+        positions: list[int] = []
+        slots: list[int] = []
+        prefills: list[PrefillSegment] = []
         decode_rows: list[int] = []
         decode_tables: list[list[int]] = []
         decode_lens: list[int] = []
@@ -85,15 +88,15 @@ class ForwardBatch:
         for c in chunks:
             n = len(c.token_ids)
             end = c.start_pos + n
-            positions.append(torch.arange(c.start_pos, end))
+            positions.extend(range(c.start_pos, end))
             if n == 1:
-                slots.append(kv.slots(c.seq_id, c.start_pos, end))
+                slots.append(kv.slot(c.seq_id, c.start_pos))
                 decode_rows.append(row)
                 decode_tables.append(kv.tables[c.seq_id][: -(-end // bs)])
                 decode_lens.append(end)
             else:
                 ctx = kv.slots(c.seq_id, 0, end)
-                slots.append(ctx[c.start_pos :])
+                slots.extend(ctx[c.start_pos :].tolist())
                 prefills.append(PrefillSegment(row, n, c.start_pos, ctx.to(kv.device)))
             row += n
         nblk = max((len(t) for t in decode_tables), default=0)
@@ -102,8 +105,8 @@ class ForwardBatch:
         ).reshape(len(decode_tables), nblk)
         dev = kv.device
         return ForwardBatch(
-            positions=torch.cat(positions).to(dev),
-            slot_mapping=torch.cat(slots).to(dev),
+            positions=torch.tensor(positions, dtype=torch.int64, device=dev),
+            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
             decode_rows=torch.tensor(decode_rows, dtype=torch.int64, device=dev),
             decode_tables=tables.to(dev),
             decode_lens=torch.tensor(decode_lens, dtype=torch.int64, device=dev),

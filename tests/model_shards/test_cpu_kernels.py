@@ -143,6 +143,22 @@ def _chunk(seq_id: int, start: int, n: int) -> SeqChunk:
     return SeqChunk(seq_id=seq_id, token_ids=[1] * n, start_pos=start, new_block_ids=[])
 
 
+def test_batch_positions_and_slots_follow_the_block_tables() -> None:
+    lengths = {0: 9, 1: 1, 2: 17, 5: 7}
+    chunks = [_chunk(0, 8, 1), _chunk(5, 2, 5), _chunk(1, 0, 1), _chunk(2, 16, 1)]
+    _, batch, _ = _attention_step(torch.float32, chunks, lengths, seed=3)
+    kv, bs = batch.kv, batch.kv.block_size
+    positions = [p for c in chunks for p in range(c.start_pos, c.start_pos + len(c.token_ids))]
+    seqs = [c.seq_id for c in chunks for _ in c.token_ids]
+    slots = [kv.tables[s][p // bs] * bs + p % bs for s, p in zip(seqs, positions, strict=True)]
+    assert batch.positions.tolist() == positions
+    assert batch.slot_mapping.tolist() == slots
+    assert batch.decode_rows.tolist() == [0, 6, 7]
+    assert batch.decode_lens.tolist() == [9, 1, 17]
+    with pytest.raises(RuntimeError, match="too short"):  # 9 tokens hold 3 blocks of 4
+        ForwardBatch.build([_chunk(0, 12, 1)], kv)
+
+
 # (head dim, block size): 16 runs the portable decode-attention kernel; the others the
 # vectorized one where the CPU has AVX-512, with chunks cut at block edges (4) and blocks
 # longer than one 16-token chunk (32); 48 leaves half a bf16 dot step.
