@@ -42,7 +42,7 @@ PARALLEL_CONCURRENCY = 32
 # The concurrency the targets are read at: each system runs it this many times, on fresh
 # prompts, alternating, and the table reports the median (hf-serve alone has measured
 # anywhere from 105 to 136 tok/s in float32 across runs on one machine).
-TARGET_CONCURRENCY, TARGET_REPEATS = 32, 3
+TARGET_CONCURRENCY, TARGET_REPEATS = 32, 5
 POINT_CAP_S = 60.0  # a point running longer is cut short (and reported as such)
 REQUEST_TIMEOUT_S = 300.0
 HELPER_TIMEOUT_S = 300.0
