@@ -46,20 +46,24 @@ class PagedKVCache:
         for chunk in chunks:
             self.tables.setdefault(chunk.seq_id, []).extend(chunk.new_block_ids)
 
+    def _table_through(self, seq_id: int, last_position: int) -> list[int]:
+        """``seq_id``'s block table, checked to reach ``last_position``."""
+        table = self.tables[seq_id]
+        if last_position // self.block_size >= len(table):
+            raise RuntimeError(
+                f"sequence {seq_id}: block table too short for position {last_position}"
+            )
+        return table
+
     def slot(self, seq_id: int, position: int) -> int:
         """Slot of one position of ``seq_id`` (a decode step's, without building tensors)."""
-        table = self.tables[seq_id]
-        block = position // self.block_size
-        if block >= len(table):
-            raise RuntimeError(f"sequence {seq_id}: block table too short for position {position}")
-        return table[block] * self.block_size + position % self.block_size
+        table = self._table_through(seq_id, position)
+        return table[position // self.block_size] * self.block_size + position % self.block_size
 
     def slots(self, seq_id: int, start: int, end: int) -> torch.Tensor:
         """Slot of every position ``start..end-1`` of ``seq_id`` (``[end - start]`` int64)."""
-        table = self.tables[seq_id]
+        table = self._table_through(seq_id, end - 1)
         bs = self.block_size
-        if (end - 1) // bs >= len(table):
-            raise RuntimeError(f"sequence {seq_id}: block table too short for position {end - 1}")
         positions = torch.arange(start, end)
         blocks = torch.tensor(table, dtype=torch.int64)[positions // bs]
         return blocks * bs + positions % bs

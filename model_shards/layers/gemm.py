@@ -32,11 +32,14 @@ log = logging.getLogger(__name__)
 _PACKABLE_DTYPES = (torch.float32, torch.bfloat16)
 
 
+def _cpu_packable(weight: torch.Tensor) -> bool:
+    return weight.device.type == "cpu" and weight.dtype in _PACKABLE_DTYPES
+
+
 def own_gemm_supported(weight: torch.Tensor) -> bool:
     """Whether our AVX-512 GEMM serves this weight (its dtype on this CPU)."""
     return (
-        weight.device.type == "cpu"
-        and weight.dtype in _PACKABLE_DTYPES
+        _cpu_packable(weight)
         and cpu_kernels_loaded()
         and bool(torch.ops.shardserve_cpu.gemm_vectorized(weight.dtype))
     )
@@ -44,8 +47,7 @@ def own_gemm_supported(weight: torch.Tensor) -> bool:
 
 def onednn_supported(weight: torch.Tensor) -> bool:
     return (
-        weight.device.type == "cpu"
-        and weight.dtype in _PACKABLE_DTYPES
+        _cpu_packable(weight)
         and torch.backends.mkldnn.is_available()
         and hasattr(torch.ops.mkldnn, "_linear_pointwise")
     )
