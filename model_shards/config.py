@@ -204,6 +204,8 @@ class ReplicaConfig:
     block_size: int = 16
     kv_cache_memory: int | None = None  # bytes per rank; default: see kv_cache_budget
     gpu_memory_utilization: float = 0.9
+    enforce_eager: bool = False  # CUDA: no CUDA graphs for decode-only steps
+    batch_invariant: bool = False  # CUDA: fixed-reduction-order kernels (--batch-invariant)
     enable_prefix_caching: bool = True
     pipeline_overlap: bool = True  # up to pp micro-batches in flight when pp > 1
     pp_layer_partition: str = "even"  # see ModelConfig.layer_partition

@@ -158,7 +158,7 @@ class Coordinator:
             copy_blocks=scheduled.copy_blocks,
             return_logits=any(s.request.request_id in self._logits_wanted for s in sampled),
         )
-        broadcast_plan(plan, self.ps, self.worker.pending)
+        broadcast_plan(plan, self.worker.comm, self.worker.pending)
         self._last_plan_at = time.monotonic()
         result = self.worker.execute(plan, wait=False)
         if not plan.chunks:
@@ -223,7 +223,8 @@ class Coordinator:
         while self._in_flight:
             self._finish(self._in_flight.popleft())
         broadcast_plan(
-            StepPlan(step_id=self._next_step_id(), shutdown=True), self.ps, self.worker.pending
+            StepPlan(step_id=self._next_step_id(), shutdown=True), self.worker.comm,
+            self.worker.pending,
         )
         self.worker.pending.wait_all()
 

@@ -101,7 +101,7 @@ class EmbeddingCoordinator:
 
     def shutdown(self) -> None:
         broadcast_plan(
-            StepPlan(self._next_step_id(), shutdown=True), self.worker.ps, self.worker.pending
+            StepPlan(self._next_step_id(), shutdown=True), self.worker.comm, self.worker.pending
         )
         self.worker.pending.wait_all()
 
@@ -110,7 +110,7 @@ class EmbeddingCoordinator:
 
     def _run(self, inputs: list[list[int]]) -> torch.Tensor:
         plan = StepPlan(self._next_step_id(), encode=inputs)
-        broadcast_plan(plan, self.worker.ps, self.worker.pending)
+        broadcast_plan(plan, self.worker.comm, self.worker.pending)
         self._last_plan_at = time.monotonic()
         out = self.worker.execute(plan)
         return out if out is not None else torch.empty(0, 0)

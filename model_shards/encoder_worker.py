@@ -9,32 +9,38 @@ from __future__ import annotations
 
 import torch
 
+from model_shards.backends import select_backend
 from model_shards.checkpoint import Checkpoint
 from model_shards.config import EncoderConfig, ReplicaConfig
-from model_shards.layers.gemm import pack_weights
+from model_shards.layers.context import ShardContext
+from model_shards.layers.linear import prepare_weights
 from model_shards.loader import load_weights
 from model_shards.messages import StepPlan
 from model_shards.models.bert import BertModel
 from model_shards.parallel import comm
-from model_shards.parallel.state import ParallelState
+from model_shards.parallel.comm import Comm
 from model_shards.worker import receive_plan, resolve_dtype
 
 
 class EncoderWorker:
-    def __init__(self, model: BertModel, ps: ParallelState) -> None:
+    def __init__(self, model: BertModel, peers: Comm) -> None:
         self.model = model
-        self.ps = ps
+        self.comm = peers
+        self.ps = peers.ps
         self.pending = comm.Pending()  # rank 0's plan broadcasts in progress
         self.bytes_loaded = 0
 
     @staticmethod
-    def build(replica: ReplicaConfig, cfg: EncoderConfig, ps: ParallelState) -> EncoderWorker:
-        with torch.device(ps.device):
-            model = BertModel(cfg, resolve_dtype(replica.dtype, cfg), ps)
+    def build(replica: ReplicaConfig, cfg: EncoderConfig, peers: Comm) -> EncoderWorker:
+        device = peers.ps.device
+        dtype = resolve_dtype(replica.dtype, cfg, device)
+        ctx = ShardContext(peers, select_backend(device, dtype), dtype)
+        with torch.device(device):
+            model = BertModel(cfg, ctx)
         with Checkpoint(replica.model_dir) as checkpoint:
             load_weights(model, checkpoint)
-            pack_weights(model)
-            worker = EncoderWorker(model.eval(), ps)
+            prepare_weights(model)
+            worker = EncoderWorker(model.eval(), peers)
             worker.bytes_loaded = checkpoint.bytes_read
         return worker
 
@@ -52,7 +58,7 @@ class EncoderWorker:
     def serve_forever(self) -> None:
         """Non-zero ranks: execute plans from rank 0 until a shutdown plan."""
         while True:
-            plan = receive_plan(self.ps)
+            plan = receive_plan(self.comm)
             if plan.shutdown:
                 return
             self.execute(plan)

@@ -60,10 +60,8 @@ class PagedKVCache:
         table = self._table_through(seq_id, position)
         return table[position // self.block_size] * self.block_size + position % self.block_size
 
-    def slots(self, seq_id: int, start: int, end: int) -> torch.Tensor:
-        """Slot of every position ``start..end-1`` of ``seq_id`` (``[end - start]`` int64)."""
+    def slot_list(self, seq_id: int, start: int, end: int) -> list[int]:
+        """Slot of every position ``start..end-1`` of ``seq_id``, as Python ints."""
         table = self._table_through(seq_id, end - 1)
         bs = self.block_size
-        positions = torch.arange(start, end)
-        blocks = torch.tensor(table, dtype=torch.int64)[positions // bs]
-        return blocks * bs + positions % bs
+        return [table[p // bs] * bs + p % bs for p in range(start, end)]

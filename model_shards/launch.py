@@ -35,6 +35,7 @@ from model_shards.checkpoint import verify_checkpoint
 from model_shards.config import EncoderConfig, ModelConfig, ReplicaConfig, load_model_config
 
 if TYPE_CHECKING:
+    from model_shards.parallel.comm import Comm
     from model_shards.parallel.state import ParallelState
 
 log = logging.getLogger(__name__)
@@ -144,19 +145,20 @@ def plan_data_parallel(
     """Each replica's config and GPU ids (``None``: CPU) for ``dp`` replicas on this machine.
 
     With ``dp > 1``, GPUs go to replicas in contiguous slices of ``tp * pp``
-    (indices into the visible devices) when there are enough for all of them
-    (else ``--device cuda`` is an error naming the flags, and ``auto`` falls
-    back to CPU). CPU replicas split the cores:
+    (indices into the visible devices) when there are enough for all of them;
+    too few is an error naming the flags, with ``--device auto`` too (a machine
+    with GPUs never silently serves on its CPU). CPU replicas split the cores:
     ``threads_per_rank`` defaults to ``cores // (dp * tp * pp)``, at least 1.
     """
     if dp < 1:
         raise ValueError(f"--data-parallel-size must be >= 1, got {dp}")
     world = config.world_size
     use_gpus = config.device != "cpu" and gpu_count >= dp * world
-    if config.device == "cuda" and not use_gpus:
+    if config.device != "cpu" and not use_gpus and (config.device == "cuda" or gpu_count):
         raise ValueError(
-            f"--device cuda needs one GPU per rank: dp*tp*pp = {dp * world} but "
-            f"{gpu_count} CUDA device(s) are visible; lower -dp/-tp/-pp or use --device cpu"
+            f"--device {config.device} needs one GPU per rank: dp*tp*pp = {dp * world} but "
+            f"{gpu_count} CUDA device(s) are visible; lower -dp/-tp/-pp or pass --device cpu "
+            f"to serve on CPU"
         )
     if not use_gpus:
         threads = config.threads_per_rank or max(1, (cpu_count or 1) // (dp * world))
@@ -281,7 +283,7 @@ def run_rank(
         rank, config, address,
         lambda: init_parallel(
             rank, config.tp, config.pp, master_addr=master_addr, master_port=master_port,
-            device=config.device, timeout_s=config.collective_timeout_s,
+            device=config.device, timeout_s=config.collective_timeout_s, cuda_index=rank,
         ),
     )  # fmt: skip
 
@@ -343,7 +345,7 @@ def run_torchrun_rank(config: ReplicaConfig, address: str, node_rank: int) -> No
         lambda: init_parallel(
             me.rank, config.tp, config.pp, master_addr=None, master_port=None,
             device=config.device, timeout_s=config.collective_timeout_s,
-            local_world_size=me.nproc_per_node,
+            cuda_index=me.rank % me.nproc_per_node, local_world_size=me.nproc_per_node,
         ),
     )  # fmt: skip
 
@@ -359,6 +361,7 @@ def serve_rank(
     import torch
 
     from model_shards.coordinator import Coordinator
+    from model_shards.parallel.comm import Comm
     from model_shards.parallel.state import destroy_parallel
     from model_shards.worker import Worker
 
@@ -367,16 +370,19 @@ def serve_rank(
     model = load_model_config(config.model_dir)
     max_len = config.resolved_max_model_len(model)
     ps = init()
+    peers = Comm.open(ps)
     clean = False
     try:
         if isinstance(model, EncoderConfig):
-            _serve_encoder(rank, config, model, ps, address, max_len)
+            _serve_encoder(rank, config, model, peers, address, max_len)
             clean = True
             return
-        worker = Worker.build(config, model, ps, max_len)
+        worker = Worker.build(config, model, peers, max_len)
         log.info(
-            "loaded stage %d/%d tp %d/%d: %.1f MiB read; KV cache %d blocks x %d = %d tokens",
-            ps.pp_rank, ps.pp_size, ps.tp_rank, ps.tp_size, worker.bytes_loaded / 2**20,
+            "loaded stage %d/%d tp %d/%d on %s (%s backend, %s): %.1f MiB read; KV cache %d "
+            "blocks x %d = %d tokens",
+            ps.pp_rank, ps.pp_size, ps.tp_rank, ps.tp_size, ps.device, worker.ops.name,
+            str(worker.dtype).removeprefix("torch."), worker.bytes_loaded / 2**20,
             worker.kv.num_blocks, worker.kv.block_size, worker.kv.num_blocks * worker.kv.block_size,
         )  # fmt: skip
         if rank == 0:
@@ -392,19 +398,19 @@ def serve_rank(
             worker.serve_forever()
         clean = True
     finally:
-        destroy_parallel(ps if clean else None)
+        destroy_parallel(ps if clean else None, peers.close)
 
 
 def _serve_encoder(
-    rank: int, config: ReplicaConfig, model: EncoderConfig, ps: ParallelState, address: str,
+    rank: int, config: ReplicaConfig, model: EncoderConfig, peers: Comm, address: str,
     max_len: int,
 ) -> None:  # fmt: skip
     """An embedding replica: rank 0 batches inputs, every rank runs its encoder shard."""
     from model_shards.embedding_coordinator import EmbeddingCoordinator
     from model_shards.encoder_worker import EncoderWorker
 
-    worker = EncoderWorker.build(config, model, ps)
-    log.info("loaded encoder tp %d/%d: %.1f MiB read", ps.tp_rank, ps.tp_size,
+    worker = EncoderWorker.build(config, model, peers)
+    log.info("loaded encoder tp %d/%d: %.1f MiB read", peers.ps.tp_rank, peers.ps.tp_size,
              worker.bytes_loaded / 2**20)  # fmt: skip
     if rank == 0:
         EmbeddingCoordinator(

@@ -8,7 +8,7 @@ Per sequence, in this order (vLLM semantics):
 3. greedy when ``temperature == 0``; otherwise logits / temperature, cut to
    ``top_k``, to the ``top_p`` mass (the top token always kept) and to
    ``min_p`` × the top probability, then one draw from the softmax
-   (:func:`model_shards.layers.fused.exponential_race`).
+   (the backend's ``exponential_race``).
 
 Draws are stateless: the token at position ``p`` is drawn with uniforms hashed
 from ``(seed, p)`` and the token ids. The same seed gives the same text whatever
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from model_shards.layers.fused import argmax, exponential_race
+from model_shards.backends.base import Backend
 from model_shards.messages import NewSequence, SamplingParams, SeqChunk
 
 _SEED_MIX = 0x9E3779B97F4A7C15
@@ -88,7 +88,8 @@ class SampleOutput:
 
 
 class Sampler:
-    def __init__(self) -> None:
+    def __init__(self, ops: Backend) -> None:
+        self.ops = ops  # argmax and the draw
         self._seqs: dict[int, _SeqState] = {}
 
     def add(self, new: NewSequence) -> None:
@@ -135,7 +136,7 @@ class Sampler:
         is that of its float32 widening); only when some row needs more (penalties, masked
         stops, a draw, logprobs) are the logits widened to float32 on the CPU.
         """
-        tokens = argmax(logits).cpu()
+        tokens = self.ops.argmax(logits).cpu()
         k = self.num_logprobs(chunks)
         if k is None and all(self._is_plain_greedy(c) for c in chunks):
             return SampleOutput(tokens)
@@ -168,7 +169,7 @@ class Sampler:
             seeds.append(position_seed(params.seed, position))
             probs.append(filter_logits(x / params.temperature, params).softmax(-1))
         if drawn:
-            tokens[drawn] = exponential_race(torch.stack(probs), torch.tensor(seeds))
+            tokens[drawn] = self.ops.exponential_race(torch.stack(probs), torch.tensor(seeds))
         if k is None:
             return SampleOutput(tokens)
         logp = logits.log_softmax(-1)

@@ -20,17 +20,19 @@ from itertools import accumulate
 
 import torch
 
+from model_shards.backends import Backend, select_backend
 from model_shards.checkpoint import Checkpoint
 from model_shards.config import EncoderConfig, ModelConfig, ReplicaConfig
 from model_shards.kv_cache import PagedKVCache
 from model_shards.layers.attention import ForwardBatch
-from model_shards.layers.gemm import pack_weights
+from model_shards.layers.context import ShardContext
+from model_shards.layers.linear import prepare_weights
 from model_shards.loader import load_weights
 from model_shards.messages import StepPlan, TokenLogprob, decode_plan, encode
 from model_shards.models import MODEL_REGISTRY
 from model_shards.models.llama import LlamaForCausalLM
 from model_shards.parallel import comm
-from model_shards.parallel.state import ParallelState
+from model_shards.parallel.comm import Comm
 from model_shards.sampler import SampleOutput, Sampler
 
 log = logging.getLogger(__name__)
@@ -39,10 +41,17 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 CPU_KV_CACHE_DEFAULT = 1 << 30  # bytes per rank when neither flag nor GPU says otherwise
 
 
-def resolve_dtype(flag: str, model: ModelConfig | EncoderConfig) -> torch.dtype:
-    """``--dtype`` to a torch dtype; ``auto`` takes the checkpoint config's."""
+def resolve_dtype(
+    flag: str, model: ModelConfig | EncoderConfig, device: torch.device | None = None
+) -> torch.dtype:
+    """``--dtype`` to a torch dtype; ``auto`` takes the checkpoint config's, except that on
+    CUDA a float32 checkpoint is served in bfloat16 (as vLLM does; logged)."""
     name = model.torch_dtype if flag == "auto" else flag
-    return _DTYPES.get(name, torch.float32)
+    dtype = _DTYPES.get(name, torch.float32)
+    if flag == "auto" and dtype == torch.float32 and device is not None and device.type == "cuda":
+        log.info("--dtype auto: the float32 checkpoint is served in bfloat16 on %s", device)
+        return torch.bfloat16
+    return dtype
 
 
 @dataclass
@@ -54,17 +63,17 @@ class StepResult:
     logits: torch.Tensor | None = None  # [S, vocab] float32 when the plan asked
 
 
-def broadcast_plan(plan: StepPlan, ps: ParallelState, pending: comm.Pending) -> None:
+def broadcast_plan(plan: StepPlan, peers: Comm, pending: comm.Pending) -> None:
     """Rank 0: send the plan to every rank without waiting for them to take it."""
-    comm.broadcast_bytes_from_root(encode(plan), ps, pending)
+    comm.broadcast_bytes_from_root(encode(plan), peers, pending)
 
 
-def receive_plan(ps: ParallelState) -> StepPlan:
-    return decode_plan(comm.broadcast_bytes(None, ps, src=0))
+def receive_plan(peers: Comm) -> StepPlan:
+    return decode_plan(comm.broadcast_bytes(None, peers, src=0))
 
 
 def kv_cache_blocks(
-    cfg: ModelConfig, replica: ReplicaConfig, ps: ParallelState, dtype: torch.dtype,
+    cfg: ModelConfig, replica: ReplicaConfig, peers: Comm, dtype: torch.dtype,
     num_layers: int, max_model_len: int,
 ) -> int:  # fmt: skip
     """Blocks this rank's memory budget allows, agreed (minimum) over the whole replica.
@@ -73,6 +82,7 @@ def kv_cache_blocks(
     device minus what is already used; else 1 GiB. Never more than
     ``max_num_seqs`` full-length sequences need.
     """
+    ps = peers.ps
     nkv = max(1, cfg.num_kv_heads // ps.tp_size)
     per_block = PagedKVCache.bytes_per_block(
         num_layers, replica.block_size, nkv, cfg.head_dim, dtype
@@ -86,7 +96,7 @@ def kv_cache_blocks(
         budget = CPU_KV_CACHE_DEFAULT
     per_seq = -(-max_model_len // replica.block_size)
     blocks = min(max(budget, 0) // per_block, per_seq * replica.max_num_seqs)
-    blocks = comm.all_reduce_min_int(blocks, ps)
+    blocks = comm.all_reduce_min_int(blocks, peers)
     if blocks < per_seq:
         raise ValueError(
             f"KV cache of {blocks} blocks cannot hold one {max_model_len}-token sequence; "
@@ -97,37 +107,46 @@ def kv_cache_blocks(
 
 class Worker:
     def __init__(
-        self, model: LlamaForCausalLM, ps: ParallelState, dtype: torch.dtype, num_blocks: int,
-        block_size: int,
-    ) -> None:  # fmt: skip
+        self, model: LlamaForCausalLM, ctx: ShardContext, num_blocks: int, block_size: int
+    ) -> None:
         self.model = model
-        self.ps = ps
-        self.dtype = dtype
+        self.ctx = ctx
+        self.comm = ctx.comm
+        self.ps = ps = ctx.ps
+        self.ops = ctx.ops
+        self.dtype = dtype = ctx.dtype
         cfg = model.config
         self.kv = PagedKVCache(
             range(model.model.start, model.model.end), num_blocks, block_size,
             max(1, cfg.num_kv_heads // ps.tp_size), cfg.head_dim, dtype, ps.device,
         )  # fmt: skip
-        self.sampler = Sampler()
+        self.sampler = Sampler(ctx.ops)
         self.bytes_loaded = 0
         self.pending = comm.Pending()  # non-blocking sends in progress
 
     @staticmethod
     def build(
-        replica: ReplicaConfig, cfg: ModelConfig, ps: ParallelState, max_model_len: int
-    ) -> Worker:
-        """Build this rank's stage, load its slices of the checkpoint, size the KV pool."""
-        dtype = resolve_dtype(replica.dtype, cfg)
+        replica: ReplicaConfig, cfg: ModelConfig, peers: Comm, max_model_len: int,
+        ops: Backend | None = None,
+    ) -> Worker:  # fmt: skip
+        """Build this rank's stage, load its slices of the checkpoint, size the KV pool.
+
+        ``ops``: the backend (default: :func:`select_backend` for the rank's device)."""
+        ps = peers.ps
+        dtype = resolve_dtype(replica.dtype, cfg, ps.device)
+        if ops is None:
+            ops = select_backend(ps.device, dtype, batch_invariant=replica.batch_invariant)
+        ctx = ShardContext(peers, ops, dtype)
         model_cls = MODEL_REGISTRY[cfg.architecture]
         with torch.device(ps.device):
-            model = model_cls(cfg, dtype, ps, max_model_len, replica.pp_layer_partition)
+            model = model_cls(cfg, ctx, max_model_len, replica.pp_layer_partition)
         with Checkpoint(replica.model_dir) as checkpoint:
             load_weights(model, checkpoint)
             bytes_read = checkpoint.bytes_read
-        pack_weights(model)
+        prepare_weights(model)
         num_layers = model.model.end - model.model.start
-        blocks = kv_cache_blocks(cfg, replica, ps, dtype, num_layers, max_model_len)
-        worker = Worker(model.eval(), ps, dtype, blocks, replica.block_size)
+        blocks = kv_cache_blocks(cfg, replica, peers, dtype, num_layers, max_model_len)
+        worker = Worker(model.eval(), ctx, blocks, replica.block_size)
         worker.bytes_loaded = bytes_read
         return worker
 
@@ -161,10 +180,10 @@ class Worker:
             x = torch.tensor(ids, dtype=torch.int64, device=ps.device)
         else:
             shape = (batch.num_tokens, self.model.config.hidden_size)
-            x = comm.recv_from_prev_stage(shape, self.dtype, ps)
+            x = comm.recv_from_prev_stage(shape, self.dtype, self.comm)
         hidden = self.model(x, batch)  # [T, H]
         if not ps.is_last_stage:
-            comm.send_to_next_stage(hidden, ps, self.pending)
+            comm.send_to_next_stage(hidden, self.comm, self.pending)
             return self.collect(plan) if wait and ps.rank == 0 else None
         sampled = [i for i, c in enumerate(plan.chunks) if c.sample]
         if not sampled:
@@ -178,7 +197,7 @@ class Worker:
         full = logits.float().cpu() if plan.return_logits else None
         if ps.rank == 0:
             return _to_result(out, full)
-        _send_result(out, full, ps, self.pending)
+        _send_result(out, full, self.comm, self.pending)
         return None
 
     def collect(self, plan: StepPlan) -> StepResult:
@@ -186,12 +205,12 @@ class Worker:
         if not any(c.sample for c in plan.chunks):
             return StepResult([])
         vocab = self.model.config.vocab_size
-        return _recv_result(self.ps, self.ps.last_stage_leader, plan.return_logits, vocab)
+        return _recv_result(self.comm, self.ps.last_stage_leader, plan.return_logits, vocab)
 
     def serve_forever(self) -> None:
         """Non-zero ranks: execute plans from rank 0 until a shutdown plan."""
         while True:
-            plan = receive_plan(self.ps)
+            plan = receive_plan(self.comm)
             if plan.shutdown:
                 self.pending.wait_all()
                 return
@@ -211,33 +230,33 @@ def _to_result(out: SampleOutput, logits: torch.Tensor | None) -> StepResult:
 
 
 def _send_result(
-    out: SampleOutput, logits: torch.Tensor | None, ps: ParallelState, pending: comm.Pending
+    out: SampleOutput, logits: torch.Tensor | None, peers: Comm, pending: comm.Pending
 ) -> None:
     """Wire order to rank 0: header ``[S, K]``, tokens, then (K >= 0) logprobs, top ids, top
     logprobs, then (when asked) logits. ``K = -1`` when no sequence asked for logprobs."""
     k = -1 if out.top_ids is None else int(out.top_ids.shape[1])  # -1: no logprobs
-    comm.send_cpu(torch.tensor([out.tokens.shape[0], k], dtype=torch.int64), 0, ps, pending)
-    comm.send_cpu(out.tokens, 0, ps, pending)
+    comm.send_cpu(torch.tensor([out.tokens.shape[0], k], dtype=torch.int64), 0, peers, pending)
+    comm.send_cpu(out.tokens, 0, peers, pending)
     if k >= 0:
         assert out.logprobs is not None and out.top_logprobs is not None
         assert out.top_ids is not None
-        comm.send_cpu(out.logprobs, 0, ps, pending)
+        comm.send_cpu(out.logprobs, 0, peers, pending)
         if k > 0:  # gloo cannot send empty tensors
-            comm.send_cpu(out.top_ids, 0, ps, pending)
-            comm.send_cpu(out.top_logprobs, 0, ps, pending)
+            comm.send_cpu(out.top_ids, 0, peers, pending)
+            comm.send_cpu(out.top_logprobs, 0, peers, pending)
     if logits is not None:
-        comm.send_cpu(logits, 0, ps, pending)
+        comm.send_cpu(logits, 0, peers, pending)
 
 
-def _recv_result(ps: ParallelState, src: int, with_logits: bool, vocab: int) -> StepResult:
-    s, k = comm.recv_cpu((2,), torch.int64, src, ps).tolist()
-    out = SampleOutput(comm.recv_cpu((s,), torch.int64, src, ps))
+def _recv_result(peers: Comm, src: int, with_logits: bool, vocab: int) -> StepResult:
+    s, k = comm.recv_cpu((2,), torch.int64, src, peers).tolist()
+    out = SampleOutput(comm.recv_cpu((s,), torch.int64, src, peers))
     if k >= 0:
-        out.logprobs = comm.recv_cpu((s,), torch.float32, src, ps)
+        out.logprobs = comm.recv_cpu((s,), torch.float32, src, peers)
         out.top_ids = torch.empty(s, 0, dtype=torch.int64)
         out.top_logprobs = torch.empty(s, 0)
         if k > 0:
-            out.top_ids = comm.recv_cpu((s, k), torch.int64, src, ps)
-            out.top_logprobs = comm.recv_cpu((s, k), torch.float32, src, ps)
-    logits = comm.recv_cpu((s, vocab), torch.float32, src, ps) if with_logits else None
+            out.top_ids = comm.recv_cpu((s, k), torch.int64, src, peers)
+            out.top_logprobs = comm.recv_cpu((s, k), torch.float32, src, peers)
+    logits = comm.recv_cpu((s, vocab), torch.float32, src, peers) if with_logits else None
     return _to_result(out, logits)

@@ -171,6 +171,8 @@ def replica_config(args: argparse.Namespace) -> ReplicaConfig:
         block_size=args.block_size,
         kv_cache_memory=args.kv_cache_memory,
         gpu_memory_utilization=args.gpu_memory_utilization,
+        enforce_eager=args.enforce_eager,
+        batch_invariant=args.batch_invariant,
         enable_prefix_caching=args.prefix_caching,
         pipeline_overlap=args.pipeline_overlap,
         pp_layer_partition=args.pp_layer_partition,

@@ -48,6 +48,15 @@ def add_replica_flags(command: argparse.ArgumentParser) -> None:
         help="with -pp > 1, run one micro-batch at a time (for comparison)",
     )  # fmt: skip
     engine.add_argument(
+        "--enforce-eager", action="store_true",
+        help="CUDA: run every step eagerly (no CUDA graphs for decode-only steps)",
+    )  # fmt: skip
+    engine.add_argument(
+        "--batch-invariant", action="store_true",
+        help="CUDA: GEMM, attention and RMSNorm with a fixed reduction order, so a row's "
+        "output does not depend on its batch (CPU backends always are)",
+    )  # fmt: skip
+    engine.add_argument(
         "--pp-layer-partition", default="even", metavar="SPEC",
         help="layers per pipeline stage: 'even' (default), 'balanced' (equal compute, the LM "
         "head counted on the last stage) or counts such as 19,11",

@@ -1,7 +1,8 @@
 """Spawn a gloo world of ``n`` CPU processes for a test, with a hard timeout and cleanup.
 
-``run_world(fn, n, *args)`` runs ``fn(ps, *args)`` on every rank after
-:func:`init_parallel`; ``fn`` must be a module-level function. Any rank failing
+``run_world(fn, tp, pp, *args)`` runs ``fn(comm, *args)`` on every rank after
+:func:`init_parallel` and :meth:`Comm.open` (``comm.ps`` is the rank's
+:class:`ParallelState`); ``fn`` must be a module-level function. Any rank failing
 or the deadline passing kills every rank and fails the test; no process is
 left behind either way.
 """
@@ -27,6 +28,7 @@ def _entry(
 ) -> None:
     import torch
 
+    from model_shards.parallel.comm import Comm
     from model_shards.parallel.state import destroy_parallel, init_parallel
 
     faulthandler.enable()  # a native abort still shows where Python was
@@ -35,8 +37,9 @@ def _entry(
         ps = init_parallel(
             rank, tp, pp, master_addr="127.0.0.1", master_port=port, device="cpu", timeout_s=60
         )
-        fn(ps, *args)
-        destroy_parallel(ps)
+        peers = Comm.open(ps)
+        fn(peers, *args)
+        destroy_parallel(ps, peers.close)
     except BaseException:
         traceback.print_exc()
         os._exit(1)

@@ -10,7 +10,10 @@ Weights are stored PyTorch-style, ``W: [out, in]``, ``Y = X W^T + b``.
 
 A column layer followed by a row layer (attention, MLP) needs one all-reduce.
 Each parameter carries ``weight_loader(param, source[, shard_id])``, which
-reads only this rank's slice from the checkpoint.
+reads only this rank's slice from the checkpoint. The GEMM is the backend's
+(``ctx.ops.linear``); after loading, :func:`prepare_weights` asks the backend for a
+faster layout of each weight (the CPU backend's packed panels), kept beside the
+parameter in ``packed``.
 """
 
 from __future__ import annotations
@@ -21,9 +24,8 @@ import torch
 from torch import nn
 
 from model_shards.checkpoint import CheckpointError, TensorSource
-from model_shards.layers.gemm import PackableGemm
+from model_shards.layers.context import ShardContext
 from model_shards.parallel.comm import tp_all_reduce
-from model_shards.parallel.state import ParallelState
 
 WeightLoader = Callable[..., None]
 
@@ -44,18 +46,42 @@ def copy_checked(dst: torch.Tensor, src: torch.Tensor, name: str) -> None:
     dst.copy_(src)
 
 
-def _check_dim(source: TensorSource, dim: int, expected: int) -> None:
+def check_dim(source: TensorSource, dim: int, expected: int) -> None:
+    """``CheckpointError`` naming the tensor unless ``source.shape[dim] == expected``."""
     if len(source.shape) <= dim or source.shape[dim] != expected:
         raise CheckpointError(
             f"tensor {source.name!r}: shape {list(source.shape)}, expected dim {dim} == {expected}"
         )
 
 
-class ReplicatedLinear(PackableGemm):
+class LinearBase(nn.Module):
+    """A module owning ``weight [out, in]``, used only through :meth:`gemm`."""
+
+    weight: nn.Parameter
+    ctx: ShardContext  # set by the subclass's constructor
+    packed: object | None = None  # the backend's layout of ``weight``, set by prepare()
+
+    def prepare(self) -> bool:
+        """After loading: let the backend lay ``weight`` out for its GEMM; ``True`` if it did."""
+        self.packed = self.ctx.ops.pack_linear(self.weight)
+        return self.packed is not None
+
+    def gemm(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """``x [T, in]`` → ``[T, out]``."""
+        return self.ctx.ops.linear(x, self.weight, self.packed, bias)
+
+
+def prepare_weights(model: nn.Module) -> int:
+    """:meth:`LinearBase.prepare` every linear module of ``model``; how many were packed."""
+    return sum(m.prepare() for m in model.modules() if isinstance(m, LinearBase))
+
+
+class ReplicatedLinear(LinearBase):
     """The full matrix on every rank."""
 
-    def __init__(self, in_features: int, out_features: int, bias: bool, dtype: torch.dtype):
+    def __init__(self, in_features: int, out_features: int, bias: bool, ctx: ShardContext):
         super().__init__()
+        self.ctx, dtype = ctx, ctx.dtype
         self.weight = nn.Parameter(torch.empty(out_features, in_features, dtype=dtype), False)
         set_weight_loader(self.weight, self.weight_loader)
         self.bias: nn.Parameter | None = None
@@ -70,14 +96,12 @@ class ReplicatedLinear(PackableGemm):
         return self.gemm(x, self.bias)
 
 
-class ColumnParallelLinear(PackableGemm):
+class ColumnParallelLinear(LinearBase):
     """``[in] -> [out / tp]``: this rank's rows of ``W`` (output features)."""
 
-    def __init__(
-        self, in_features: int, out_features: int, bias: bool, dtype: torch.dtype,
-        ps: ParallelState,
-    ) -> None:  # fmt: skip
+    def __init__(self, in_features: int, out_features: int, bias: bool, ctx: ShardContext):
         super().__init__()
+        self.ctx, ps, dtype = ctx, ctx.ps, ctx.dtype
         if out_features % ps.tp_size:
             raise ValueError(f"output size {out_features} not divisible by tp={ps.tp_size}")
         self.ps = ps
@@ -91,7 +115,7 @@ class ColumnParallelLinear(PackableGemm):
 
     def weight_loader(self, param: nn.Parameter, source: TensorSource) -> None:
         start = self.ps.tp_rank * self.out_local
-        _check_dim(source, 0, self.out_local * self.ps.tp_size)
+        check_dim(source, 0, self.out_local * self.ps.tp_size)
         copy_checked(param.data, source.read(0, start, start + self.out_local), source.name)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -106,10 +130,9 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
     """
 
     def __init__(
-        self, in_features: int, out_sizes: Sequence[int], bias: bool, dtype: torch.dtype,
-        ps: ParallelState,
-    ) -> None:  # fmt: skip
-        super().__init__(in_features, sum(out_sizes), bias, dtype, ps)
+        self, in_features: int, out_sizes: Sequence[int], bias: bool, ctx: ShardContext
+    ) -> None:
+        super().__init__(in_features, sum(out_sizes), bias, ctx)
         self.out_sizes = list(out_sizes)
 
     def weight_loader(  # type: ignore[override]
@@ -119,7 +142,7 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         size = self.out_sizes[shard_id]
         local = size // tp
         offset = sum(self.out_sizes[:shard_id]) // tp
-        _check_dim(source, 0, size)
+        check_dim(source, 0, size)
         start = self.ps.tp_rank * local
         copy_checked(
             param.data.narrow(0, offset, local), source.read(0, start, start + local), source.name
@@ -136,9 +159,9 @@ class QKVParallelLinear(ColumnParallelLinear):
 
     def __init__(
         self, hidden_size: int, head_dim: int, num_heads: int, num_kv_heads: int, bias: bool,
-        dtype: torch.dtype, ps: ParallelState,
+        ctx: ShardContext,
     ) -> None:  # fmt: skip
-        tp = ps.tp_size
+        tp = ctx.ps.tp_size
         if num_heads % tp or (num_kv_heads % tp and tp % num_kv_heads):
             raise ValueError(f"heads {num_heads}/{num_kv_heads} cannot be split over tp={tp}")
         self.head_dim = head_dim
@@ -146,7 +169,7 @@ class QKVParallelLinear(ColumnParallelLinear):
         self.num_kv_heads = max(1, num_kv_heads // tp)
         self.kv_replicas = max(1, tp // num_kv_heads)
         out_local = (self.num_heads + 2 * self.num_kv_heads) * head_dim
-        super().__init__(hidden_size, out_local * tp, bias, dtype, ps)
+        super().__init__(hidden_size, out_local * tp, bias, ctx)
 
     def weight_loader(  # type: ignore[override]
         self, param: nn.Parameter, source: TensorSource, shard_id: str
@@ -160,20 +183,18 @@ class QKVParallelLinear(ColumnParallelLinear):
             offset = q_size if shard_id == "k" else q_size + kv_size
             size, start = kv_size, (tp_rank // self.kv_replicas) * kv_size
             total = kv_size * self.ps.tp_size // self.kv_replicas
-        _check_dim(source, 0, total)
+        check_dim(source, 0, total)
         copy_checked(
             param.data.narrow(0, offset, size), source.read(0, start, start + size), source.name
         )
 
 
-class RowParallelLinear(PackableGemm):
+class RowParallelLinear(LinearBase):
     """``[in / tp] -> [out]``: this rank's columns of ``W``; outputs all-reduced."""
 
-    def __init__(
-        self, in_features: int, out_features: int, bias: bool, dtype: torch.dtype,
-        ps: ParallelState,
-    ) -> None:  # fmt: skip
+    def __init__(self, in_features: int, out_features: int, bias: bool, ctx: ShardContext):
         super().__init__()
+        self.ctx, ps, dtype = ctx, ctx.ps, ctx.dtype
         if in_features % ps.tp_size:
             raise ValueError(f"input size {in_features} not divisible by tp={ps.tp_size}")
         self.ps = ps
@@ -187,12 +208,12 @@ class RowParallelLinear(PackableGemm):
 
     def weight_loader(self, param: nn.Parameter, source: TensorSource) -> None:
         start = self.ps.tp_rank * self.in_local
-        _check_dim(source, 1, self.in_local * self.ps.tp_size)
+        check_dim(source, 1, self.in_local * self.ps.tp_size)
         copy_checked(param.data, source.read(1, start, start + self.in_local), source.name)
 
     def bias_loader(self, param: nn.Parameter, source: TensorSource) -> None:
         copy_checked(param.data, source.read(), source.name)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = tp_all_reduce(self.gemm(x), self.ps)  # [T, out]
+        y = tp_all_reduce(self.gemm(x), self.ctx.comm)  # [T, out]
         return y + self.bias if self.bias is not None else y

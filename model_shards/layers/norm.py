@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from model_shards.checkpoint import TensorSource
-from model_shards.layers.fused import rms_norm
+from model_shards.layers.context import ShardContext
 from model_shards.layers.linear import copy_checked, set_weight_loader
 
 
@@ -17,10 +17,11 @@ class RMSNorm(nn.Module):
     (the sum may be written into ``residual``); without, returns ``(y, x)``.
     """
 
-    def __init__(self, hidden_size: int, eps: float, dtype: torch.dtype) -> None:
+    def __init__(self, hidden_size: int, eps: float, ctx: ShardContext) -> None:
         super().__init__()
         self.eps = eps
-        self.weight = nn.Parameter(torch.ones(hidden_size, dtype=dtype), False)
+        self.ops = ctx.ops
+        self.weight = nn.Parameter(torch.ones(hidden_size, dtype=ctx.dtype), False)
         set_weight_loader(self.weight, self.weight_loader)
 
     def weight_loader(self, param: nn.Parameter, source: TensorSource) -> None:
@@ -29,17 +30,17 @@ class RMSNorm(nn.Module):
     def forward(
         self, x: torch.Tensor, residual: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        return rms_norm(x, residual, self.weight, self.eps)
+        return self.ops.rms_norm(x, residual, self.weight, self.eps)
 
 
 class LayerNorm(nn.Module):
     """``y = w * (x - mean) / sqrt(var + eps) + b`` (BERT), computed in float32."""
 
-    def __init__(self, hidden_size: int, eps: float, dtype: torch.dtype) -> None:
+    def __init__(self, hidden_size: int, eps: float, ctx: ShardContext) -> None:
         super().__init__()
         self.eps = eps
-        self.weight = nn.Parameter(torch.ones(hidden_size, dtype=dtype), False)
-        self.bias = nn.Parameter(torch.zeros(hidden_size, dtype=dtype), False)
+        self.weight = nn.Parameter(torch.ones(hidden_size, dtype=ctx.dtype), False)
+        self.bias = nn.Parameter(torch.zeros(hidden_size, dtype=ctx.dtype), False)
         set_weight_loader(self.weight, self.weight_loader)
         set_weight_loader(self.bias, self.weight_loader)
 

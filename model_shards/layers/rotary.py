@@ -2,7 +2,8 @@
 
 Half-split ("NeoX") layout as in Hugging Face Llama: for each head,
 ``x' = x * cos + rotate_half(x) * sin`` with ``rotate_half([a, b]) = [-b, a]``.
-Angles are ``position * inv_freq`` in float32, cached for every position.
+Angles are ``position * inv_freq`` in float32, cached for every position; the
+backend's ``rotary_and_cache`` applies them.
 """
 
 from __future__ import annotations
@@ -36,11 +37,6 @@ def inverse_frequencies(head_dim: int, rope: RopeConfig) -> torch.Tensor:
     return inv_freq
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
 class RotaryEmbedding(nn.Module):
     def __init__(self, head_dim: int, max_positions: int, rope: RopeConfig) -> None:
         super().__init__()
@@ -52,18 +48,3 @@ class RotaryEmbedding(nn.Module):
         self.sin_cached: torch.Tensor
         self.register_buffer("cos_cached", emb.cos(), persistent=False)
         self.register_buffer("sin_cached", emb.sin(), persistent=False)
-
-    def tables(
-        self, positions: torch.Tensor, dtype: torch.dtype
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``cos, sin: [T, 1, D]`` for ``positions [T]``, computed once per step for all layers."""
-        cos = self.cos_cached[positions].unsqueeze(1).to(dtype)
-        sin = self.sin_cached[positions].unsqueeze(1).to(dtype)
-        return cos, sin
-
-
-def apply_rotary(
-    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``q: [T, nh, D]``, ``k: [T, nkv, D]``, ``cos, sin: [T, 1, D]`` → rotated q, k."""
-    return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin

@@ -18,17 +18,16 @@ import torch.nn.functional as F
 from torch import nn
 
 from model_shards.checkpoint import TensorSource
-from model_shards.layers.gemm import PackableGemm
-from model_shards.layers.linear import _check_dim, copy_checked, set_weight_loader
+from model_shards.layers.context import ShardContext
+from model_shards.layers.linear import LinearBase, check_dim, copy_checked, set_weight_loader
 from model_shards.parallel.comm import tp_all_gather_last_dim, tp_all_reduce
-from model_shards.parallel.state import ParallelState
 
 
 class VocabParallelEmbedding(nn.Module):
-    def __init__(
-        self, vocab_size: int, hidden_size: int, dtype: torch.dtype, ps: ParallelState
-    ) -> None:
+    def __init__(self, vocab_size: int, hidden_size: int, ctx: ShardContext) -> None:
         super().__init__()
+        ps, dtype = ctx.ps, ctx.dtype
+        self.ctx = ctx
         self.ps = ps
         self.vocab_size = vocab_size
         self.per_rank = -(-vocab_size // ps.tp_size)  # ceil
@@ -38,7 +37,7 @@ class VocabParallelEmbedding(nn.Module):
         set_weight_loader(self.weight, self.weight_loader)
 
     def weight_loader(self, param: nn.Parameter, source: TensorSource) -> None:
-        _check_dim(source, 0, self.vocab_size)
+        check_dim(source, 0, self.vocab_size)
         stop = min(self.end, self.vocab_size)
         rows = max(0, stop - self.start)
         param.data.zero_()
@@ -51,24 +50,24 @@ class VocabParallelEmbedding(nn.Module):
         owned = (input_ids >= self.start) & (input_ids < self.end)
         local_ids = torch.where(owned, input_ids - self.start, 0)
         out = F.embedding(local_ids, self.weight) * owned.unsqueeze(-1).to(self.weight.dtype)
-        return tp_all_reduce(out, self.ps)  # [T, H]
+        return tp_all_reduce(out, self.ctx.comm)  # [T, H]
 
 
-class ParallelLMHead(VocabParallelEmbedding, PackableGemm):
+class ParallelLMHead(VocabParallelEmbedding, LinearBase):
     """``hidden [N, H] -> logits [N, vocab_size]``; the weight is split like the embedding's."""
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         local = self.gemm(hidden)  # [N, V / tp]
-        full = tp_all_gather_last_dim(local, self.ps)  # [N, V_padded]
+        full = tp_all_gather_last_dim(local, self.ctx.comm)  # [N, V_padded]
         return full[..., : self.vocab_size]
 
 
 class ReplicatedEmbedding(nn.Module):
     """A small table held whole on every rank (BERT position and token-type embeddings)."""
 
-    def __init__(self, num: int, hidden_size: int, dtype: torch.dtype) -> None:
+    def __init__(self, num: int, hidden_size: int, ctx: ShardContext) -> None:
         super().__init__()
-        self.weight = nn.Parameter(torch.zeros(num, hidden_size, dtype=dtype), False)
+        self.weight = nn.Parameter(torch.zeros(num, hidden_size, dtype=ctx.dtype), False)
         set_weight_loader(self.weight, self.weight_loader)
 
     def weight_loader(self, param: nn.Parameter, source: TensorSource) -> None:

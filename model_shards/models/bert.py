@@ -17,24 +17,24 @@ import torch.nn.functional as F
 from torch import nn
 
 from model_shards.config import EncoderConfig
+from model_shards.layers.context import ShardContext
 from model_shards.layers.linear import ColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from model_shards.layers.norm import LayerNorm
 from model_shards.layers.vocab import ReplicatedEmbedding, VocabParallelEmbedding
 from model_shards.models.naming import checkpoint_names_of
-from model_shards.parallel.state import ParallelState
 
 
 class BertEmbeddings(nn.Module):
-    def __init__(self, cfg: EncoderConfig, dtype: torch.dtype, ps: ParallelState) -> None:
+    def __init__(self, cfg: EncoderConfig, ctx: ShardContext) -> None:
         super().__init__()
-        self.word_embeddings = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, dtype, ps)
+        self.word_embeddings = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, ctx)
         self.position_embeddings = ReplicatedEmbedding(
-            cfg.max_position_embeddings, cfg.hidden_size, dtype
+            cfg.max_position_embeddings, cfg.hidden_size, ctx
         )
         self.token_type_embeddings = ReplicatedEmbedding(
-            cfg.type_vocab_size, cfg.hidden_size, dtype
+            cfg.type_vocab_size, cfg.hidden_size, ctx
         )
-        self.LayerNorm = LayerNorm(cfg.hidden_size, cfg.layer_norm_eps, dtype)
+        self.LayerNorm = LayerNorm(cfg.hidden_size, cfg.layer_norm_eps, ctx)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         """``input_ids [B, L]`` → ``[B, L, H]`` (token type 0 everywhere, as for one sentence)."""
@@ -45,10 +45,10 @@ class BertEmbeddings(nn.Module):
 
 
 class BertSelfAttention(nn.Module):
-    def __init__(self, cfg: EncoderConfig, dtype: torch.dtype, ps: ParallelState) -> None:
+    def __init__(self, cfg: EncoderConfig, ctx: ShardContext) -> None:
         super().__init__()
         self.qkv_proj = QKVParallelLinear(
-            cfg.hidden_size, cfg.head_dim, cfg.num_heads, cfg.num_heads, True, dtype, ps
+            cfg.hidden_size, cfg.head_dim, cfg.num_heads, cfg.num_heads, True, ctx
         )
         self.num_heads = self.qkv_proj.num_heads  # per rank
         self.head_dim = cfg.head_dim
@@ -65,41 +65,41 @@ class BertSelfAttention(nn.Module):
 
 
 class BertSelfOutput(nn.Module):
-    def __init__(self, cfg: EncoderConfig, dtype: torch.dtype, ps: ParallelState) -> None:
+    def __init__(self, cfg: EncoderConfig, ctx: ShardContext) -> None:
         super().__init__()
-        self.dense = RowParallelLinear(cfg.hidden_size, cfg.hidden_size, True, dtype, ps)
-        self.LayerNorm = LayerNorm(cfg.hidden_size, cfg.layer_norm_eps, dtype)
+        self.dense = RowParallelLinear(cfg.hidden_size, cfg.hidden_size, True, ctx)
+        self.LayerNorm = LayerNorm(cfg.hidden_size, cfg.layer_norm_eps, ctx)
 
 
 class BertAttention(nn.Module):
-    def __init__(self, cfg: EncoderConfig, dtype: torch.dtype, ps: ParallelState) -> None:
+    def __init__(self, cfg: EncoderConfig, ctx: ShardContext) -> None:
         super().__init__()
-        self.self = BertSelfAttention(cfg, dtype, ps)  # HF name: attention.self
-        self.output = BertSelfOutput(cfg, dtype, ps)
+        self.self = BertSelfAttention(cfg, ctx)  # HF name: attention.self
+        self.output = BertSelfOutput(cfg, ctx)
 
     def forward(self, x: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
         return self.output.LayerNorm(x + self.output.dense(self.self(x, key_mask)))
 
 
 class BertIntermediate(nn.Module):
-    def __init__(self, cfg: EncoderConfig, dtype: torch.dtype, ps: ParallelState) -> None:
+    def __init__(self, cfg: EncoderConfig, ctx: ShardContext) -> None:
         super().__init__()
-        self.dense = ColumnParallelLinear(cfg.hidden_size, cfg.intermediate_size, True, dtype, ps)
+        self.dense = ColumnParallelLinear(cfg.hidden_size, cfg.intermediate_size, True, ctx)
 
 
 class BertOutput(nn.Module):
-    def __init__(self, cfg: EncoderConfig, dtype: torch.dtype, ps: ParallelState) -> None:
+    def __init__(self, cfg: EncoderConfig, ctx: ShardContext) -> None:
         super().__init__()
-        self.dense = RowParallelLinear(cfg.intermediate_size, cfg.hidden_size, True, dtype, ps)
-        self.LayerNorm = LayerNorm(cfg.hidden_size, cfg.layer_norm_eps, dtype)
+        self.dense = RowParallelLinear(cfg.intermediate_size, cfg.hidden_size, True, ctx)
+        self.LayerNorm = LayerNorm(cfg.hidden_size, cfg.layer_norm_eps, ctx)
 
 
 class BertLayer(nn.Module):
-    def __init__(self, cfg: EncoderConfig, dtype: torch.dtype, ps: ParallelState) -> None:
+    def __init__(self, cfg: EncoderConfig, ctx: ShardContext) -> None:
         super().__init__()
-        self.attention = BertAttention(cfg, dtype, ps)
-        self.intermediate = BertIntermediate(cfg, dtype, ps)
-        self.output = BertOutput(cfg, dtype, ps)
+        self.attention = BertAttention(cfg, ctx)
+        self.intermediate = BertIntermediate(cfg, ctx)
+        self.output = BertOutput(cfg, ctx)
 
     def forward(self, x: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
         x = self.attention(x, key_mask)  # [B, L, H]
@@ -108,9 +108,9 @@ class BertLayer(nn.Module):
 
 
 class BertEncoder(nn.Module):
-    def __init__(self, cfg: EncoderConfig, dtype: torch.dtype, ps: ParallelState) -> None:
+    def __init__(self, cfg: EncoderConfig, ctx: ShardContext) -> None:
         super().__init__()
-        self.layer = nn.ModuleList(BertLayer(cfg, dtype, ps) for _ in range(cfg.num_layers))
+        self.layer = nn.ModuleList(BertLayer(cfg, ctx) for _ in range(cfg.num_layers))
 
 
 class BertModel(nn.Module):
@@ -124,11 +124,11 @@ class BertModel(nn.Module):
     ignored_suffixes: ClassVar[tuple[str, ...]] = ("position_ids",)
     ignored_prefixes: ClassVar[tuple[str, ...]] = ("pooler.",)
 
-    def __init__(self, cfg: EncoderConfig, dtype: torch.dtype, ps: ParallelState) -> None:
+    def __init__(self, cfg: EncoderConfig, ctx: ShardContext) -> None:
         super().__init__()
         self.config = cfg
-        self.embeddings = BertEmbeddings(cfg, dtype, ps)
-        self.encoder = BertEncoder(cfg, dtype, ps)
+        self.embeddings = BertEmbeddings(cfg, ctx)
+        self.encoder = BertEncoder(cfg, ctx)
 
     @property
     def tied_sources(self) -> dict[str, str]:

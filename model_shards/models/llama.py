@@ -15,7 +15,7 @@ from torch import nn
 
 from model_shards.config import ModelConfig
 from model_shards.layers.attention import Attention, ForwardBatch
-from model_shards.layers.fused import silu_and_mul
+from model_shards.layers.context import ShardContext
 from model_shards.layers.linear import (
     MergedColumnParallelLinear,
     QKVParallelLinear,
@@ -26,25 +26,20 @@ from model_shards.layers.rotary import RotaryEmbedding
 from model_shards.layers.vocab import ParallelLMHead, VocabParallelEmbedding
 from model_shards.models.naming import checkpoint_names_of
 from model_shards.models.stages import MissingLayer, stage_layer_range
-from model_shards.parallel.state import ParallelState
 
 
 class LlamaAttention(nn.Module):
-    def __init__(
-        self, cfg: ModelConfig, layer_idx: int, dtype: torch.dtype, ps: ParallelState,
-    ) -> None:  # fmt: skip
+    def __init__(self, cfg: ModelConfig, layer_idx: int, ctx: ShardContext) -> None:
         super().__init__()
         self.qkv_proj = QKVParallelLinear(
             cfg.hidden_size, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads, cfg.attention_bias,
-            dtype, ps,
+            ctx,
         )  # fmt: skip
-        self.o_proj = RowParallelLinear(
-            cfg.num_heads * cfg.head_dim, cfg.hidden_size, False, dtype, ps
-        )
+        self.o_proj = RowParallelLinear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, False, ctx)
         self.num_heads = self.qkv_proj.num_heads  # per rank
         self.num_kv_heads = self.qkv_proj.num_kv_heads
         self.head_dim = cfg.head_dim
-        self.attn = Attention(layer_idx, self.num_heads, self.num_kv_heads, cfg.head_dim)
+        self.attn = Attention(layer_idx, self.num_heads, self.num_kv_heads, cfg.head_dim, ctx.ops)
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         qkv = self.qkv_proj(x)  # [T, (nh + 2 nkv) * D]
@@ -55,27 +50,26 @@ class LlamaAttention(nn.Module):
 class LlamaMLP(nn.Module):
     """``down(silu(gate(x)) * up(x))``: gate/up column-parallel (fused), down row-parallel."""
 
-    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, ps: ParallelState) -> None:
+    def __init__(self, cfg: ModelConfig, ctx: ShardContext) -> None:
         super().__init__()
         self.gate_up_proj = MergedColumnParallelLinear(
-            cfg.hidden_size, [cfg.intermediate_size] * 2, False, dtype, ps
+            cfg.hidden_size, [cfg.intermediate_size] * 2, False, ctx
         )
-        self.down_proj = RowParallelLinear(cfg.intermediate_size, cfg.hidden_size, False, dtype, ps)
+        self.down_proj = RowParallelLinear(cfg.intermediate_size, cfg.hidden_size, False, ctx)
+        self.ops = ctx.ops
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)  # [T, 2 I / tp]
-        return self.down_proj(silu_and_mul(gate_up))  # [T, H]
+        return self.down_proj(self.ops.silu_and_mul(gate_up))  # [T, H]
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(
-        self, cfg: ModelConfig, layer_idx: int, dtype: torch.dtype, ps: ParallelState,
-    ) -> None:  # fmt: skip
+    def __init__(self, cfg: ModelConfig, layer_idx: int, ctx: ShardContext) -> None:
         super().__init__()
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
-        self.self_attn = LlamaAttention(cfg, layer_idx, dtype, ps)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
-        self.mlp = LlamaMLP(cfg, dtype, ps)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ctx)
+        self.self_attn = LlamaAttention(cfg, layer_idx, ctx)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ctx)
+        self.mlp = LlamaMLP(cfg, ctx)
 
     def forward(
         self, x: torch.Tensor, residual: torch.Tensor | None, batch: ForwardBatch
@@ -92,25 +86,25 @@ class LlamaDecoderLayer(nn.Module):
 
 class LlamaModel(nn.Module):
     def __init__(
-        self, cfg: ModelConfig, dtype: torch.dtype, ps: ParallelState, max_positions: int,
-        partition: str = "even",
-    ) -> None:  # fmt: skip
+        self, cfg: ModelConfig, ctx: ShardContext, max_positions: int, partition: str = "even"
+    ) -> None:
         super().__init__()
+        ps = ctx.ps
         counts = cfg.layer_partition(ps.pp_size, partition)
         self.start, self.end = stage_layer_range(counts, ps.pp_rank)
         self.ps = ps
         self.embed_tokens: VocabParallelEmbedding | None = None
         if ps.is_first_stage:
-            self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, dtype, ps)
+            self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, ctx)
         self.rotary = RotaryEmbedding(cfg.head_dim, max_positions, cfg.rope)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(cfg, i, dtype, ps) if self.start <= i < self.end
+            LlamaDecoderLayer(cfg, i, ctx) if self.start <= i < self.end
             else MissingLayer()
             for i in range(cfg.num_layers)
         )  # fmt: skip
         self.norm: RMSNorm | None = None
         if ps.is_last_stage:
-            self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
+            self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ctx)
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         """``x``: token ids ``[T]`` on stage 0, else hidden ``[T, H]``; returns ``[T, H]``."""
@@ -139,17 +133,16 @@ class LlamaForCausalLM(nn.Module):
     ignored_prefixes: ClassVar[tuple[str, ...]] = ()
 
     def __init__(
-        self, cfg: ModelConfig, dtype: torch.dtype, ps: ParallelState, max_positions: int,
-        partition: str = "even",
-    ) -> None:  # fmt: skip
+        self, cfg: ModelConfig, ctx: ShardContext, max_positions: int, partition: str = "even"
+    ) -> None:
         """``partition``: layers per pipeline stage, see ``ModelConfig.layer_partition``."""
         super().__init__()
         self.config = cfg
-        self.ps = ps
-        self.model = LlamaModel(cfg, dtype, ps, max_positions, partition)
+        self.ps = ctx.ps
+        self.model = LlamaModel(cfg, ctx, max_positions, partition)
         self.lm_head: ParallelLMHead | None = None
-        if ps.is_last_stage:
-            self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size, dtype, ps)
+        if self.ps.is_last_stage:
+            self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size, ctx)
             if cfg.tie_word_embeddings and self.model.embed_tokens is not None:
                 self.lm_head.weight = self.model.embed_tokens.weight
 

@@ -17,26 +17,45 @@ import torch
 import torch.distributed as dist
 
 from model_shards.parallel.state import ParallelState
+from model_shards.parallel.transports import SameHostTransports, open_same_host
 
 
-def tp_all_reduce(x: torch.Tensor, ps: ParallelState) -> torch.Tensor:
+@dataclass(frozen=True)
+class Comm:
+    """How this rank talks to the others: its groups (:class:`ParallelState`) and the
+    same-host transports that stand in for gloo where every rank has them."""
+
+    ps: ParallelState
+    host: SameHostTransports = field(default_factory=SameHostTransports)
+
+    @staticmethod
+    def open(ps: ParallelState) -> Comm:
+        """Collective: every rank of the replica calls it after ``init_parallel``."""
+        return Comm(ps, open_same_host(ps))
+
+    def close(self) -> None:
+        self.host.close()
+
+
+def tp_all_reduce(x: torch.Tensor, comm: Comm) -> torch.Tensor:
     """Sum ``x`` over the TP group, in place; returns ``x``. Row-parallel outputs use this.
 
     CPU ranks of one host sum through shared memory (bitwise the same result on
     every rank, see :mod:`model_shards.parallel.shm_all_reduce`); a tensor that
     does not fit its slots, and every other setup, goes over the TP group.
     """
-    if ps.tp_size > 1 and not (ps.tp_shm is not None and ps.tp_shm.all_reduce(x)):
-        dist.all_reduce(x, group=ps.tp_group)
+    shm = comm.host.tp_shm
+    if comm.ps.tp_size > 1 and not (shm is not None and shm.all_reduce(x)):
+        dist.all_reduce(x, group=comm.ps.tp_group)
     return x
 
 
-def tp_all_gather_last_dim(x: torch.Tensor, ps: ParallelState) -> torch.Tensor:
+def tp_all_gather_last_dim(x: torch.Tensor, comm: Comm) -> torch.Tensor:
     """Concatenate each TP rank's ``[..., n]`` into ``[..., tp * n]`` in TP-rank order."""
-    if ps.tp_size == 1:
+    if comm.ps.tp_size == 1:
         return x
-    parts = [torch.empty_like(x) for _ in range(ps.tp_size)]
-    dist.all_gather(parts, x.contiguous(), group=ps.tp_group)
+    parts = [torch.empty_like(x) for _ in range(comm.ps.tp_size)]
+    dist.all_gather(parts, x.contiguous(), group=comm.ps.tp_group)
     return torch.cat(parts, dim=-1)
 
 
@@ -72,96 +91,96 @@ class Pending:
             self.works.popleft()[0].wait()
 
 
-def send_to_next_stage(x: torch.Tensor, ps: ParallelState, pending: Pending) -> None:
+def send_to_next_stage(x: torch.Tensor, comm: Comm, pending: Pending) -> None:
     """Hand this stage's activations to the same TP slot of the next stage (non-blocking).
 
     Non-blocking so a stage never waits for its neighbour while that neighbour
     waits on someone else (pipeline micro-batches in flight would deadlock).
     """
-    if ps.links is not None:
-        ps.links.send(ps.next_stage_rank, x)
+    if comm.host.links is not None:
+        comm.host.links.send(comm.ps.next_stage_rank, x)
         return
     buf = x.contiguous()
-    pending.add(dist.isend(buf, dst=ps.next_stage_rank), buf)
+    pending.add(dist.isend(buf, dst=comm.ps.next_stage_rank), buf)
 
 
 def recv_from_prev_stage(
-    shape: tuple[int, ...], dtype: torch.dtype, ps: ParallelState
+    shape: tuple[int, ...], dtype: torch.dtype, comm: Comm
 ) -> torch.Tensor:
     """Receive activations of a known shape from the previous stage."""
-    out = torch.empty(shape, dtype=dtype, device=ps.device)
-    if ps.links is not None:
-        return ps.links.recv_into(ps.prev_stage_rank, out)
-    dist.recv(out, src=ps.prev_stage_rank)
+    out = torch.empty(shape, dtype=dtype, device=comm.ps.device)
+    if comm.host.links is not None:
+        return comm.host.links.recv_into(comm.ps.prev_stage_rank, out)
+    dist.recv(out, src=comm.ps.prev_stage_rank)
     return out
 
 
-def broadcast_bytes_from_root(data: bytes, ps: ParallelState, pending: Pending) -> None:
+def broadcast_bytes_from_root(data: bytes, comm: Comm, pending: Pending) -> None:
     """Rank 0's side of :func:`broadcast_bytes`, without waiting for the receivers."""
-    if ps.world_size == 1:
+    if comm.ps.world_size == 1:
         return
-    if ps.links is not None:  # link sends never block: the plain broadcast is already this
-        broadcast_bytes(data, ps)
+    if comm.host.links is not None:  # link sends never block: the plain broadcast is already this
+        broadcast_bytes(data, comm)
         return
     length = torch.tensor([len(data)], dtype=torch.int64)
-    pending.add(dist.broadcast(length, src=0, group=ps.cpu_group, async_op=True), length)
+    pending.add(dist.broadcast(length, src=0, group=comm.ps.cpu_group, async_op=True), length)
     if data:
         payload = torch.frombuffer(bytearray(data), dtype=torch.uint8)
-        pending.add(dist.broadcast(payload, src=0, group=ps.cpu_group, async_op=True), payload)
+        pending.add(dist.broadcast(payload, src=0, group=comm.ps.cpu_group, async_op=True), payload)
 
 
-def broadcast_bytes(data: bytes | None, ps: ParallelState, src: int = 0) -> bytes:
+def broadcast_bytes(data: bytes | None, comm: Comm, src: int = 0) -> bytes:
     """Broadcast a byte string from global rank ``src`` over the CPU group.
 
     ``src`` passes the bytes; every other rank passes ``None`` and gets them back.
     Two collectives: the length (int64), then the payload (uint8).
     """
-    if ps.world_size == 1:
+    if comm.ps.world_size == 1:
         assert data is not None, "broadcast_bytes: the only rank must pass the data"
         return data
-    if ps.links is not None:
-        if ps.rank != src:
-            return ps.links.recv_bytes(src)
+    if comm.host.links is not None:
+        if comm.ps.rank != src:
+            return comm.host.links.recv_bytes(src)
         assert data is not None
-        for rank in range(ps.world_size):
+        for rank in range(comm.ps.world_size):
             if rank != src:
-                ps.links.send(rank, data)
+                comm.host.links.send(rank, data)
         return data
     length = torch.tensor([len(data) if data is not None else 0], dtype=torch.int64)
-    dist.broadcast(length, src=src, group=ps.cpu_group)
-    if ps.rank == src:
+    dist.broadcast(length, src=src, group=comm.ps.cpu_group)
+    if comm.ps.rank == src:
         assert data is not None
         payload = torch.frombuffer(bytearray(data), dtype=torch.uint8)
     else:
         payload = torch.empty(int(length.item()), dtype=torch.uint8)
     if payload.numel():
-        dist.broadcast(payload, src=src, group=ps.cpu_group)
+        dist.broadcast(payload, src=src, group=comm.ps.cpu_group)
     return payload.numpy().tobytes()
 
 
-def send_cpu(x: torch.Tensor, dst: int, ps: ParallelState, pending: Pending) -> None:
+def send_cpu(x: torch.Tensor, dst: int, comm: Comm, pending: Pending) -> None:
     """Send a small CPU tensor (sampled tokens, logits) over the CPU group, non-blocking."""
-    if ps.links is not None:
-        ps.links.send(dst, x.cpu())
+    if comm.host.links is not None:
+        comm.host.links.send(dst, x.cpu())
         return
     buf = x.cpu().contiguous()
-    pending.add(dist.isend(buf, dst=dst, group=ps.cpu_group), buf)
+    pending.add(dist.isend(buf, dst=dst, group=comm.ps.cpu_group), buf)
 
 
 def recv_cpu(
-    shape: tuple[int, ...], dtype: torch.dtype, src: int, ps: ParallelState
+    shape: tuple[int, ...], dtype: torch.dtype, src: int, comm: Comm
 ) -> torch.Tensor:
     out = torch.empty(shape, dtype=dtype)
-    if ps.links is not None:
-        return ps.links.recv_into(src, out)
-    dist.recv(out, src=src, group=ps.cpu_group)
+    if comm.host.links is not None:
+        return comm.host.links.recv_into(src, out)
+    dist.recv(out, src=src, group=comm.ps.cpu_group)
     return out
 
 
-def all_reduce_min_int(value: int, ps: ParallelState) -> int:
+def all_reduce_min_int(value: int, comm: Comm) -> int:
     """The minimum of an integer over every rank of the replica (CPU group)."""
-    if ps.world_size == 1:
+    if comm.ps.world_size == 1:
         return value
     t = torch.tensor([value], dtype=torch.int64)
-    dist.all_reduce(t, op=dist.ReduceOp.MIN, group=ps.cpu_group)
+    dist.all_reduce(t, op=dist.ReduceOp.MIN, group=comm.ps.cpu_group)
     return int(t.item())

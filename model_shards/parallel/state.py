@@ -9,29 +9,24 @@ Global rank versus in-group ranks, for ``tp = 2, pp = 2`` (4 ranks)::
          3           1         1       {2, 3}     {1, 3}
 
 ``global rank = pp_rank * tp + tp_rank``. Never use the global rank where the
-TP rank is meant. Tensors (activations) travel over the default group, whose
-backend is ``nccl`` when each rank has its own CUDA device and ``gloo``
-otherwise; metadata (step plans, sampled tokens) always travels over a gloo
-CPU group. Every group carries the same timeout, so every collective has one.
-When every TP rank is a CPU process of the same host, TP all-reduces go through
-a shared-memory segment made here (:mod:`model_shards.parallel.shm_all_reduce`,
-same timeout) instead of gloo; and when every rank of the replica is, plans,
-activations and sampled tokens go rank to rank over Unix sockets
-(:mod:`model_shards.parallel.local_links`, same timeout).
+TP rank is meant. Tensors (activations, TP all-reduces) travel over the default
+group, whose backend is ``nccl`` when each rank has its own CUDA device and
+``gloo`` otherwise; metadata (step plans, sampled tokens) always travels over a
+gloo CPU group. Pipeline stages talk point to point over the default group, so
+no per-slot pipeline groups are made. Every group carries the same timeout, so
+every collective has one. This record holds ranks and groups only; the same-host
+transports of CPU replicas live in :mod:`model_shards.parallel.transports`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
-
-from model_shards.parallel.local_links import LocalLinks
-from model_shards.parallel.shm_all_reduce import ShmAllReduce
 
 
 @dataclass(frozen=True)
@@ -44,16 +39,10 @@ class ParallelState:
     pp_rank: int
     pp_size: int
     device: torch.device
-    backend: str
-    tp_group: dist.ProcessGroup | None
-    pp_group: dist.ProcessGroup | None
-    cpu_group: dist.ProcessGroup | None
+    tp_group: dist.ProcessGroup | None  # None: tp == 1
+    tensor_group: dist.ProcessGroup | None  # NCCL world for stage hand-offs; None: default
+    cpu_group: dist.ProcessGroup | None  # gloo: plans, tokens, agreements
     timeout_s: float
-    # CPU TP ranks of one host sum through shared memory (None: gloo; see shm_all_reduce.py).
-    tp_shm: ShmAllReduce | None = field(default=None, compare=False, repr=False)
-    # CPU ranks of one host pass plans, activations and results over Unix sockets
-    # (None: gloo; see local_links.py).
-    links: LocalLinks | None = field(default=None, compare=False, repr=False)
 
     @property
     def world_size(self) -> int:
@@ -86,91 +75,106 @@ def single_process_state(device: torch.device | None = None) -> ParallelState:
     """A world of one, with no process groups: every collective is a no-op."""
     return ParallelState(
         rank=0, tp_rank=0, tp_size=1, pp_rank=0, pp_size=1,
-        device=device or torch.device("cpu"), backend="none",
-        tp_group=None, pp_group=None, cpu_group=None, timeout_s=0.0,
+        device=device or torch.device("cpu"), tp_group=None, tensor_group=None, cpu_group=None,
+        timeout_s=0.0,
     )  # fmt: skip
 
 
-def choose_backend(world_size: int, device: str) -> tuple[str, torch.device | None]:
-    """``nccl`` when every rank can have its own CUDA device, else ``gloo`` on CPU."""
+def choose_backend(world_size: int, device: str) -> str:
+    """``nccl`` when every rank can have its own CUDA device, else ``gloo`` on CPU.
+
+    ``ValueError`` naming the flags when ``--device cuda`` lacks GPUs, and when
+    ``--device auto`` sees some CUDA devices but fewer than ranks: a machine with GPUs
+    never silently serves on its CPU.
+    """
     if device == "cpu":
-        return "gloo", None
-    has_cuda = torch.cuda.is_available() and torch.cuda.device_count() >= world_size
-    if device == "cuda" and not has_cuda:
-        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        return "gloo"
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if count >= world_size:
+        return "nccl"
+    if device == "cuda" or count > 0:
         raise ValueError(
-            f"--device cuda needs one GPU per rank: tp*pp = {world_size} but {count} "
-            f"CUDA device(s) are visible; lower -tp/-pp or use --device cpu"
+            f"--device {device} needs one GPU per rank: {world_size} rank(s) but {count} "
+            f"CUDA device(s) visible; lower -dp/-tp/-pp, or pass --device cpu to serve on CPU"
         )
-    return ("nccl", torch.device("cuda")) if has_cuda else ("gloo", None)
+    return "gloo"
 
 
 def init_parallel(
     rank: int, tp: int, pp: int, *, master_addr: str | None, master_port: int | None,
-    device: str, timeout_s: float, local_world_size: int | None = None,
+    device: str, timeout_s: float, cuda_index: int | None = None,
+    local_world_size: int | None = None,
 ) -> ParallelState:  # fmt: skip
-    """Join the replica's world and build its TP, PP and CPU groups (every rank calls this).
+    """Join the replica's world and build its groups (every rank calls this).
 
     ``master_addr``/``master_port`` ``None``: join with ``init_method="env://"``
-    (``MASTER_ADDR``/``MASTER_PORT`` as torchrun sets them). ``local_world_size``:
-    ranks on this node (default: all of them), each needing its own GPU for
-    NCCL; the CUDA device is ``LOCAL_RANK`` when set, else ``rank``.
+    (``MASTER_ADDR``/``MASTER_PORT`` as torchrun sets them). The world is first
+    joined over gloo (the CPU group), and every rank, on every node, agrees there on
+    one tensor backend before any NCCL group exists (:func:`_agree_on_cuda`).
+    ``cuda_index``: this rank's GPU among the visible ones, passed explicitly by the
+    caller (an inherited ``LOCAL_RANK`` must not put every rank on one GPU);
+    ``local_world_size``: ranks on this node (default: all), each needing its own GPU.
     """
     world = tp * pp
-    backend, cuda = choose_backend(local_world_size or world, device)
+    backend = choose_backend(local_world_size or world, device)
     timeout = timedelta(seconds=timeout_s)
-    local_device = torch.device("cpu")
-    if cuda is not None:
-        local_rank = int(os.environ.get("LOCAL_RANK", rank))
-        torch.cuda.set_device(local_rank)
-        local_device = torch.device("cuda", local_rank)
     dist.init_process_group(
-        backend=backend,
+        backend="gloo",
         init_method="env://" if master_addr is None else f"tcp://{master_addr}:{master_port}",
-        rank=rank,
-        world_size=world,
-        timeout=timeout,
-        device_id=local_device if cuda is not None else None,
-    )
+        rank=rank, world_size=world, timeout=timeout,
+    )  # fmt: skip
+    use_cuda = _agree_on_cuda(backend == "nccl", device, rank)
+    local_device = torch.device("cpu")
+    if use_cuda:
+        local_device = torch.device("cuda", rank if cuda_index is None else cuda_index)
+        torch.cuda.set_device(local_device)
+    tensor_backend = "nccl" if use_cuda else "gloo"
     tp_rank, pp_rank = rank % tp, rank // tp
     # Every rank must create every group, in the same order.
-    tp_group = pp_group = None
-    tp_ranks: list[int] = []
+    tp_group = None
     for stage in range(pp):
         ranks = [stage * tp + t for t in range(tp)]
-        group = dist.new_group(ranks, timeout=timeout) if tp > 1 else None
+        group = dist.new_group(ranks, timeout=timeout, backend=tensor_backend) if tp > 1 else None
         if stage == pp_rank:
-            tp_group, tp_ranks = group, ranks
-    for slot in range(tp):
-        ranks = [s * tp + slot for s in range(pp)]
-        group = dist.new_group(ranks, timeout=timeout) if pp > 1 else None
-        if slot == tp_rank:
-            pp_group = group
-    cpu_group = dist.new_group(backend="gloo", timeout=timeout) if backend != "gloo" else None
-    tp_shm = None
-    if tp_group is not None and backend == "gloo":
-        tp_shm = ShmAllReduce.create(tp_group, tp_ranks, tp_rank, timeout_s)
-    links = None
-    if world > 1 and backend == "gloo":
-        links = LocalLinks.create(rank, world, dist.group.WORLD, timeout_s)
+            tp_group = group
+    tensor_group = None
+    if use_cuda and world > 1:
+        tensor_group = dist.new_group(timeout=timeout, backend="nccl")
     return ParallelState(
         rank=rank, tp_rank=tp_rank, tp_size=tp, pp_rank=pp_rank, pp_size=pp,
-        device=local_device, backend=backend, tp_group=tp_group, pp_group=pp_group,
-        cpu_group=cpu_group if cpu_group is not None else dist.group.WORLD,
-        timeout_s=timeout_s, tp_shm=tp_shm, links=links,
+        device=local_device, tp_group=tp_group, tensor_group=tensor_group,
+        cpu_group=dist.group.WORLD, timeout_s=timeout_s,
     )  # fmt: skip
 
 
-def destroy_parallel(ps: ParallelState | None = None) -> None:
+def _agree_on_cuda(local_cuda: bool, device: str, rank: int) -> bool:
+    """Whether every rank of the world has its GPU (a gloo all-reduce); a replica whose
+    ranks disagree is refused on every rank, never split between NCCL and gloo."""
+    flags = torch.tensor([int(local_cuda), int(local_cuda)], dtype=torch.int64)
+    dist.all_reduce(flags[:1], op=dist.ReduceOp.MIN)
+    dist.all_reduce(flags[1:], op=dist.ReduceOp.MAX)
+    every, some = bool(flags[0]), bool(flags[1])
+    if some and not every:
+        raise RuntimeError(
+            f"rank {rank}: some ranks of this replica have a CUDA device for themselves and "
+            f"some do not (this rank: {'yes' if local_cuda else 'no'}); give every node "
+            f"enough GPUs or use --device cpu"
+        )
+    return every and device != "cpu"
+
+
+def destroy_parallel(
+    ps: ParallelState | None = None, close: Callable[[], None] | None = None
+) -> None:
     """Leave the world. With ``ps``, first wait (barrier) until every rank is leaving, so no
-    rank tears its connections down under a peer still finishing its last operation."""
+    rank tears its connections down under a peer still finishing its last operation;
+    ``close`` (the same-host transports' ``close``) runs after the barrier, before the
+    process groups go."""
     if not dist.is_initialized():
         return
     if ps is not None and ps.world_size > 1:
         with contextlib.suppress(RuntimeError):  # a peer already gone: nothing to protect
             dist.barrier(group=ps.cpu_group)
-    if ps is not None and ps.links is not None:
-        ps.links.close()
-    if ps is not None and ps.tp_shm is not None:
-        ps.tp_shm.close()  # the segment was unlinked at start-up: this only unmaps it
+    if close is not None:
+        close()
     dist.destroy_process_group()

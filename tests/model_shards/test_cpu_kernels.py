@@ -1,4 +1,4 @@
-"""Fused CPU kernels (model_shards/kernels) against the PyTorch reference ops.
+"""The cpu backend's fused kernels (model_shards/kernels) against the reference backend.
 
 Each kernel must give the reference's numbers (float32 to rounding error,
 bfloat16 to one rounding step) and compute every row on its own: a row's result
@@ -8,16 +8,16 @@ is bitwise the same alone or in a batch.
 from __future__ import annotations
 
 import platform
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
 
-from model_shards import kernels
+from model_shards.backends import Backend, ReferenceBackend, select_backend
+from model_shards.backends.cpu import CpuBackend
+from model_shards.backends.cpu_build import build_and_load
 from model_shards.config import RopeConfig
 from model_shards.kv_cache import PagedKVCache
-from model_shards.layers import attention, fused
 from model_shards.layers.attention import Attention, ForwardBatch
 from model_shards.layers.rotary import RotaryEmbedding
 from model_shards.messages import SeqChunk
@@ -30,10 +30,22 @@ def test_kernels_build_here() -> None:
     """CI's machine has a compiler: the fast path must really be in use, not silently off."""
     if platform.system() != "Linux" or platform.machine() != "x86_64":
         pytest.fail(f"no kernel expectations for {platform.system()} {platform.machine()}")
-    assert kernels.cpu_kernels_loaded()
-    assert kernels.use_cpu_kernels(torch.zeros(1))
-    assert kernels.use_cpu_kernels(torch.zeros(1, dtype=torch.bfloat16))
-    assert not kernels.use_cpu_kernels(torch.zeros(1, dtype=torch.float16))
+    assert build_and_load()
+    cpu = torch.device("cpu")
+    assert isinstance(select_backend(cpu, torch.float32, environ={}), CpuBackend)
+    assert isinstance(select_backend(cpu, torch.bfloat16, environ={}), CpuBackend)
+    half = select_backend(cpu, torch.float16, environ={})
+    assert type(half) is ReferenceBackend  # no fp16 kernels: the reference serves
+    off = select_backend(cpu, torch.float32, environ={"SHARDSERVE_BACKEND": "reference"})
+    assert type(off) is ReferenceBackend
+    with pytest.raises(ValueError, match="SHARDSERVE_BACKEND"):
+        select_backend(cpu, torch.float32, environ={"SHARDSERVE_BACKEND": "tpu"})
+    with pytest.raises(ValueError, match="TRITON_INTERPRET"):
+        select_backend(cpu, torch.float32, environ={"SHARDSERVE_BACKEND": "cuda"})
+
+
+CPU: Backend = CpuBackend() if build_and_load() else ReferenceBackend()
+REF: Backend = ReferenceBackend()
 
 
 def test_vectorized_decode_attention_runs_here() -> None:
@@ -75,17 +87,9 @@ def test_argmax(dtype: torch.dtype) -> None:
         x[0] = float("-inf")
         x[1, vocab // 2] = float("nan")
         x[2, -1] = float("inf")
-        assert torch.equal(fused.argmax(x), x.argmax(-1)), vocab
+        assert torch.equal(CPU.argmax(x), x.argmax(-1)), vocab
     rows = torch.randn(3, 2 * 4099, generator=g).to(dtype)[:, :4099]  # rows apart in memory
-    assert torch.equal(fused.argmax(rows), rows.argmax(-1))
-
-
-def _reference(monkeypatch: pytest.MonkeyPatch, fn: Callable[[], object]) -> object:
-    """``fn()`` with the kernels turned off (the PyTorch path)."""
-    with monkeypatch.context() as m:
-        m.setattr(fused, "use_cpu_kernels", lambda x: False)
-        m.setattr(attention, "use_cpu_kernels", lambda x: False)
-        return fn()
+    assert torch.equal(CPU.argmax(rows), rows.argmax(-1))
 
 
 def _close(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> None:
@@ -95,32 +99,32 @@ def _close(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> None:
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("with_residual", [False, True])
-def test_rms_norm(dtype: torch.dtype, with_residual: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_rms_norm(dtype: torch.dtype, with_residual: bool) -> None:
     g = torch.Generator().manual_seed(0)
     x = torch.randn(37, 96, generator=g).to(dtype)
     res = torch.randn(37, 96, generator=g).to(dtype) if with_residual else None
     w = (1 + 0.1 * torch.randn(96, generator=g)).to(dtype)
-    ref_y, ref_s = _reference(monkeypatch, lambda: fused.rms_norm(x, res, w, 1e-5))  # type: ignore[misc]
+    ref_y, ref_s = REF.rms_norm(x, res, w, 1e-5)
     res_k = res.clone() if res is not None else None
-    y, s = fused.rms_norm(x, res_k, w, 1e-5)
+    y, s = CPU.rms_norm(x, res_k, w, 1e-5)
     _close(y, ref_y, dtype)
     assert torch.equal(s, ref_s), "x + residual must round exactly like the reference"
-    alone, _ = fused.rms_norm(x[5:6], res.clone()[5:6] if res is not None else None, w, 1e-5)
+    alone, _ = CPU.rms_norm(x[5:6], res.clone()[5:6] if res is not None else None, w, 1e-5)
     assert torch.equal(alone, y[5:6])
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_silu_and_mul(dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_silu_and_mul(dtype: torch.dtype) -> None:
     x = (4 * torch.randn(33, 2 * 80, generator=torch.Generator().manual_seed(1))).to(dtype)
-    ref = _reference(monkeypatch, lambda: fused.silu_and_mul(x))
-    y = fused.silu_and_mul(x)
-    _close(y, ref, dtype)  # type: ignore[arg-type]
-    assert torch.equal(fused.silu_and_mul(x[7:8]), y[7:8])
+    ref = REF.silu_and_mul(x)
+    y = CPU.silu_and_mul(x)
+    _close(y, ref, dtype)
+    assert torch.equal(CPU.silu_and_mul(x[7:8]), y[7:8])
 
 
 def _attention_step(
     dtype: torch.dtype, chunks: list[SeqChunk], lengths: dict[int, int], seed: int,
-    d: int = 16, bs: int = 4,
+    d: int = 16, bs: int = 4, ops: Backend = CPU,
 ) -> tuple[Attention, ForwardBatch, torch.Tensor]:  # fmt: skip
     """A GQA layer (6 query heads, 2 KV heads, head dim ``d``, blocks of ``bs``) over a pool
     whose earlier positions hold random K/V; returns the layer, the step's batch and its qkv."""
@@ -136,7 +140,7 @@ def _attention_step(
     batch = ForwardBatch.build(chunks, kv)
     batch.rotary = RotaryEmbedding(d, 64, RopeConfig())
     qkv = torch.randn(batch.num_tokens, (nh + 2 * nkv) * d, generator=g).to(dtype)
-    return Attention(0, nh, nkv, d), batch, qkv
+    return Attention(0, nh, nkv, d, ops), batch, qkv
 
 
 def _chunk(seq_id: int, start: int, n: int) -> SeqChunk:
@@ -169,7 +173,7 @@ SHAPES = [(16, 4), (48, 4), (64, 4), (128, 32)]
 @pytest.mark.parametrize("mixed", [False, True], ids=["decodes", "decodes+prefill"])
 @pytest.mark.parametrize(("d", "bs"), SHAPES, ids=[f"d{d}-bs{bs}" for d, bs in SHAPES])
 def test_attention_step(
-    dtype: torch.dtype, mixed: bool, d: int, bs: int, monkeypatch: pytest.MonkeyPatch
+    dtype: torch.dtype, mixed: bool, d: int, bs: int
 ) -> None:
     """RoPE + K/V write + decode attention: output and the pool match the reference."""
     lengths = {0: 9, 1: 1, 2: 17, 3: 4, 4: 12, 6: 36}
@@ -178,14 +182,12 @@ def test_attention_step(
         lengths[5] = 7
         chunks.insert(2, _chunk(5, 2, 5))  # a prefill chunk continuing a cached prefix
 
-    def run(kernel: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        layer, batch, qkv = _attention_step(dtype, chunks, lengths, seed=3, d=d, bs=bs)
-        step = lambda: layer(qkv, batch)  # noqa: E731
-        out = step() if kernel else _reference(monkeypatch, step)
-        return out, batch.kv.k[0], batch.kv.v[0]  # type: ignore[return-value]
+    def run(ops: Backend) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        layer, batch, qkv = _attention_step(dtype, chunks, lengths, seed=3, d=d, bs=bs, ops=ops)
+        return layer(qkv, batch), batch.kv.k[0], batch.kv.v[0]
 
-    out_ref, k_ref, v_ref = run(kernel=False)
-    out, k, v = run(kernel=True)
+    out_ref, k_ref, v_ref = run(REF)
+    out, k, v = run(CPU)
     _close(out, out_ref, dtype)
     torch.testing.assert_close(k.float(), k_ref.float(), atol=TOL[dtype], rtol=0)
     assert torch.equal(v, v_ref)

@@ -27,7 +27,7 @@ from model_shards.config import ModelConfig, ReplicaConfig
 from model_shards.coordinator import Coordinator
 from model_shards.kv_cache import PagedKVCache
 from model_shards.messages import GenerateRequest, SamplingParams
-from model_shards.parallel.state import ParallelState
+from model_shards.parallel.comm import Comm
 from model_shards.worker import Worker, resolve_dtype
 from tests.checkpoints import build_tiny_llama
 from tests.world import run_world
@@ -62,7 +62,8 @@ def _run(coord: Coordinator, requests: list[GenerateRequest]) -> dict[str, list[
     return out
 
 
-def _worker(ps: ParallelState, model_dir: str, blocks: int | None) -> Worker:
+def _worker(peers: Comm, model_dir: str, blocks: int | None) -> Worker:
+    ps = peers.ps
     cfg = ModelConfig.from_dir(model_dir)
     memory = None
     if blocks is not None:
@@ -74,17 +75,18 @@ def _worker(ps: ParallelState, model_dir: str, blocks: int | None) -> Worker:
     replica = ReplicaConfig(
         model_dir, dtype="float32", block_size=BLOCK, max_num_seqs=32, kv_cache_memory=memory
     )
-    return Worker.build(replica, cfg, ps, MAX_LEN)
+    return Worker.build(replica, cfg, peers, MAX_LEN)
 
 
 def _coordinator(worker: Worker) -> Coordinator:
     return Coordinator(worker, max_num_seqs=32, max_num_batched_tokens=64, max_model_len=MAX_LEN)
 
 
-def _batching_rank(ps: ParallelState, model_dir: str, out_dir: str) -> None:
+def _batching_rank(peers: Comm, model_dir: str, out_dir: str) -> None:
+    ps = peers.ps
     results: dict[str, object] = {}
     for scenario in ("big", "small"):
-        worker = _worker(ps, model_dir, None if scenario == "big" else SMALL_POOL_BLOCKS)
+        worker = _worker(peers, model_dir, None if scenario == "big" else SMALL_POOL_BLOCKS)
         if ps.rank != 0:
             worker.serve_forever()
             continue

@@ -11,6 +11,7 @@ from transformers import MistralConfig, MistralForCausalLM
 
 from model_shards.config import ModelConfig, ReplicaConfig
 from model_shards.coordinator import Coordinator
+from model_shards.parallel.comm import Comm
 from model_shards.parallel.state import single_process_state
 from model_shards.worker import Worker
 
@@ -29,7 +30,7 @@ def _build_mistral(path: Path, dtype: torch.dtype) -> Path:
 def _logits(model_dir: Path, dtype: str, prompt: list[int]) -> torch.Tensor:
     cfg = ModelConfig.from_dir(model_dir)
     replica = ReplicaConfig(str(model_dir), dtype=dtype, max_num_seqs=2, block_size=8)
-    worker = Worker.build(replica, cfg, single_process_state(), 128)
+    worker = Worker.build(replica, cfg, Comm(single_process_state()), 128)
     coord = Coordinator(worker, max_num_seqs=2, max_num_batched_tokens=256, max_model_len=128)
     return coord.prompt_logits(prompt)
 

@@ -1,5 +1,6 @@
-"""Packed CPU GEMM (our AVX-512 kernel in float32 and bfloat16, else oneDNN): same numbers as
-F.linear, row results independent of the batch and of the thread count."""
+"""Packed CPU GEMM of the cpu backend (our AVX-512 kernel in float32 and bfloat16, else
+oneDNN): same numbers as F.linear, row results independent of the batch and of the thread
+count; the packed layout lives beside the dense parameter."""
 
 from __future__ import annotations
 
@@ -8,18 +9,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from model_shards.layers.gemm import (
-    PackableGemm,
-    own_gemm_supported,
-    pack_weights,
-    packing_supported,
-)
-from model_shards.layers.linear import ReplicatedLinear
+from model_shards.backends import ReferenceBackend
+from model_shards.backends.cpu import CpuBackend, PackedGemm
+from model_shards.backends.cpu_build import build_and_load
+from model_shards.layers.context import ShardContext
+from model_shards.layers.linear import LinearBase, ReplicatedLinear, prepare_weights
 from model_shards.layers.vocab import ParallelLMHead, VocabParallelEmbedding
-from model_shards.parallel.state import single_process_state
 
+assert build_and_load(), "CI's machine has a compiler: the cpu backend must build"
+CPU = CpuBackend()
 needs_packing = pytest.mark.skipif(
-    not packing_supported(torch.zeros(1)),
+    CPU.pack_linear(torch.zeros(1, 1)) is None,
     reason="no packed GEMM here (neither our AVX-512 kernel nor oneDNN)",
 )
 
@@ -27,7 +27,7 @@ needs_packing = pytest.mark.skipif(
 def _with_own_gemm(dtype: torch.dtype, *more: object) -> object:
     """A parameter set ``(dtype, *more)``, skipped where our GEMM does not serve ``dtype``."""
     skip = pytest.mark.skipif(
-        not own_gemm_supported(torch.zeros(1, dtype=dtype)),
+        not torch.ops.shardserve_cpu.gemm_vectorized(dtype),
         reason=f"no AVX-512 {dtype} GEMM on this machine",
     )
     return pytest.param(dtype, *more, marks=skip, id=str(dtype).removeprefix("torch."))
@@ -39,9 +39,9 @@ OWN_GEMM_DTYPES = [_with_own_gemm(torch.float32), _with_own_gemm(torch.bfloat16)
 OWN_GEMM_RTOL = {torch.float32: 1e-5, torch.bfloat16: 2.0**-7}
 
 
-def _linear(dtype: torch.dtype, bias: bool = True) -> ReplicatedLinear:
+def _linear(dtype: torch.dtype, bias: bool = True, ops: object = CPU) -> ReplicatedLinear:
     torch.manual_seed(0)
-    layer = ReplicatedLinear(96, 160, bias, dtype)
+    layer = ReplicatedLinear(96, 160, bias, ShardContext.single_process(ops, dtype))  # type: ignore[arg-type]
     layer.weight.data.normal_(0, 0.05)
     if layer.bias is not None:
         layer.bias.data.normal_()
@@ -55,9 +55,9 @@ def test_packed_matches_f_linear(dtype: torch.dtype, tol: float) -> None:
     dense, bias = layer.weight.detach().clone(), layer.bias
     x = torch.randn(37, 96).to(dtype)
     want = F.linear(x.float(), dense.float(), None if bias is None else bias.float())
-    assert pack_weights(layer) == 1
-    assert layer.packed_weight is not None
-    assert layer.weight.numel() == 0  # the dense copy is dropped
+    assert prepare_weights(layer) == 1
+    assert isinstance(layer.packed, PackedGemm)
+    assert torch.equal(layer.weight, dense)  # the dense parameter stays beside the packed one
     got = layer(x).float()
     assert torch.allclose(got, want, rtol=tol, atol=tol), (got - want).abs().max()
 
@@ -65,7 +65,7 @@ def test_packed_matches_f_linear(dtype: torch.dtype, tol: float) -> None:
 @needs_packing
 def test_packed_rows_do_not_depend_on_the_batch() -> None:
     layer = _linear(torch.float32)
-    pack_weights(layer)
+    prepare_weights(layer)
     x = torch.randn(80, 96)
     full = layer(x)
     for start, stop in [(0, 1), (5, 6), (3, 20), (0, 33), (41, 80)]:
@@ -73,30 +73,30 @@ def test_packed_rows_do_not_depend_on_the_batch() -> None:
 
 
 @needs_packing
-def test_tied_lm_head_keeps_the_embedding_dense() -> None:
-    ps = single_process_state()
+def test_tied_lm_head_shares_the_embedding_table() -> None:
+    ctx = ShardContext.single_process(CPU)
 
     class Tied(nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            self.embed = VocabParallelEmbedding(50, 16, torch.float32, ps)
-            self.head = ParallelLMHead(50, 16, torch.float32, ps)
+            self.embed = VocabParallelEmbedding(50, 16, ctx)
+            self.head = ParallelLMHead(50, 16, ctx)
             self.head.weight = self.embed.weight
 
     model = Tied()
     model.embed.weight.data.normal_()
     ids = torch.tensor([3, 7, 49])
     logits_before = model.head(model.embed(ids))
-    assert pack_weights(model) == 1
+    assert prepare_weights(model) == 1
     assert model.embed.weight.shape == (50, 16)  # lookups still read the table
     assert torch.allclose(model.head(model.embed(ids)), logits_before, atol=1e-5)
 
 
-def test_unsupported_dtype_stays_on_f_linear() -> None:
-    layer = _linear(torch.float16)
-    assert pack_weights(layer) == 0
-    assert layer.packed_weight is None and layer.weight.shape == (160, 96)
-    assert isinstance(layer, PackableGemm)
+def test_reference_backend_keeps_f_linear() -> None:
+    layer = _linear(torch.float16, ops=ReferenceBackend())
+    assert prepare_weights(layer) == 0
+    assert layer.packed is None and layer.weight.shape == (160, 96)
+    assert isinstance(layer, LinearBase)
 
 
 def _own_gemm(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -156,9 +156,9 @@ def test_own_gemm_rows_depend_on_nothing_else(dtype: torch.dtype) -> None:
 def test_layers_pack_for_the_own_gemm(dtype: torch.dtype, panel_shape: tuple[int, ...]) -> None:
     """ceil(160 / 48) zero-padded panels; bfloat16 packs k in pairs, two per column."""
     layer = _linear(dtype)
-    assert pack_weights(layer) == 1
-    assert layer.packed_outputs == 160 and layer.packed_weight is not None
-    assert layer.packed_weight.shape == panel_shape and layer.packed_weight.dtype == dtype
+    assert prepare_weights(layer) == 1
+    assert isinstance(layer.packed, PackedGemm) and layer.packed.out_features == 160
+    assert layer.packed.data.shape == panel_shape and layer.packed.data.dtype == dtype
 
 
 @pytest.mark.parametrize("dtype", OWN_GEMM_DTYPES)

@@ -13,6 +13,9 @@ from model_shards.checkpoint import Checkpoint, CheckpointError
 from model_shards.config import ModelConfig
 from model_shards.loader import load_weights
 from model_shards.models.llama import LlamaForCausalLM
+from model_shards.backends import ReferenceBackend
+from model_shards.layers.context import ShardContext
+from model_shards.parallel.comm import Comm
 from model_shards.parallel.state import single_process_state
 from tests.checkpoints import build_tiny_qwen2
 
@@ -37,7 +40,7 @@ def _edited(src: Path, dst: Path, edit: dict[str, torch.Tensor | None]) -> Path:
 
 def _load(model_dir: Path) -> LlamaForCausalLM:
     cfg = ModelConfig.from_dir(model_dir)
-    model = LlamaForCausalLM(cfg, torch.float32, single_process_state(), 64)
+    model = LlamaForCausalLM(cfg, ShardContext.single_process(ReferenceBackend()), 64)
     with Checkpoint(model_dir) as ck:
         load_weights(model, ck)
     return model
@@ -104,7 +107,8 @@ def test_tp_shards_reassemble_the_full_weights(qwen_dir: Path) -> None:
     shards = []
     for rank in range(tp):
         ps = replace(single_process_state(), tp_rank=rank, tp_size=tp)
-        model = LlamaForCausalLM(cfg, torch.float32, ps, 64)
+        ctx = ShardContext(Comm(ps), ReferenceBackend(), torch.float32)
+        model = LlamaForCausalLM(cfg, ctx, 64)
         with Checkpoint(qwen_dir) as ck:
             load_weights(model, ck)
         shards.append(model)

@@ -21,8 +21,8 @@ import torch
 import torch.distributed as dist
 
 from model_shards.parallel import comm
+from model_shards.parallel.comm import Comm
 from model_shards.parallel.local_links import ENV_VAR, LocalLinks, unsupported_reason
-from model_shards.parallel.state import ParallelState
 from tests.world import run_world
 
 pytestmark = pytest.mark.skipif(
@@ -65,8 +65,9 @@ def _receive(links: LocalLinks, i: int, src: int) -> None:
         assert torch.equal(got, want), f"message {i} from rank {src}"
 
 
-def _exchange_rank(ps: ParallelState, n: int) -> None:
-    links = ps.links
+def _exchange_rank(peers: Comm, n: int) -> None:
+    ps = peers.ps
+    links = peers.host.links
     assert links is not None, "local links not set up for CPU ranks of one host"
     peers = [r for r in range(ps.world_size) if r != ps.rank]
     for i in range(n):  # everyone sends everything first: only non-blocking sends survive
@@ -78,12 +79,12 @@ def _exchange_rank(ps: ParallelState, n: int) -> None:
     assert links.overflows > 0, "no message exercised the writer thread"
     # comm's primitives ride on the links
     sent = links.messages_sent
-    plan = comm.broadcast_bytes(b"plan" if ps.rank == 0 else None, ps)
+    plan = comm.broadcast_bytes(b"plan" if peers.rank == 0 else None, ps)
     assert plan == b"plan"
     if ps.rank == 0:
-        comm.send_cpu(torch.arange(5), 1, ps, comm.Pending())
+        comm.send_cpu(torch.arange(5), 1, peers, comm.Pending())
     elif ps.rank == 1:
-        assert torch.equal(comm.recv_cpu((5,), torch.int64, 0, ps), torch.arange(5))
+        assert torch.equal(comm.recv_cpu((5,), torch.int64, 0, peers), torch.arange(5))
     if ps.rank == 0:
         assert links.messages_sent == sent + ps.world_size  # the plan to each peer, then one
     dist.barrier()
@@ -95,13 +96,14 @@ def test_messages_arrive_whole_and_in_order(world: int) -> None:
     run_world(_exchange_rank, 1, world, 30, timeout=100)
 
 
-def _stage_rank(ps: ParallelState) -> None:
-    assert ps.links is not None
+def _stage_rank(peers: Comm) -> None:
+    ps = peers.ps
+    assert peers.host.links is not None
     x = torch.randn(17, 576)
     if ps.pp_rank == 0:
-        comm.send_to_next_stage(x * 0 + ps.rank, ps, comm.Pending())
+        comm.send_to_next_stage(x * 0 + peers.rank, ps, comm.Pending())
     else:
-        got = comm.recv_from_prev_stage((17, 576), torch.float32, ps)
+        got = comm.recv_from_prev_stage((17, 576), torch.float32, peers)
         assert torch.equal(got, torch.full((17, 576), float(ps.prev_stage_rank)))
     dist.barrier()
 
@@ -122,8 +124,9 @@ def _record_failed_receive(links: LocalLinks, src: int, out_dir: str) -> None:
     Path(out_dir, "result").write_text(f"{time.monotonic() - start:.3f}\n{error}")
 
 
-def _dead_peer_rank(ps: ParallelState, out_dir: str) -> None:
-    links = ps.links
+def _dead_peer_rank(peers: Comm, out_dir: str) -> None:
+    ps = peers.ps
+    links = peers.host.links
     assert links is not None
     if ps.rank == 1:
         links.send(0, b"last words")
@@ -142,7 +145,8 @@ def test_a_peer_that_exits_is_noticed_at_once(tmp_path: Path) -> None:
     assert float(elapsed) < 5.0  # the world's timeout is 60 s
 
 
-def _silent_peer_rank(ps: ParallelState, out_dir: str) -> None:
+def _silent_peer_rank(peers: Comm, out_dir: str) -> None:
+    ps = peers.ps
     links = LocalLinks.create(ps.rank, ps.world_size, None, timeout_s=1.0)
     assert links is not None
     if ps.rank == 0:
@@ -159,9 +163,10 @@ def test_a_silent_peer_times_out(tmp_path: Path) -> None:
     assert 0.9 < float(elapsed) < 10.0
 
 
-def _gloo_rank(ps: ParallelState) -> None:
-    assert ps.links is None
-    plan = comm.broadcast_bytes(b"over gloo" if ps.rank == 0 else None, ps)
+def _gloo_rank(peers: Comm) -> None:
+    ps = peers.ps
+    assert peers.host.links is None
+    plan = comm.broadcast_bytes(b"over gloo" if peers.rank == 0 else None, ps)
     assert plan == b"over gloo"
 
 

@@ -20,9 +20,9 @@ from safetensors.torch import load_file, save_file
 
 from model_shards.config import ModelConfig, ReplicaConfig
 from model_shards.coordinator import Coordinator
-from model_shards.kernels import cpu_kernels_loaded
+from model_shards.backends.cpu_build import build_and_load
 from model_shards.messages import GenerateRequest, SamplingParams
-from model_shards.parallel.state import ParallelState
+from model_shards.parallel.comm import Comm
 from model_shards.worker import Worker
 from tests.checkpoints import build_tiny_llama, build_tiny_qwen2, hf_greedy, hf_prompt_logits
 from tests.world import run_world
@@ -37,8 +37,9 @@ def _rchar() -> int:
         return next(int(line.split()[1]) for line in f if line.startswith("rchar"))
 
 
-def _parity_rank(ps: ParallelState, model_dirs: list[str], out_dir: str) -> None:
-    cpu_kernels_loaded()  # its one-time load reads the extension's files: not checkpoint bytes
+def _parity_rank(peers: Comm, model_dirs: list[str], out_dir: str) -> None:
+    ps = peers.ps
+    build_and_load()  # its one-time load reads the extension's files: not checkpoint bytes
     for name, model_dir in zip(("llama", "qwen2"), model_dirs, strict=True):
         cfg = ModelConfig.from_dir(model_dir)
         before = _rchar()
@@ -47,7 +48,7 @@ def _parity_rank(ps: ParallelState, model_dirs: list[str], out_dir: str) -> None
         replica = ReplicaConfig(
             model_dir, dtype="float32", max_num_seqs=8, block_size=4, pp_layer_partition=partition
         )
-        worker = Worker.build(replica, cfg, ps, 256)
+        worker = Worker.build(replica, cfg, peers, 256)
         io = {
             "bytes_loaded": worker.bytes_loaded, "rchar": _rchar() - before,
             "layers": [worker.model.model.start, worker.model.model.end],

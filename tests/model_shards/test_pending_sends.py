@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 
 from model_shards.parallel import comm
-from model_shards.parallel.state import ParallelState
+from model_shards.parallel.comm import Comm
 from tests.world import run_world
 
 
@@ -39,7 +39,8 @@ def test_bounded_and_retired_oldest_first() -> None:
     assert waited == list(range(11)) and not pending.works
 
 
-def _sender_and_receiver(ps: ParallelState, n: int) -> None:
+def _sender_and_receiver(peers: Comm, n: int) -> None:
+    ps = peers.ps
     if ps.rank == 0:
         pending = comm.Pending(max_pending=8)
         for i in range(n):

@@ -8,23 +8,21 @@ text whatever the batch; these pin down what each parameter does to the numbers.
 from __future__ import annotations
 
 import math
-from unittest.mock import patch
-
 import pytest
 import torch
 
-from model_shards import kernels
-from model_shards.layers import fused
+from model_shards.backends import ReferenceBackend
+from model_shards.backends.cpu import CpuBackend
+from model_shards.backends.cpu_build import build_and_load
 from model_shards.messages import NewSequence, SamplingParams, SeqChunk
 from model_shards.sampler import Sampler, apply_penalties, filter_logits
 
 
 def _race(probs: torch.Tensor, seeds: torch.Tensor, kernel: bool) -> torch.Tensor:
     if kernel:
-        assert kernels.cpu_kernels_loaded()
-        return torch.ops.shardserve_cpu.exponential_race(probs, seeds)
-    with patch.object(fused, "use_cpu_kernels", lambda x: False):
-        return fused.exponential_race(probs, seeds)
+        assert build_and_load()
+        return CpuBackend().exponential_race(probs, seeds)
+    return ReferenceBackend().exponential_race(probs, seeds)
 
 
 @pytest.mark.parametrize("kernel", [True, False], ids=["kernel", "reference"])
@@ -107,7 +105,7 @@ def test_penalties_follow_vllm() -> None:
 
 
 def _sampler(params: dict[int, SamplingParams], prompt_len: int = 2) -> Sampler:
-    sampler = Sampler()
+    sampler = Sampler(ReferenceBackend())
     for seq_id, p in params.items():
         sampler.add(NewSequence(seq_id, p, prompt_len, stop_token_ids=[3]))
     return sampler

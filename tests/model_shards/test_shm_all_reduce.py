@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import subprocess
@@ -25,7 +24,7 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import load_file, save_file
 
-from model_shards.parallel.comm import tp_all_reduce
+from model_shards.parallel.comm import Comm, tp_all_reduce
 from model_shards.parallel.shm_all_reduce import (
     ENV_VAR,
     NAME_PREFIX,
@@ -35,6 +34,7 @@ from model_shards.parallel.shm_all_reduce import (
     unsupported_reason,
 )
 from model_shards.parallel.state import ParallelState
+from model_shards.parallel.transports import SameHostTransports
 from tests.world import run_world
 
 CALLS = 200
@@ -72,8 +72,9 @@ def _name_file(out_dir: str, ps: ParallelState, shm: ShmAllReduce) -> None:
     Path(out_dir, f"name-{ps.rank}").write_text(shm.name)
 
 
-def _sums_rank(ps: ParallelState, out_dir: str) -> None:
-    shm = ps.tp_shm
+def _sums_rank(peers: Comm, out_dir: str) -> None:
+    ps = peers.ps
+    shm = peers.host.tp_shm
     assert shm is not None, "shm all-reduce not enabled for a CPU tp world on one host"
     _name_file(out_dir, ps, shm)
     results = {}
@@ -82,16 +83,16 @@ def _sums_rank(ps: ParallelState, out_dir: str) -> None:
         x = _input(i, ps.tp_rank, shape, dtype)
         if i % 2:
             with torch.inference_mode():
-                assert tp_all_reduce(x, ps) is x
+                assert tp_all_reduce(x, peers) is x
         else:
-            assert tp_all_reduce(x, ps) is x
+            assert tp_all_reduce(x, peers) is x
         results[f"c{i}"] = x
     assert shm.calls == CALLS, "some all-reduce did not go through shared memory"
     # Bigger than the slot: gloo, interleaved with calls that fit.
     small = ShmAllReduce.create(ps.tp_group, shm.ranks, ps.tp_rank, 60.0, slot_bytes=SMALL_SLOT)
     assert small is not None
     _name_file(out_dir + "/small", ps, small)
-    tiny = dataclasses.replace(ps, tp_shm=small)
+    tiny = Comm(ps, SameHostTransports(tp_shm=small))
     for i in range(CALLS, CALLS + 6):
         x = _input(i, ps.tp_rank, *_case(i))
         results[f"c{i}"] = tp_all_reduce(x, tiny)
@@ -124,7 +125,8 @@ def _assert_no_segments(out_dir: Path, world: int) -> None:
     assert not os.path.exists(os.path.join(SHM_DIR, names.pop()))
 
 
-def _late_peer_rank(ps: ParallelState, out_dir: str) -> None:
+def _late_peer_rank(peers: Comm, out_dir: str) -> None:
+    ps = peers.ps
     shm = ShmAllReduce.create(ps.tp_group, [0, 1], ps.tp_rank, timeout_s=1.0)
     assert shm is not None
     if ps.tp_rank == 0:
@@ -158,7 +160,8 @@ def test_peer_that_never_arrives_times_out(tmp_path: Path) -> None:
     assert "unusable after an earlier failure" in again and "TP rank 1" in again
 
 
-def _dead_peer_rank(ps: ParallelState, out_dir: str) -> None:
+def _dead_peer_rank(peers: Comm, out_dir: str) -> None:
+    ps = peers.ps
     shm = ShmAllReduce.create(ps.tp_group, [0, 1], ps.tp_rank, timeout_s=60.0)
     assert shm is not None
     Path(out_dir, f"name-{ps.rank}").write_text(shm.name)
@@ -183,10 +186,11 @@ def test_peer_that_exits_is_noticed_before_the_timeout(tmp_path: Path) -> None:
     _assert_no_segments(tmp_path, 2)
 
 
-def _gloo_rank(ps: ParallelState, out_dir: str) -> None:
-    assert ps.tp_shm is None
+def _gloo_rank(peers: Comm, out_dir: str) -> None:
+    ps = peers.ps
+    assert peers.host.tp_shm is None
     x = torch.full((4, 576), float(ps.tp_rank + 1))
-    assert torch.equal(tp_all_reduce(x, ps), torch.full((4, 576), 3.0))
+    assert torch.equal(tp_all_reduce(x, peers), torch.full((4, 576), 3.0))
 
 
 @pytest.mark.timeout(120)

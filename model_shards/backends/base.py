@@ -1,0 +1,141 @@
+"""The backend boundary: every op a model runs, with its contract.
+
+A backend is chosen once per worker (:func:`model_shards.backends.select_backend`)
+from the device, the dtype and the environment, and handed to every layer when the
+model is built. Layers call these ops and never test the device themselves.
+
+* ``reference`` (:mod:`.reference`): plain PyTorch, the numerical specification;
+* ``cpu`` (:mod:`.cpu`): the fused C++ kernels of ``model_shards/kernels`` and the
+  packed GEMM;
+* ``cuda`` (:mod:`.cuda`): Triton kernels, the batched on-device sampler.
+
+Shapes: ``T`` tokens of a step, ``nh``/``nkv`` query/key-value heads of this rank,
+``D`` head dim, pools ``[slots, nkv, D]`` with slot ``b * block_size + i`` holding
+token ``i`` of block ``b``.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class PrefillMeta:
+    """The prefill chunks of one step, for one varlen attention call over the paged pool.
+
+    Chunk ``n`` is the packed rows ``q_starts[n] .. q_starts[n] + q_lens[n] - 1``; its
+    query ``i`` sits at position ``start_positions[n] + i`` and attends causally to
+    positions ``0 .. start_positions[n] + i`` of its sequence, read through
+    ``block_tables[n]`` (prefix-cached context included: its own K/V are already in
+    the pool when attention runs). Tensors on the step's device, int64; the ``*_list``
+    fields are the same numbers as Python ints (for the reference loop).
+    """
+
+    q_starts: torch.Tensor  # [N]
+    q_lens: torch.Tensor  # [N]
+    start_positions: torch.Tensor  # [N]
+    block_tables: torch.Tensor  # [N, nblk], padded with 0
+    q_starts_list: list[int]
+    q_lens_list: list[int]
+    start_positions_list: list[int]
+    block_size: int
+
+    @property
+    def num_chunks(self) -> int:
+        return len(self.q_lens_list)
+
+    @property
+    def max_q_len(self) -> int:
+        return max(self.q_lens_list, default=0)
+
+    @property
+    def max_context_len(self) -> int:
+        ends = [s + n for s, n in zip(self.start_positions_list, self.q_lens_list, strict=True)]
+        return max(ends, default=0)
+
+
+class Backend(ABC):
+    """The ops of a model's forward pass and of sampling. Subclasses override what they
+    accelerate; each method's docstring is the contract every backend meets."""
+
+    name: str = "abstract"
+
+    # ---- norms and activations -------------------------------------------------------
+    @abstractmethod
+    def rms_norm(
+        self, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``x: [T, H]`` → ``(y, s)``, ``s = x + residual`` rounded to the dtype (``s = x``
+        without a residual), ``y = w * round(s / rms(s))`` with the statistics in float32.
+        A backend may write ``s`` into ``residual`` and return it."""
+
+    @abstractmethod
+    def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
+        """``x = [gate | up]: [T, 2I]`` → ``silu(gate) * up: [T, I]``."""
+
+    # ---- attention -------------------------------------------------------------------
+    @abstractmethod
+    def rotary_and_cache(
+        self, qkv: torch.Tensor, positions: torch.Tensor, cos_cached: torch.Tensor,
+        sin_cached: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
+        slot_mapping: torch.Tensor, num_heads: int, num_kv_heads: int,
+    ) -> torch.Tensor:  # fmt: skip
+        """``qkv: [T, (nh + 2 nkv) * D]`` → rotated ``q: [T, nh, D]``.
+
+        RoPE (half-split layout, ``cos/sin_cached: [P, D]`` float32 indexed by
+        ``positions [T]``) on q and k; k and v are stored at ``slot_mapping [T]``
+        (a negative slot: the row is padding and nothing is stored). ``qkv`` may be
+        rotated in place and ``q`` be a view of it."""
+
+    @abstractmethod
+    def decode_attention(
+        self, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
+        block_tables: torch.Tensor, context_lens: torch.Tensor, block_size: int, scale: float,
+    ) -> torch.Tensor:  # fmt: skip
+        """Single-token queries ``q: [B, nh, D]`` over their whole context → ``[B, nh, D]``.
+
+        Row ``b`` attends to positions ``0 .. context_lens[b] - 1`` through
+        ``block_tables[b]`` (``[B, nblk]``); query head ``h`` reads KV head
+        ``h // (nh / nkv)``. A row with ``context_lens[b] == 0`` (padding) answers zeros."""
+
+    @abstractmethod
+    def prefill_attention(
+        self, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, meta: PrefillMeta,
+        scale: float, out: torch.Tensor,
+    ) -> None:  # fmt: skip
+        """Causal attention of every prefill chunk of a step (:class:`PrefillMeta`): reads
+        ``q: [T, nh, D]`` at the chunks' rows and writes those rows of ``out: [T, nh, D]``
+        (other rows untouched)."""
+
+    # ---- GEMM ------------------------------------------------------------------------
+    def pack_linear(self, weight: torch.Tensor) -> object | None:
+        """A faster layout of ``weight [out, in]`` for :meth:`linear`, kept beside the
+        parameter, or ``None`` where the dense weight is what this backend reads."""
+        return None
+
+    @abstractmethod
+    def linear(
+        self, x: torch.Tensor, weight: torch.Tensor, packed: object | None,
+        bias: torch.Tensor | None,
+    ) -> torch.Tensor:  # fmt: skip
+        """``x [T, in]`` → ``x W^T + b: [T, out]``; ``packed`` is what :meth:`pack_linear`
+        returned for ``weight``."""
+
+    # ---- sampling --------------------------------------------------------------------
+    @abstractmethod
+    def argmax(self, x: torch.Tensor) -> torch.Tensor:
+        """``x: [S, V]`` → ``[S]`` int64, torch.argmax's answer (first maximum; a NaN wins)."""
+
+    @abstractmethod
+    def exponential_race(self, probs: torch.Tensor, seeds: torch.Tensor) -> torch.Tensor:
+        """One draw per row of ``probs [S, V]`` (float32, non-negative) with ``seeds [S]``
+        int64 → ``[S]`` int64: the winner of ``argmin_i -log(u_i) / p_i`` with the
+        counter-hashed uniforms of :func:`model_shards.backends.reference.race_uniforms`.
+        A row with no positive mass answers 0."""
+
+    # ---- step lifecycle ----------------------------------------------------------------
+    def synchronize(self) -> None:  # noqa: B027 (a no-op unless the device queues work)
+        """Wait for queued device work (a no-op on CPU)."""

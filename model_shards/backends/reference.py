@@ -1,0 +1,139 @@
+"""The reference backend: every op as plain PyTorch, the numerical specification the
+fused CPU kernels and the Triton kernels are tested against. Runs on any device."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from model_shards.backends.base import Backend, PrefillMeta
+
+_GOLDEN = 0x9E3779B97F4A7C15
+_MIX1, _MIX2 = 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
+
+
+def _int64(value: int) -> int:
+    """A 64-bit pattern as the int64 torch holds it (two's complement)."""
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+def _shift_right(z: torch.Tensor, bits: int) -> torch.Tensor:
+    """Logical (unsigned) right shift of int64 bit patterns; torch's ``>>`` is arithmetic."""
+    return (z >> bits) & ((1 << (64 - bits)) - 1)
+
+
+def race_uniforms(seeds: torch.Tensor, vocab: int) -> torch.Tensor:
+    """``seeds [S]`` int64 → ``[S, vocab]`` float64 uniforms in (0, 1): token ``i``'s is the
+    splitmix64 finalizer of ``seed + (i + 1) × golden`` (int64 arithmetic wraps), top 53 bits."""
+    counters = torch.arange(1, vocab + 1, dtype=torch.int64, device=seeds.device)
+    z = seeds[:, None] + counters * _int64(_GOLDEN)
+    z = (z ^ _shift_right(z, 30)) * _int64(_MIX1)
+    z = (z ^ _shift_right(z, 27)) * _int64(_MIX2)
+    z = z ^ _shift_right(z, 31)
+    return (_shift_right(z, 11).double() + 0.5) * 2.0**-53
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def block_slots(table: torch.Tensor, start: int, end: int, block_size: int) -> torch.Tensor:
+    """Slots of positions ``start .. end - 1`` through one block table ``[nblk]``."""
+    positions = torch.arange(start, end, device=table.device)
+    return table[positions // block_size] * block_size + positions % block_size
+
+
+class ReferenceBackend(Backend):
+    name = "reference"
+
+    def rms_norm(
+        self, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        s = x if residual is None else x + residual
+        s32 = s.float()
+        s32 = s32 * torch.rsqrt(s32.pow(2).mean(-1, keepdim=True) + eps)
+        return weight * s32.to(s.dtype), s
+
+    def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = x.chunk(2, dim=-1)
+        return F.silu(gate) * up
+
+    def rotary_and_cache(
+        self, qkv: torch.Tensor, positions: torch.Tensor, cos_cached: torch.Tensor,
+        sin_cached: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
+        slot_mapping: torch.Tensor, num_heads: int, num_kv_heads: int,
+    ) -> torch.Tensor:  # fmt: skip
+        t, d = qkv.shape[0], k_pool.shape[-1]
+        q, k, v = qkv.view(t, -1, d).split([num_heads, num_kv_heads, num_kv_heads], dim=1)
+        cos = cos_cached[positions].unsqueeze(1).to(qkv.dtype)  # [T, 1, D]
+        sin = sin_cached[positions].unsqueeze(1).to(qkv.dtype)
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        real = slot_mapping >= 0
+        if not bool(real.all()):
+            slot_mapping, k, v = slot_mapping[real], k[real], v[real]
+        k_pool.index_copy_(0, slot_mapping, k)
+        v_pool.index_copy_(0, slot_mapping, v)
+        return q
+
+    def decode_attention(
+        self, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
+        block_tables: torch.Tensor, context_lens: torch.Tensor, block_size: int, scale: float,
+    ) -> torch.Tensor:  # fmt: skip
+        """The whole blocks of every row gathered and padded, one masked SDPA."""
+        b, nh, d = q.shape
+        nkv, bs = k_pool.shape[1], block_size
+        blocks = block_tables.reshape(-1)
+        # whole blocks: (B * nblk, bs, nkv, D) -> (B, nkv, nblk * bs, D)
+        kd = k_pool.view(-1, bs, nkv, d).index_select(0, blocks).view(b, -1, nkv, d)
+        vd = v_pool.view(-1, bs, nkv, d).index_select(0, blocks).view(b, -1, nkv, d)
+        qd, kd, vd = q.unsqueeze(2), kd.transpose(1, 2), vd.transpose(1, 2)  # (B, nh, 1, D)
+        if q.device.type == "cpu" and q.dtype != torch.float32:
+            # CPU attention kernels run single-token queries ~4x slower in 16-bit
+            # than in float32, conversions included
+            qd, kd, vd = qd.float(), kd.float(), vd.float()
+        span = torch.arange(kd.shape[2], device=q.device)
+        mask = (span.unsqueeze(0) < context_lens.unsqueeze(1))[:, None, None, :]
+        od = F.scaled_dot_product_attention(
+            qd, kd, vd, attn_mask=mask, scale=scale, enable_gqa=nh != nkv
+        )  # (B, nh, 1, D)
+        od = torch.where(context_lens[:, None, None, None] > 0, od, 0.0)  # padding rows
+        return od.squeeze(2).to(q.dtype)
+
+    def prefill_attention(
+        self, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, meta: PrefillMeta,
+        scale: float, out: torch.Tensor,
+    ) -> None:  # fmt: skip
+        """One causal SDPA per chunk over its gathered context."""
+        nh, nkv = q.shape[1], k_pool.shape[1]
+        for n in range(meta.num_chunks):
+            row, length = meta.q_starts_list[n], meta.q_lens_list[n]
+            start = meta.start_positions_list[n]
+            slots = block_slots(meta.block_tables[n], 0, start + length, meta.block_size)
+            qp = q[row : row + length].transpose(0, 1).unsqueeze(0)  # (1, nh, L, D)
+            kp = k_pool[slots].transpose(0, 1).unsqueeze(0)  # (1, nkv, S + L, D)
+            vp = v_pool[slots].transpose(0, 1).unsqueeze(0)
+            mask = None
+            if start > 0:
+                qpos = torch.arange(length, device=q.device).unsqueeze(1) + start
+                mask = torch.arange(start + length, device=q.device).unsqueeze(0) <= qpos
+            op = F.scaled_dot_product_attention(
+                qp, kp, vp, attn_mask=mask, is_causal=start == 0, scale=scale,
+                enable_gqa=nh != nkv,
+            )  # fmt: skip  # (1, nh, L, D)
+            out[row : row + length] = op[0].transpose(0, 1)
+
+    def linear(
+        self, x: torch.Tensor, weight: torch.Tensor, packed: object | None,
+        bias: torch.Tensor | None,
+    ) -> torch.Tensor:  # fmt: skip
+        return F.linear(x, weight, bias)
+
+    def argmax(self, x: torch.Tensor) -> torch.Tensor:
+        return x.argmax(dim=-1)
+
+    def exponential_race(self, probs: torch.Tensor, seeds: torch.Tensor) -> torch.Tensor:
+        ratio = -race_uniforms(seeds, probs.shape[-1]).log() / probs.double()
+        ratio = torch.where(probs > 0, ratio, torch.inf)
+        return ratio.argmin(dim=-1)
