@@ -225,7 +225,7 @@ def filter_logits_batch(x: torch.Tensor, t: SamplingTensors) -> torch.Tensor:
         probs = sorted_x.softmax(-1)
         before = probs.double().cumsum(-1).float() - probs  # mass strictly before
         remove = before >= t.top_p[:, None]
-        pass  # the top token stays
+        remove[:, 0] = False  # the top token stays
         x = x.masked_fill(torch.zeros_like(remove).scatter(1, order, remove), float("-inf"))
     if t.any_min_p:
         probs = x.softmax(-1)

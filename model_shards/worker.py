@@ -20,15 +20,17 @@ from itertools import accumulate
 
 import torch
 
+from model_shards import gpu_memory
 from model_shards.backends import Backend, select_backend
 from model_shards.checkpoint import Checkpoint
 from model_shards.config import EncoderConfig, ModelConfig, ReplicaConfig
+from model_shards.decode_graphs import DecodeGraphs
 from model_shards.kv_cache import PagedKVCache
 from model_shards.layers.attention import ForwardBatch
 from model_shards.layers.context import ShardContext
 from model_shards.layers.linear import prepare_weights
 from model_shards.loader import load_weights
-from model_shards.messages import StepPlan, TokenLogprob, decode_plan, encode
+from model_shards.messages import SeqChunk, StepPlan, TokenLogprob, decode_plan, encode
 from model_shards.models import MODEL_REGISTRY
 from model_shards.models.llama import LlamaForCausalLM
 from model_shards.parallel import comm
@@ -73,25 +75,25 @@ def receive_plan(peers: Comm) -> StepPlan:
 
 
 def kv_cache_blocks(
-    cfg: ModelConfig, replica: ReplicaConfig, peers: Comm, dtype: torch.dtype,
-    num_layers: int, max_model_len: int,
+    cfg: ModelConfig, replica: ReplicaConfig, peers: Comm, model: LlamaForCausalLM,
+    dtype: torch.dtype, max_model_len: int, *, graphs: bool,
 ) -> int:  # fmt: skip
     """Blocks this rank's memory budget allows, agreed (minimum) over the whole replica.
 
-    Budget: ``--kv-cache-memory``; else on GPU ``--gpu-memory-utilization`` of the
-    device minus what is already used; else 1 GiB. Never more than
-    ``max_num_seqs`` full-length sequences need.
+    Budget: ``--kv-cache-memory``; else on GPU what :mod:`model_shards.gpu_memory`
+    leaves of ``--gpu-memory-utilization`` (one forward's peak and the graph pool
+    measured); else 1 GiB. Never more than ``max_num_seqs`` full-length sequences need.
     """
     ps = peers.ps
     nkv = max(1, cfg.num_kv_heads // ps.tp_size)
+    num_layers = model.model.end - model.model.start
     per_block = PagedKVCache.bytes_per_block(
         num_layers, replica.block_size, nkv, cfg.head_dim, dtype
     )
     if replica.kv_cache_memory is not None:
         budget = replica.kv_cache_memory
     elif ps.device.type == "cuda":
-        free, total = torch.cuda.mem_get_info(ps.device)
-        budget = int(replica.gpu_memory_utilization * total) - (total - free)
+        budget = _gpu_kv_budget(replica, model, max_model_len, graphs)
     else:
         budget = CPU_KV_CACHE_DEFAULT
     per_seq = -(-max_model_len // replica.block_size)
@@ -103,6 +105,26 @@ def kv_cache_blocks(
             f"raise --kv-cache-memory (or --gpu-memory-utilization) or lower --max-model-len"
         )
     return blocks
+
+
+def _gpu_kv_budget(
+    replica: ReplicaConfig, model: LlamaForCausalLM, max_model_len: int, graphs: bool
+) -> int:
+    bs, seqs = replica.block_size, replica.max_num_seqs
+    tokens = replica.max_num_batched_tokens
+    peak = gpu_memory.forward_peak_bytes(model, tokens, max_model_len, bs, seqs)
+    pool = gpu_memory.forward_peak_bytes(model, seqs, 1, bs, seqs) if graphs else 0
+    free, total = torch.cuda.mem_get_info(model.ps.device)
+    budget = gpu_memory.kv_budget_bytes(
+        replica.gpu_memory_utilization, total, total - free, peak, pool
+    )
+    log.info(
+        "GPU memory: %.2f GiB total, %.2f GiB in use after loading, forward peak %.2f GiB "
+        "(%d tokens), graph pool %.2f GiB: %.2f GiB for the KV cache",
+        total / 2**30, (total - free) / 2**30, peak / 2**30, tokens, pool / 2**30,
+        budget / 2**30,
+    )  # fmt: skip
+    return budget
 
 
 class Worker:
@@ -121,6 +143,7 @@ class Worker:
             max(1, cfg.num_kv_heads // ps.tp_size), cfg.head_dim, dtype, ps.device,
         )  # fmt: skip
         self.sampler = Sampler(ctx.ops)
+        self.graphs: DecodeGraphs | None = None  # set by build() on a backend with graphs
         self.bytes_loaded = 0
         self.pending = comm.Pending()  # non-blocking sends in progress
 
@@ -144,9 +167,17 @@ class Worker:
             load_weights(model, checkpoint)
             bytes_read = checkpoint.bytes_read
         prepare_weights(model)
-        num_layers = model.model.end - model.model.start
-        blocks = kv_cache_blocks(cfg, replica, peers, dtype, num_layers, max_model_len)
-        worker = Worker(model.eval(), ctx, blocks, replica.block_size)
+        graph_backend = None if replica.enforce_eager else ops.graph_backend()
+        blocks = kv_cache_blocks(
+            cfg, replica, peers, model.eval(), dtype, max_model_len,
+            graphs=graph_backend is not None,
+        )  # fmt: skip
+        worker = Worker(model, ctx, blocks, replica.block_size)
+        if graph_backend is not None:
+            worker.graphs = DecodeGraphs(
+                worker.model, worker.kv, replica.max_num_seqs, max_model_len, graph_backend
+            )
+            worker.graphs.capture()
         worker.bytes_loaded = bytes_read
         return worker
 
@@ -174,23 +205,19 @@ class Worker:
         if not plan.chunks:
             return None
         self.kv.extend_tables(plan.chunks)
-        batch = ForwardBatch.build(plan.chunks, self.kv)
-        if ps.is_first_stage:
-            ids = [t for c in plan.chunks for t in c.token_ids]
-            x = torch.tensor(ids, dtype=torch.int64, device=ps.device)
-        else:
-            shape = (batch.num_tokens, self.model.config.hidden_size)
-            x = comm.recv_from_prev_stage(shape, self.dtype, self.comm)
-        hidden = self.model(x, batch)  # [T, H]
+        out = self._forward(plan.chunks)  # [T, H], or [T, V] logits from a decode graph
         if not ps.is_last_stage:
-            comm.send_to_next_stage(hidden, self.comm, self.pending)
+            comm.send_to_next_stage(out, self.comm, self.pending)
             return self.collect(plan) if wait and ps.rank == 0 else None
         sampled = [i for i, c in enumerate(plan.chunks) if c.sample]
         if not sampled:
             return StepResult([]) if ps.rank == 0 else None
-        ends = list(accumulate(len(c.token_ids) for c in plan.chunks))
-        rows = torch.tensor([ends[i] - 1 for i in sampled], device=ps.device)
-        logits = self.model.compute_logits(hidden[rows])  # [S, V]
+        if self._graphed(plan.chunks):
+            logits = out if len(sampled) == len(plan.chunks) else out[sampled]  # [S, V]
+        else:
+            ends = list(accumulate(len(c.token_ids) for c in plan.chunks))
+            rows = torch.tensor([ends[i] - 1 for i in sampled], device=ps.device)
+            logits = self.model.compute_logits(out[rows])  # [S, V]
         if ps.tp_rank != 0:
             return None
         out = self.sampler.sample(logits, [plan.chunks[i] for i in sampled])
@@ -199,6 +226,26 @@ class Worker:
             return _to_result(out, full)
         _send_result(out, full, self.comm, self.pending)
         return None
+
+    def _graphed(self, chunks: list[SeqChunk]) -> bool:
+        """Whether this step replays a decode graph (a decode-only step, graphs captured)."""
+        return self.graphs is not None and all(len(c.token_ids) == 1 for c in chunks)
+
+    def _forward(self, chunks: list[SeqChunk]) -> torch.Tensor:
+        """This stage's pass over the step: ``[T, H]``; on the last stage of a graphed
+        decode step the logits ``[T, V]`` (the LM head is inside the graph)."""
+        ps = self.ps
+        hidden: torch.Tensor | None = None
+        if not ps.is_first_stage:
+            shape = (sum(len(c.token_ids) for c in chunks), self.model.config.hidden_size)
+            hidden = comm.recv_from_prev_stage(shape, self.dtype, self.comm)
+        if self.graphs is not None and self._graphed(chunks):
+            return self.graphs.run(chunks, hidden)
+        batch = ForwardBatch.build(chunks, self.kv)
+        if hidden is None:
+            ids = [t for c in chunks for t in c.token_ids]
+            hidden = torch.tensor(ids, dtype=torch.int64, device=ps.device)
+        return self.model(hidden, batch)  # [T, H]
 
     def collect(self, plan: StepPlan) -> StepResult:
         """Global rank 0, when it is not the sampler: wait for the sampler's result of ``plan``."""

@@ -18,8 +18,12 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from model_shards.backends.cuda_graphs import GraphBackend
 
 
 @dataclass
@@ -94,12 +98,15 @@ class Backend(ABC):
     def decode_attention(
         self, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
         block_tables: torch.Tensor, context_lens: torch.Tensor, block_size: int, scale: float,
+        max_context_len: int | None = None,
     ) -> torch.Tensor:  # fmt: skip
         """Single-token queries ``q: [B, nh, D]`` over their whole context → ``[B, nh, D]``.
 
         Row ``b`` attends to positions ``0 .. context_lens[b] - 1`` through
         ``block_tables[b]`` (``[B, nblk]``); query head ``h`` reads KV head
-        ``h // (nh / nkv)``. A row with ``context_lens[b] == 0`` (padding) answers zeros."""
+        ``h // (nh / nkv)``. A row with ``context_lens[b] == 0`` (padding) answers zeros.
+        ``max_context_len``: a host-side bound of ``context_lens`` (kernels size their launch
+        grid by it instead of reading the device; CUDA graphs pass the static bound)."""
 
     @abstractmethod
     def prefill_attention(
@@ -137,5 +144,9 @@ class Backend(ABC):
         A row with no positive mass answers 0."""
 
     # ---- step lifecycle ----------------------------------------------------------------
+    def graph_backend(self) -> GraphBackend | None:
+        """What captures and replays decode steps as graphs; ``None``: steps run eagerly."""
+        return None
+
     def synchronize(self) -> None:  # noqa: B027 (a no-op unless the device queues work)
         """Wait for queued device work (a no-op on CPU)."""

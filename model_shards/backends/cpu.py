@@ -73,6 +73,7 @@ class CpuBackend(ReferenceBackend):
     def decode_attention(
         self, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
         block_tables: torch.Tensor, context_lens: torch.Tensor, block_size: int, scale: float,
+        max_context_len: int | None = None,
     ) -> torch.Tensor:  # fmt: skip
         return self._ops.decode_attention(
             q, k_pool, v_pool, block_tables, context_lens, block_size, scale

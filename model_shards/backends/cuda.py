@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 
 from model_shards.backends.base import PrefillMeta
+from model_shards.backends.cuda_graphs import CudaGraphBackend, GraphBackend
 from model_shards.backends.reference import ReferenceBackend
 from model_shards.backends.triton_ops import (
     activation,
@@ -57,10 +58,11 @@ class CudaBackend(ReferenceBackend):
     def decode_attention(
         self, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
         block_tables: torch.Tensor, context_lens: torch.Tensor, block_size: int, scale: float,
+        max_context_len: int | None = None,
     ) -> torch.Tensor:  # fmt: skip
         return attention_decode.decode_attention(
             q, k_pool, v_pool, block_tables, context_lens, block_size, scale,
-            batch_invariant=self.batch_invariant,
+            max_context_len=max_context_len, batch_invariant=self.batch_invariant,
         )  # fmt: skip
 
     def prefill_attention(
@@ -79,6 +81,11 @@ class CudaBackend(ReferenceBackend):
 
     def exponential_race(self, probs: torch.Tensor, seeds: torch.Tensor) -> torch.Tensor:
         return sampling.exponential_race(probs, seeds)
+
+    def graph_backend(self) -> GraphBackend | None:
+        if not torch.cuda.is_available():
+            return None  # Triton's interpreter on CPU tensors (tests): nothing to capture
+        return CudaGraphBackend()
 
     def synchronize(self) -> None:
         if torch.cuda.is_available():

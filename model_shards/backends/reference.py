@@ -80,6 +80,7 @@ class ReferenceBackend(Backend):
     def decode_attention(
         self, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
         block_tables: torch.Tensor, context_lens: torch.Tensor, block_size: int, scale: float,
+        max_context_len: int | None = None,
     ) -> torch.Tensor:  # fmt: skip
         """The whole blocks of every row gathered and padded, one masked SDPA."""
         b, nh, d = q.shape

@@ -43,6 +43,7 @@ class ForwardBatch:
     decode_lens: torch.Tensor  # [B] context length of each decode, its new token included
     prefill: PrefillMeta | None  # the multi-token chunks, None when there are none
     kv: PagedKVCache
+    max_decode_len: int = 0  # an upper bound of decode_lens, known on the host
     rotary: RotaryEmbedding | None = None  # the model's tables, set per step
 
     @property
@@ -103,6 +104,7 @@ class ForwardBatch:
             decode_lens=torch.tensor(decode_lens, dtype=torch.int64, device=dev),
             prefill=prefill,
             kv=kv,
+            max_decode_len=max(decode_lens, default=0),
         )
 
 
@@ -131,14 +133,15 @@ class Attention(nn.Module):
         bs = batch.kv.block_size
         if batch.prefill is None:
             out = self.ops.decode_attention(
-                q, k_pool, v_pool, batch.decode_tables, batch.decode_lens, bs, self.scale
+                q, k_pool, v_pool, batch.decode_tables, batch.decode_lens, bs, self.scale,
+                max_context_len=batch.max_decode_len,
             )  # [T, nh, D]
         else:
             out = torch.empty_like(q)
             if batch.decode_rows.numel():
                 out[batch.decode_rows] = self.ops.decode_attention(
                     q[batch.decode_rows], k_pool, v_pool, batch.decode_tables,
-                    batch.decode_lens, bs, self.scale,
+                    batch.decode_lens, bs, self.scale, max_context_len=batch.max_decode_len,
                 )  # fmt: skip
             self.ops.prefill_attention(q, k_pool, v_pool, batch.prefill, self.scale, out)
         return out.reshape(out.shape[0], self.num_heads * self.head_dim)

@@ -1,0 +1,83 @@
+"""The GPU memory a worker needs beside its KV pool, measured before the pool exists.
+
+``KV pool = --gpu-memory-utilization × device memory − what is in use after loading
+(weights, NCCL and CUDA context) − the peak of one forward at
+--max-num-batched-tokens − the graph pool``, where
+
+* the forward's peak is measured by running one prefill of that many tokens through
+  this stage (sequences no longer than ``--max-model-len``, over a scratch KV pool),
+  its LM head and the sampler's widest work (float32 softmax and sort of
+  ``max_num_seqs`` rows), and reading ``torch.cuda.max_memory_allocated``;
+* the graph pool is measured the same way for a decode step of ``max_num_seqs`` rows
+  (the largest captured bucket: every graph shares that one pool), when graphs are on.
+
+:func:`kv_budget_bytes` is the arithmetic, kept apart so it can be tested anywhere.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from model_shards.kv_cache import PagedKVCache
+from model_shards.layers.attention import ForwardBatch
+from model_shards.messages import SeqChunk
+from model_shards.models.llama import LlamaForCausalLM
+
+log = logging.getLogger(__name__)
+
+
+def kv_budget_bytes(
+    utilization: float, total: int, in_use: int, forward_peak: int, graph_pool: int
+) -> int:
+    """Bytes left for the KV pool (may be negative: the caller reports it)."""
+    return int(utilization * total) - in_use - forward_peak - graph_pool
+
+
+def _scratch_chunks(tokens: int, max_len: int, block_size: int) -> tuple[list[SeqChunk], int]:
+    """Prefill chunks of ``tokens`` tokens in all, each sequence at most ``max_len`` long,
+    with fresh block ids; and the number of blocks they use."""
+    chunks, next_block, seq = [], 0, 0
+    while tokens > 0:
+        n = min(tokens, max_len)
+        blocks = -(-n // block_size)
+        ids = list(range(next_block, next_block + blocks))
+        chunks.append(SeqChunk(seq_id=seq, token_ids=[0] * n, start_pos=0, new_block_ids=ids))
+        next_block, tokens, seq = next_block + blocks, tokens - n, seq + 1
+    return chunks, next_block
+
+
+@torch.inference_mode()
+def forward_peak_bytes(
+    model: LlamaForCausalLM, tokens: int, max_len: int, block_size: int, sample_rows: int
+) -> int:
+    """Peak bytes allocated while this stage runs one step of ``tokens`` prompt tokens
+    (``max_len == 1``: a decode step of ``tokens`` rows) on a scratch KV pool."""
+    device = next(model.parameters()).device
+    cfg, ps = model.config, model.ps
+    chunks, blocks = _scratch_chunks(tokens, max_len, block_size)
+    if max_len == 1:  # decode rows: one token each at position 0 of its own block
+        chunks = [SeqChunk(c.seq_id, [0], 0, c.new_block_ids) for c in chunks]
+    dtype = next(model.parameters()).dtype
+    kv = PagedKVCache(
+        range(model.model.start, model.model.end), blocks, block_size,
+        max(1, cfg.num_kv_heads // ps.tp_size), cfg.head_dim, dtype, device,
+    )  # fmt: skip
+    kv.extend_tables(chunks)
+    torch.cuda.synchronize(device)
+    base = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    batch = ForwardBatch.build(chunks, kv)
+    x = torch.zeros(batch.num_tokens, dtype=torch.int64, device=device)
+    if not ps.is_first_stage:
+        x = torch.zeros(batch.num_tokens, cfg.hidden_size, dtype=dtype, device=device)
+    hidden = model(x, batch)
+    if model.lm_head is not None:
+        logits = model.compute_logits(hidden[: min(sample_rows, hidden.shape[0])])
+        logits.float().softmax(-1).sort(dim=-1, descending=True)
+    torch.cuda.synchronize(device)
+    peak = torch.cuda.max_memory_allocated(device) - base
+    del kv, batch, hidden
+    torch.cuda.empty_cache()
+    return max(peak, 0)
