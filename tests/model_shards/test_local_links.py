@@ -65,9 +65,9 @@ def _receive(links: LocalLinks, i: int, src: int) -> None:
         assert torch.equal(got, want), f"message {i} from rank {src}"
 
 
-def _exchange_rank(peers: Comm, n: int) -> None:
-    ps = peers.ps
-    links = peers.host.links
+def _exchange_rank(net: Comm, n: int) -> None:
+    ps = net.ps
+    links = net.host.links
     assert links is not None, "local links not set up for CPU ranks of one host"
     peers = [r for r in range(ps.world_size) if r != ps.rank]
     for i in range(n):  # everyone sends everything first: only non-blocking sends survive
@@ -79,12 +79,12 @@ def _exchange_rank(peers: Comm, n: int) -> None:
     assert links.overflows > 0, "no message exercised the writer thread"
     # comm's primitives ride on the links
     sent = links.messages_sent
-    plan = comm.broadcast_bytes(b"plan" if peers.rank == 0 else None, ps)
+    plan = comm.broadcast_bytes(b"plan" if ps.rank == 0 else None, net)
     assert plan == b"plan"
     if ps.rank == 0:
-        comm.send_cpu(torch.arange(5), 1, peers, comm.Pending())
+        comm.send_cpu(torch.arange(5), 1, net, comm.Pending())
     elif ps.rank == 1:
-        assert torch.equal(comm.recv_cpu((5,), torch.int64, 0, peers), torch.arange(5))
+        assert torch.equal(comm.recv_cpu((5,), torch.int64, 0, net), torch.arange(5))
     if ps.rank == 0:
         assert links.messages_sent == sent + ps.world_size  # the plan to each peer, then one
     dist.barrier()
@@ -101,7 +101,7 @@ def _stage_rank(peers: Comm) -> None:
     assert peers.host.links is not None
     x = torch.randn(17, 576)
     if ps.pp_rank == 0:
-        comm.send_to_next_stage(x * 0 + peers.rank, ps, comm.Pending())
+        comm.send_to_next_stage(x * 0 + ps.rank, peers, comm.Pending())
     else:
         got = comm.recv_from_prev_stage((17, 576), torch.float32, peers)
         assert torch.equal(got, torch.full((17, 576), float(ps.prev_stage_rank)))
@@ -166,7 +166,7 @@ def test_a_silent_peer_times_out(tmp_path: Path) -> None:
 def _gloo_rank(peers: Comm) -> None:
     ps = peers.ps
     assert peers.host.links is None
-    plan = comm.broadcast_bytes(b"over gloo" if peers.rank == 0 else None, ps)
+    plan = comm.broadcast_bytes(b"over gloo" if ps.rank == 0 else None, peers)
     assert plan == b"over gloo"
 
 

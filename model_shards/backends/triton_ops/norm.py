@@ -32,7 +32,7 @@ import triton.language as tl
 def _round_bf16(x: tl.tensor) -> tl.tensor:
     """float32 → nearest-even bf16 value (as float32): keep the top 16 bits."""
     bits = x.to(tl.uint32, bitcast=True)
-    bits = bits + 0x8000  # carries into the kept half
+    bits = bits + 0x7FFF + ((bits >> 16) & 1)  # carries into the kept half
     rounded = (bits & 0xFFFF0000).to(tl.float32, bitcast=True)
     return tl.where(x != x, x, rounded)  # NaN stays NaN
 
