@@ -5,10 +5,33 @@ defined, so it is set before any test module imports one)."""
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 
+import pytest
 import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _interpreter_loop_bounds() -> Iterator[None]:
+    """triton 3.6's interpreter takes a runtime loop bound as ``int(array of shape (1,))``,
+    which numpy >= 2.4 rejects (triton-lang/triton#9171); reshape it to 0-d. Compiled
+    kernels are unaffected."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        yield
+        return
+    import triton.runtime.interpreter as interpreter
+
+    original = interpreter._patch_lang_tensor
+
+    def patch(tensor: type, scope: interpreter._LangPatchScope) -> None:
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(())))
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(interpreter, "_patch_lang_tensor", patch)
+        yield

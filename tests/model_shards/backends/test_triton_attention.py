@@ -5,7 +5,6 @@ past block boundaries, padding rows, float32/bfloat16/float16, and batch invaria
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 
 import pytest
@@ -19,27 +18,6 @@ from model_shards.backends.triton_ops.attention_prefill import prefill_attention
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 2e-3}
 SCALE = 0.3
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _interpreter_loop_bounds() -> Iterator[None]:
-    """triton 3.6's interpreter takes a runtime loop bound as ``int(array of shape (1,))``,
-    which numpy >= 2.4 rejects (triton-lang/triton#9171); reshape it to 0-d for these
-    tests. Compiled kernels are unaffected."""
-    if os.environ.get("TRITON_INTERPRET") != "1":
-        yield
-        return
-    import triton.runtime.interpreter as interpreter
-
-    original = interpreter._patch_lang_tensor
-
-    def patch(tensor: type, scope: interpreter._LangPatchScope) -> None:
-        original(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(())))
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(interpreter, "_patch_lang_tensor", patch)
-        yield
 
 
 @pytest.fixture(autouse=True)

@@ -61,14 +61,17 @@ def _rounding_cases(dtype: torch.dtype) -> torch.Tensor:
     """Random magnitudes over the whole range, exact ties, ties' neighbours, the
     subnormal and overflow boundaries, ±0, ±inf, NaN."""
     gen = torch.Generator().manual_seed(0)
-    wide = torch.randn(2048, generator=gen) * torch.exp2(torch.randint(-40, 40, (2048,), generator=gen))
+    scales = torch.exp2(torch.randint(-40, 40, (2048,), generator=gen).float())
+    wide = torch.randn(2048, generator=gen) * scales
     grid = torch.randn(1024, generator=gen).to(dtype).float()
     above = torch.nextafter(grid, grid * 2)
     step = (torch.nextafter(grid.to(dtype), grid.to(dtype) * 2).float() - grid) / 2
     ties = grid + step  # exactly halfway in the dtype (a float32 value)
     tiny = torch.randn(1024, generator=gen) * torch.finfo(dtype).tiny
-    specials = torch.tensor([0.0, -0.0, float("inf"), -float("inf"), float("nan"), 65504.0,
-                             65519.0, 65520.0, -65520.0, 1e30, -3e38, 6.1e-5, 5.96e-8, 2.9e-8])  # fmt: skip
+    specials = torch.tensor([
+        0.0, -0.0, float("inf"), -float("inf"), float("nan"), 65504.0, 65519.0, 65520.0,
+        -65520.0, 1e30, -3e38, 6.1e-5, 5.96e-8, 2.9e-8,
+    ])  # fmt: skip
     return torch.cat([wide, grid, above, ties, ties.nextafter(ties * 2), tiny, specials])
 
 
@@ -79,7 +82,8 @@ def test_round_to_matches_torch_cast(dtype: torch.dtype) -> None:
     x = _rounding_cases(dtype).to(DEVICE)
     assert x.numel() <= 8192
     y = torch.empty_like(x)
-    _round_kernel[(1,)](x, y, x.numel(), DTYPE=tl.bfloat16 if dtype == torch.bfloat16 else tl.float16)
+    tl_dtype = tl.bfloat16 if dtype == torch.bfloat16 else tl.float16
+    _round_kernel[(1,)](x, y, x.numel(), DTYPE=tl_dtype)
     want = x.to(dtype).float()
     nan = want.isnan()
     assert torch.equal(y.isnan(), nan)
