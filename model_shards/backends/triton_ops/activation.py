@@ -34,7 +34,7 @@ def _silu_and_mul_kernel(
     x_row = x_ptr + row * stride_x
     gate = tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32)
     up = tl.load(x_row + inter + cols, mask=mask, other=0.0).to(tl.float32)
-    act = tl.div_rn(gate, 1.0 + tl.exp(-gate))
+    act = round_to(tl.div_rn(gate, 1.0 + tl.exp(-gate)), dtype)
     y = round_to(act * up, dtype)
     tl.store(y_ptr + row * stride_y + cols, y.to(dtype), mask=mask)
 
