@@ -19,8 +19,13 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+import pytest
+
 from model_shards.launch import free_port
 from model_shards.parallel.state import ParallelState
+
+# ``make gpu-check`` runs the multi-rank tests on GPUs: SHARDSERVE_TEST_DEVICE=cuda
+TEST_DEVICE = os.environ.get("SHARDSERVE_TEST_DEVICE", "cpu")
 
 
 def _entry(
@@ -35,8 +40,9 @@ def _entry(
     torch.set_num_threads(1)
     try:
         ps = init_parallel(
-            rank, tp, pp, master_addr="127.0.0.1", master_port=port, device="cpu", timeout_s=60
-        )
+            rank, tp, pp, master_addr="127.0.0.1", master_port=port, device=TEST_DEVICE,
+            timeout_s=60, cuda_index=rank,
+        )  # fmt: skip
         peers = Comm.open(ps)
         fn(peers, *args)
         destroy_parallel(ps, peers.close)
@@ -51,6 +57,11 @@ def _entry(
 
 
 def run_world(fn: Callable[..., None], tp: int, pp: int, *args: Any, timeout: float = 120) -> None:
+    if TEST_DEVICE == "cuda":
+        import torch
+
+        if torch.cuda.device_count() < tp * pp:
+            pytest.skip(f"tp={tp} pp={pp} needs {tp * pp} GPUs (NCCL: one per rank)")
     ctx = mp.get_context("spawn")
     port = free_port()
     procs = [

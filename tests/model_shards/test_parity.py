@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file, save_file
 
+from model_shards.backends.cpu_build import build_and_load
 from model_shards.config import ModelConfig, ReplicaConfig
 from model_shards.coordinator import Coordinator
-from model_shards.backends.cpu_build import build_and_load
 from model_shards.messages import GenerateRequest, SamplingParams
 from model_shards.parallel.comm import Comm
 from model_shards.worker import Worker
@@ -28,6 +28,11 @@ from tests.checkpoints import build_tiny_llama, build_tiny_qwen2, hf_greedy, hf_
 from tests.world import run_world
 
 LAYOUTS = [(1, 1), (2, 1), (1, 2), (2, 2), (4, 1), (1, 4)]
+# ``make gpu-check`` also runs this in bfloat16 (SHARDSERVE_TEST_DTYPE): logits then agree
+# with the float32 reference to bfloat16's precision, and greedy tokens are not compared
+# (a near tie may flip in 16 bits)
+DTYPE = os.environ.get("SHARDSERVE_TEST_DTYPE", "float32")
+LOGITS_RTOL = 1e-4 if DTYPE == "float32" else 5e-2
 PROMPTS = [[3, 17, 250, 996, 42, 7, 512, 64, 100], [5, 6]]
 NEW_TOKENS = 24
 
@@ -46,7 +51,7 @@ def _parity_rank(peers: Comm, model_dirs: list[str], out_dir: str) -> None:
         uneven = f"{cfg.num_layers - cfg.num_layers // 3},{cfg.num_layers // 3}"
         partition = uneven if (ps.tp_size, ps.pp_size) == (1, 2) else "even"
         replica = ReplicaConfig(
-            model_dir, dtype="float32", max_num_seqs=8, block_size=4, pp_layer_partition=partition
+            model_dir, dtype=DTYPE, max_num_seqs=8, block_size=4, pp_layer_partition=partition
         )
         worker = Worker.build(replica, cfg, peers, 256)
         io = {
@@ -110,8 +115,9 @@ def test_layout_matches_transformers(
         for i in range(len(PROMPTS)):
             ref = references[name]["logits"][i]
             rel = ((ours[f"p{i}"] - ref).abs().max() / ref.abs().max()).item()
-            assert rel < 1e-4, f"{name} prompt {i}: logits relative error {rel:.2e}"
-            assert tokens[str(i)] == references[name]["tokens"][i], f"{name} prompt {i}"
+            assert rel < LOGITS_RTOL, f"{name} prompt {i}: logits relative error {rel:.2e}"
+            if DTYPE == "float32":
+                assert tokens[str(i)] == references[name]["tokens"][i], f"{name} prompt {i}"
         if (tp, pp) == (1, 2) and name == "llama":  # 4 layers -> 3, 1
             stages = [json.loads((tmp_path / f"llama-rank{r}.json").read_text()) for r in (0, 1)]
             assert [io["layers"] for io in stages] == [[0, 3], [3, 4]]
