@@ -58,7 +58,10 @@ def forward_peak_bytes(
     cfg, ps = model.config, model.ps
     chunks, blocks = _scratch_chunks(tokens, max_len, block_size)
     if max_len == 1:  # decode rows: one token each at position 0 of its own block
-        chunks = [SeqChunk(c.seq_id, [0], 0, c.new_block_ids) for c in chunks]
+        chunks = [
+            SeqChunk(seq_id=c.seq_id, token_ids=[0], start_pos=0, new_block_ids=c.new_block_ids)
+            for c in chunks
+        ]
     dtype = next(model.parameters()).dtype
     kv = PagedKVCache(
         range(model.model.start, model.model.end), blocks, block_size,

@@ -229,7 +229,7 @@ def filter_logits_batch(x: torch.Tensor, t: SamplingTensors) -> torch.Tensor:
         x = x.masked_fill(torch.zeros_like(remove).scatter(1, order, remove), float("-inf"))
     if t.any_min_p:
         probs = x.softmax(-1)
-        x = x.masked_fill(probs <= t.min_p[:, None] * probs.amax(-1, keepdim=True), -math.inf)
+        x = x.masked_fill(probs < t.min_p[:, None] * probs.amax(-1, keepdim=True), -math.inf)
     return x
 
 

@@ -205,19 +205,19 @@ class Worker:
         if not plan.chunks:
             return None
         self.kv.extend_tables(plan.chunks)
-        out = self._forward(plan.chunks)  # [T, H], or [T, V] logits from a decode graph
+        stage_out = self._forward(plan.chunks)  # [T, H], or [T, V] logits of a decode graph
         if not ps.is_last_stage:
-            comm.send_to_next_stage(out, self.comm, self.pending)
+            comm.send_to_next_stage(stage_out, self.comm, self.pending)
             return self.collect(plan) if wait and ps.rank == 0 else None
         sampled = [i for i, c in enumerate(plan.chunks) if c.sample]
         if not sampled:
             return StepResult([]) if ps.rank == 0 else None
         if self._graphed(plan.chunks):
-            logits = out if len(sampled) == len(plan.chunks) else out[sampled]  # [S, V]
+            logits = stage_out if len(sampled) == len(plan.chunks) else stage_out[sampled]
         else:
             ends = list(accumulate(len(c.token_ids) for c in plan.chunks))
             rows = torch.tensor([ends[i] - 1 for i in sampled], device=ps.device)
-            logits = self.model.compute_logits(out[rows])  # [S, V]
+            logits = self.model.compute_logits(stage_out[rows])  # [S, V]
         if ps.tp_rank != 0:
             return None
         out = self.sampler.sample(logits, [plan.chunks[i] for i in sampled])

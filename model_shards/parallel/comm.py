@@ -95,13 +95,14 @@ def send_to_next_stage(x: torch.Tensor, comm: Comm, pending: Pending) -> None:
     """Hand this stage's activations to the same TP slot of the next stage (non-blocking).
 
     Non-blocking so a stage never waits for its neighbour while that neighbour
-    waits on someone else (pipeline micro-batches in flight would deadlock).
+    waits on someone else (pipeline micro-batches in flight would deadlock). GPU
+    activations go over the NCCL world group; CPU ones over the links, else gloo.
     """
     if comm.host.links is not None:
         comm.host.links.send(comm.ps.next_stage_rank, x)
         return
     buf = x.contiguous()
-    pending.add(dist.isend(buf, dst=comm.ps.next_stage_rank), buf)
+    pending.add(dist.isend(buf, dst=comm.ps.next_stage_rank, group=comm.ps.tensor_group), buf)
 
 
 def recv_from_prev_stage(
@@ -111,7 +112,7 @@ def recv_from_prev_stage(
     out = torch.empty(shape, dtype=dtype, device=comm.ps.device)
     if comm.host.links is not None:
         return comm.host.links.recv_into(comm.ps.prev_stage_rank, out)
-    dist.recv(out, src=comm.ps.prev_stage_rank)
+    dist.recv(out, src=comm.ps.prev_stage_rank, group=comm.ps.tensor_group)
     return out
 
 
