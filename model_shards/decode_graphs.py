@@ -37,13 +37,14 @@ class DecodeGraphs:
         buckets = decode_buckets(max_num_seqs)
         self.max_blocks = -(-max_model_len // kv.block_size)
         hidden = None if ps.is_first_stage else model.config.hidden_size
-        dtype = kv.k[next(iter(kv.k))].dtype
+        dtype = next(model.parameters()).dtype
         static = StaticDecodeInputs(buckets[-1], self.max_blocks, kv.device, hidden, dtype)
         self.rows = torch.arange(buckets[-1], device=kv.device)
         self.runner = GraphRunner(
             self._forward, static, buckets, graph_backend, enforce_eager=enforce_eager
         )
 
+    @torch.inference_mode()
     def capture(self) -> float:
         """Capture every bucket (after the weights and the KV pool exist); seconds taken."""
         return self.runner.capture_all()
@@ -64,7 +65,8 @@ class DecodeGraphs:
 
     def run(self, chunks: list[SeqChunk], hidden: torch.Tensor | None) -> torch.Tensor:
         """One decode-only step (every chunk one token): ``logits [B, V]`` on the last
-        stage, else ``hidden [B, H]``; a view the next step overwrites."""
+        stage (a view the next step overwrites: sample it first), else ``hidden [B, H]``
+        (a copy: its non-blocking send may still read it during the next replay)."""
         kv, bs = self.kv, self.kv.block_size
         ends = [c.start_pos + 1 for c in chunks]
         tables = [kv.tables[c.seq_id][: -(-end // bs)] for c, end in zip(chunks, ends, strict=True)]
@@ -76,4 +78,5 @@ class DecodeGraphs:
             token_ids=None if hidden is not None else [c.token_ids[0] for c in chunks],
             hidden=hidden,
         )  # fmt: skip
-        return self.runner.run(step)
+        out = self.runner.run(step)
+        return out if self.model.lm_head is not None else out.clone()
