@@ -25,6 +25,7 @@ import torch
 
 from model_shards.backends.base import Backend
 from model_shards.messages import NewSequence, SamplingParams, SeqChunk
+from model_shards.sampling_batch import SamplingTensors, sample_batch
 
 _SEED_MIX = 0x9E3779B97F4A7C15
 
@@ -136,8 +137,10 @@ class Sampler:
         is that of its float32 widening); only when some row needs more (penalties, masked
         stops, a draw, logprobs) are the logits widened to float32 on the CPU.
         """
-        tokens = self.ops.argmax(logits).cpu()
         k = self.num_logprobs(chunks)
+        if self.ops.samples_on_device:
+            return self._sample_on_device(logits, chunks, k)
+        tokens = self.ops.argmax(logits).cpu()
         if k is None and all(self._is_plain_greedy(c) for c in chunks):
             return SampleOutput(tokens)
         logits = logits.float().cpu()
@@ -170,8 +173,44 @@ class Sampler:
             probs.append(filter_logits(x / params.temperature, params).softmax(-1))
         if drawn:
             tokens[drawn] = self.ops.exponential_race(torch.stack(probs), torch.tensor(seeds))
+        return _with_logprobs(tokens, logits, k)
+
+    def _sample_on_device(
+        self, logits: torch.Tensor, chunks: list[SeqChunk], k: int | None
+    ) -> SampleOutput:
+        """The same tokens as the host path, batched on the logits' device
+        (:func:`model_shards.sampling_batch.sample_batch`): the logits stay there, and
+        only the sampled ids (and asked-for logprobs) come back."""
+        params, seeds, histories, prompts, stops = [], [], [], [], []
+        for chunk in chunks:
+            state = self._seqs.get(chunk.seq_id)
+            if state is None:
+                raise RuntimeError(f"sequence {chunk.seq_id} has no sampling parameters")
+            position = chunk.start_pos + len(chunk.token_ids)
+            params.append(state.params)
+            seed = state.params.seed
+            seeds.append(position_seed(seed, position) if seed is not None else 0)
+            histories.append(state.history[:position] if state.history is not None else None)
+            prompts.append(state.num_prompt_tokens)
+            stops.append(state.stop_token_ids if self._masks_stops(state, chunk) else [])
+        t = SamplingTensors.build(
+            params, seeds, logits.shape[-1], logits.device, histories, prompts, stops
+        )
+        tokens = sample_batch(logits, t, self.ops.exponential_race)
         if k is None:
-            return SampleOutput(tokens)
-        logp = logits.log_softmax(-1)
-        top = logp.topk(k, dim=-1)
-        return SampleOutput(tokens, logp.gather(1, tokens[:, None])[:, 0], top.indices, top.values)
+            return SampleOutput(tokens.cpu())
+        out = _with_logprobs(tokens, logits.float(), k)
+        return SampleOutput(
+            out.tokens.cpu(), *(None if x is None else x.cpu() for x in
+                                (out.logprobs, out.top_ids, out.top_logprobs)),
+        )  # fmt: skip
+
+
+def _with_logprobs(tokens: torch.Tensor, logits: torch.Tensor, k: int | None) -> SampleOutput:
+    """``tokens`` with the raw distribution's logprobs of them and the top ``k`` (float32
+    ``logits``); just the tokens when no sequence asked (``k`` is ``None``)."""
+    if k is None:
+        return SampleOutput(tokens)
+    logp = logits.log_softmax(-1)
+    top = logp.topk(k, dim=-1)
+    return SampleOutput(tokens, logp.gather(1, tokens[:, None])[:, 0], top.indices, top.values)

@@ -100,12 +100,8 @@ class SamplingTensors:
         pin = device.type == "cuda"
         top_k = _top_k_rows(params, vocab_size)
         floats = _to_device(_float_rows(params), torch.float32, device, pin)  # [6, S]
-        ints = _to_device(
-            [top_k, [int(s) for s in seeds], [int(p.temperature <= 0) for p in params]],
-            torch.int64,
-            device,
-            pin,
-        )  # [3, S]
+        greedy = [int(p.temperature <= 0) for p in params]
+        ints = _to_device([top_k, [int(s) for s in seeds], greedy], torch.int64, device, pin)
         tensors = cls(
             temperature=floats[0], top_p=floats[1], min_p=floats[2],
             repetition_penalty=floats[3], presence_penalty=floats[4],
@@ -113,7 +109,7 @@ class SamplingTensors:
             max_top_k=max(top_k, default=0),
             any_top_p=any(p.top_p < 1.0 for p in params),
             any_min_p=any(p.min_p > 0.0 for p in params),
-            all_greedy=all(p.temperature <= 0 for p in params),
+            all_greedy=all(greedy),
         )  # fmt: skip
         penalised = [r for r, p in enumerate(params) if has_penalties(p)]
         stops = [] if stop_ids is None else [r for r in range(rows) if stop_ids[r]]
@@ -135,23 +131,30 @@ class SamplingTensors:
         device: torch.device, pin: bool,
     ) -> None:  # fmt: skip
         """The ``[S, V]`` inputs from flat ``row * V + token`` indices (prompt tokens,
-        output tokens, stop tokens), sent in one copy and scattered on the device."""
-        parts = [t for group in groups for t in group]
-        flat = torch.cat(parts) if parts else torch.zeros(0, dtype=torch.int64)
-        flat = _to_device(flat, torch.int64, device, pin)
-        prompt_flat, output_flat, stop_flat = flat.split([sum(map(len, g)) for g in groups])
+        output tokens, stop tokens). The output is counted on the host (unique indices
+        and their counts), everything travels in one copy and is written on the device
+        without atomics, so the result is deterministic."""
+        prompt_idx, output_idx, stop_idx = (_cat(g) for g in groups)
+        output_idx, output_counts = torch.unique(output_idx, return_counts=True)
+        parts = (prompt_idx, output_idx, output_counts, stop_idx)
+        flat = _to_device(torch.cat(parts), torch.int64, device, pin)
+        prompt_flat, output_flat, counts_flat, stop_flat = flat.split([len(t) for t in parts])
         rows = self.num_rows
         cells = rows * vocab_size
         if penalised:
             counts = torch.zeros(cells, dtype=torch.int32, device=device)
-            counts.index_add_(0, output_flat, torch.ones_like(output_flat, dtype=torch.int32))
+            counts[output_flat] = counts_flat.to(torch.int32)  # unique indices
             self.output_counts = counts.view(rows, vocab_size)
             seen = torch.zeros(cells, dtype=torch.bool, device=device)
             seen = seen.index_fill_(0, prompt_flat, True).view(rows, vocab_size)
             self.prompt_mask = seen | (self.output_counts > 0)
-        if len(stop_flat):
+        if len(stop_idx):
             stop = torch.zeros(cells, dtype=torch.bool, device=device)
             self.stop_mask = stop.index_fill_(0, stop_flat, True).view(rows, vocab_size)
+
+
+def _cat(parts: list[torch.Tensor]) -> torch.Tensor:
+    return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.int64)
 
 
 def _top_k_rows(params: Sequence[SamplingParams], vocab_size: int) -> list[int]:

@@ -66,6 +66,9 @@ class Backend(ABC):
     accelerate; each method's docstring is the contract every backend meets."""
 
     name: str = "abstract"
+    # whether the sampler keeps the logits on the device and samples them batched there
+    # (model_shards.sampling_batch) instead of row by row on the host
+    samples_on_device: bool = False
 
     # ---- norms and activations -------------------------------------------------------
     @abstractmethod

@@ -33,6 +33,7 @@ from model_shards.backends.triton_ops import (
 
 class CudaBackend(ReferenceBackend):
     name = "cuda"
+    samples_on_device = True
 
     def __init__(self, batch_invariant: bool = False) -> None:
         self.batch_invariant = batch_invariant

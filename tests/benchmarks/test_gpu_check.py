@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import re
 import tomllib
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -89,6 +90,13 @@ def test_server_log_and_hf_events() -> None:
         "capture_logged_first": True,
     }
     assert scan_log("loaded stage 0/1 tp 0/1: 1.5 MiB read") == {"mib_read": 1.5}
+    real = "INFO captured 7 CUDA graphs (batch 64, 32, 16, 8, 4, 2, 1) in 3.2 s"  # cuda_graphs.py
+    assert scan_log(real) == {"graph_count": 7, "graph_capture_s": 3.2}
+    eager = "INFO CUDA graphs disabled (enforce_eager): decode steps run eagerly"
+    assert scan_log(eager)["graphs_disabled"].startswith("CUDA graphs disabled (enforce_eager)")
+    stamped = "2026-12-01 16:22:29,981 rank0 INFO loaded stage 0/1 tp 0/1: 1.5 MiB read"
+    launch = datetime(2026, 12, 1, 16, 22, 27).timestamp()  # local time, like asctime
+    assert scan_log(f"x\n{stamped}\n", launch)["weights_read_s"] == pytest.approx(2.981)
     events = parse_events('Loading\r{"event": "loaded", "load_s": 2.0}\nnoise {"event": \n')
     assert events == [{"event": "loaded", "load_s": 2.0}]
 
@@ -101,19 +109,30 @@ RESULTS: dict[str, Any] = {
     "peak_bw": 4.8e12,
     "peak_bw_source": "datasheet",
     "parity": {
-        "bfloat16": {"rc": 0, "timed_out": False, "cap_s": 75.0,
-                     "counts": {"passed": 40, "failed": 0, "errors": 0, "skipped": 2,
-                                "seconds": 30.0}},
-        "float32": {"rc": 1, "timed_out": False, "cap_s": 75.0,
-                    "counts": {"passed": 39, "failed": 1, "errors": 0, "skipped": 2,
-                               "seconds": 31.0}},
-    },  # fmt: skip
+        "bfloat16": {
+            "rc": 0,
+            "timed_out": False,
+            "cap_s": 75.0,
+            "counts": {"passed": 40, "failed": 0, "errors": 0, "skipped": 2, "seconds": 30.0},
+        },
+        "float32": {
+            "rc": 1,
+            "timed_out": False,
+            "cap_s": 75.0,
+            "counts": {"passed": 39, "failed": 1, "errors": 0, "skipped": 2, "seconds": 31.0},
+        },
+    },
     "ours": {
-        "startup": {"weights_read_s": 20.0, "mib_read": 15296.0, "graph_count": 35,
-                    "graph_capture_s": 14.2, "ready_s": 40.0},
+        "startup": {
+            "weights_read_s": 20.0,
+            "mib_read": 15296.0,
+            "graph_count": 35,
+            "graph_capture_s": 14.2,
+            "ready_s": 40.0,
+        },
         "c1": {"decode_tok_s": 250.0, "output_tok_s": 240.0, "ttft_ms_p50": 30.0},
         "c32": {"output_tok_s": 4000.0, "ttft_ms_p50": 120.0},
-    },  # fmt: skip
+    },
     "hf": {"b1": {"tok_s": 40.0}, "b32": {"tok_s": 1000.0}},
     "missing": {},
     "notes": ["ours c=32: requests not completed {'cancelled': 1}\nmore"],
@@ -131,7 +150,8 @@ def test_report_targets() -> None:
     assert table["ours c=32 / HF batch 32"][0].startswith("4.00×")
     assert table["ours c=32 / HF batch 32"][2] == "not met"
     assert table["ours c=1 / HF batch 1"][0].startswith("6.00×")
-    assert table["start-up: CUDA graph capture"][::2] == ("14.2 s (35 graphs (server log))", "met")
+    capture = table["start-up: CUDA graph capture"]
+    assert capture[::2] == ("14.2 s (35 graphs, per the server log)", "met")
     assert table["parity tests, bfloat16 on cuda"][2] == "met"
     assert table["parity tests, float32 on cuda"][2] == "not met"
     text = report.render(RESULTS)
@@ -174,7 +194,8 @@ def test_smoke_settings_keep_the_real_reports() -> None:
 
 def test_wheel_list_covers_pyproject() -> None:
     script = (REPO / "benchmarks" / "gpu_wheels.sh").read_text()
-    block = script[script.index("REQUIREMENTS=(") : script.index(")\n", script.index("REQUIREMENTS=("))]
+    start = script.index("REQUIREMENTS=(")
+    block = script[start : script.index(")\n", start)]
     wheels = set(re.findall(r'"([^"]+)"', block))
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     needed = {d for d in project["dependencies"] if not d.startswith("torch")}

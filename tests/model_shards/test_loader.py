@@ -9,12 +9,12 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from model_shards.backends import ReferenceBackend
 from model_shards.checkpoint import Checkpoint, CheckpointError
 from model_shards.config import ModelConfig
+from model_shards.layers.context import ShardContext
 from model_shards.loader import load_weights
 from model_shards.models.llama import LlamaForCausalLM
-from model_shards.backends import ReferenceBackend
-from model_shards.layers.context import ShardContext
 from model_shards.parallel.comm import Comm
 from model_shards.parallel.state import single_process_state
 from tests.checkpoints import build_tiny_qwen2

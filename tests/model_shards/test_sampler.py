@@ -8,6 +8,7 @@ text whatever the batch; these pin down what each parameter does to the numbers.
 from __future__ import annotations
 
 import math
+
 import pytest
 import torch
 
@@ -178,3 +179,39 @@ def test_logprobs_are_the_raw_model_distribution(dtype: torch.dtype) -> None:
     torch.testing.assert_close(out.top_logprobs, ref.topk(5).values)
     torch.testing.assert_close(out.logprobs, ref.gather(1, out.tokens[:, None])[:, 0])
     assert out.tokens[0] == logits[0].float().argmax() and out.tokens[2] == logits[2].argmax()
+
+
+class _OnDevice(ReferenceBackend):
+    """The reference ops, but the sampler takes its batched on-device path (the cuda
+    backend's), here on CPU tensors."""
+
+    samples_on_device = True
+
+
+def test_on_device_path_samples_what_the_host_path_does() -> None:
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(8, 300, generator=g)
+    params = {
+        0: SamplingParams(temperature=0.0),
+        1: SamplingParams(temperature=1.1, top_p=0.8, seed=5),
+        2: SamplingParams(temperature=0.7, top_k=9, seed=6, logprobs=3),
+        3: SamplingParams(temperature=1.0, min_p=0.2, seed=7),
+        4: SamplingParams(temperature=0.0, repetition_penalty=1.5, frequency_penalty=0.3),
+        5: SamplingParams(temperature=0.9, presence_penalty=0.8, seed=8),
+        6: SamplingParams(temperature=0.0, min_tokens=10),  # its stop id 3 masked
+        7: SamplingParams(temperature=1.3, seed=9),
+    }
+    host, device = _sampler(params), _sampler(params)
+    device.ops = _OnDevice()
+    for sampler in (host, device):
+        for seq_id in params:
+            sampler.observe(SeqChunk(seq_id, 0, [1, 3, 7, 7, 250]))  # histories for penalties
+    logits[6, 3] = 100.0  # the stop token would win were it not masked
+    chunks = [_chunk(i, 5) for i in range(8)]
+    want, got = host.sample(logits, chunks), device.sample(logits, chunks)
+    assert got.tokens.tolist() == want.tokens.tolist()
+    assert got.tokens[6] != 3
+    assert want.logprobs is not None and got.logprobs is not None
+    assert torch.allclose(got.logprobs, want.logprobs)
+    assert got.top_ids is not None and want.top_ids is not None
+    assert torch.equal(got.top_ids, want.top_ids)

@@ -25,8 +25,6 @@ import torch
 import triton
 import triton.language as tl
 
-_GOLDEN = 0x9E3779B97F4A7C15
-_MIX1, _MIX2 = 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
 _MAX_BLOCK = 2048  # tokens per tile
 
 
@@ -35,7 +33,7 @@ def _uniforms(seed: tl.tensor, tokens: tl.tensor) -> tl.tensor:
     """``seed`` (uint64) and token ids ``tokens [BLOCK]`` (int64) → float64 uniforms."""
     z = seed + (tokens + 1).to(tl.uint64) * 0x9E3779B97F4A7C15  # wraps mod 2^64
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9  # >> on uint64 is the logical shift
-    z = (z ^ (z >> 28)) * 0x94D049BB133111EB
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EB
     z = z ^ (z >> 31)
     return ((z >> 11).to(tl.float64) + 0.5) * 1.1102230246251565e-16  # 2^-53, exact
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import msgspec
 import pytest
 import torch
 
@@ -37,8 +38,13 @@ KINDS = [
     SamplingParams(temperature=1.0, min_p=1.0),  # the tied top tokens only
     SamplingParams(temperature=0.9, top_p=0.0),  # the top token only
     SamplingParams(temperature=0.6, top_k=20, top_p=0.8, min_p=0.05),
-    SamplingParams(temperature=1.0, repetition_penalty=1.3, presence_penalty=0.5,
-                   frequency_penalty=0.3, top_p=0.95),  # fmt: skip
+    SamplingParams(
+        temperature=1.0,
+        repetition_penalty=1.3,
+        presence_penalty=0.5,
+        frequency_penalty=0.3,
+        top_p=0.95,
+    ),
     SamplingParams(temperature=1.1, repetition_penalty=0.7, frequency_penalty=-0.5),
     SamplingParams(temperature=1.0, top_k=100_000, top_p=1.0, min_p=0.0),  # every stage off
     SamplingParams(temperature=1.0, min_tokens=50, top_p=0.9),
@@ -58,14 +64,18 @@ def _make_batch(g: torch.Generator, rows: int, vocab: int, seed_base: int) -> Ba
     sample each) and the same rows as :class:`SamplingTensors`, built as the engine
     would: position seeds, histories of penalised rows, the stop ids still masked."""
     sampler = Sampler(REF)
-    chunks, params, seeds, histories, prompt_lens, stops = [], [], [], [], [], []
+    chunks: list[SeqChunk] = []
+    params: list[SamplingParams] = []
+    seeds: list[int] = []
+    histories: list[list[int] | None] = []
+    prompt_lens: list[int] = []
+    stops: list[list[int]] = []
     for row in range(rows):
-        kind = KINDS[row % len(KINDS)]
-        p = SamplingParams(**{f: getattr(kind, f) for f in kind.__struct_fields__}
-                           | {"seed": seed_base + row})  # fmt: skip
-        n = int(torch.randint(1, 9, (1,), generator=g))
-        tokens = torch.randint(0, min(vocab, HISTORY_VOCAB), (n + int(torch.randint(0, 6, (1,), generator=g)),),
-                               generator=g).tolist()  # fmt: skip  # repeats on purpose
+        seed = seed_base + row
+        p = msgspec.structs.replace(KINDS[row % len(KINDS)], seed=seed)
+        n = int(torch.randint(1, 9, (1,), generator=g))  # prompt length
+        length = n + int(torch.randint(0, 6, (1,), generator=g))  # and some output
+        tokens = torch.randint(0, HISTORY_VOCAB, (length,), generator=g).tolist()  # repeats
         sampler.add(NewSequence(row, p, n, stop_token_ids=STOP_IDS))
         if len(tokens) > 1:
             sampler.observe(SeqChunk(row, 0, tokens[:-1], sample=False))
@@ -74,7 +84,7 @@ def _make_batch(g: torch.Generator, rows: int, vocab: int, seed_base: int) -> Ba
         chunks.append(chunk)
         position = len(tokens)
         params.append(p)
-        seeds.append(position_seed(p.seed, position) if p.temperature > 0 else 0)
+        seeds.append(position_seed(seed, position) if p.temperature > 0 else 0)
         histories.append(tokens if has_penalties(p) else None)
         prompt_lens.append(n)
         stops.append(STOP_IDS if position - n < p.min_tokens else [])
@@ -116,6 +126,7 @@ def test_triton_race_equals_reference() -> None:
         probs = logits.softmax(-1) * 3.0
         probs[::3, : vocab // 2] = 0.0
         probs[1] = 0.0  # no mass at all: token 0
+        probs[0, -1] = math.nan  # NaN is no mass, as in the reference
         seeds = torch.randint(-(2**63), 2**63 - 1, (rows,), generator=g)
         got, want = triton_race(probs, seeds), REF.exponential_race(probs, seeds)
         assert torch.equal(got, want), (vocab, (got != want).nonzero().flatten().tolist())
@@ -131,8 +142,8 @@ def test_triton_race_equals_reference() -> None:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_sample_batch_equals_sampler(dtype: torch.dtype) -> None:
     g = torch.Generator().manual_seed(11)
-    for trial in range(4):
-        _check_batch(g, 48, 1000, dtype, 1000 * trial, REF.exponential_race)
+    for trial in range(6):
+        _check_batch(g, 64, 1000, dtype, 1000 * trial, REF.exponential_race)
 
 
 def test_sample_batch_with_the_triton_race_equals_sampler() -> None:
@@ -153,6 +164,34 @@ def test_all_greedy_batch_is_the_masked_argmax() -> None:
     tokens = sample_batch(logits, t, REF.exponential_race)
     assert tokens.tolist() == sampler.sample(logits, chunks).tokens.tolist()
     assert int(tokens[1]) == STOP_IDS[1] and int(tokens[0]) != STOP_IDS[1]
+
+
+def test_each_penalty_moves_a_greedy_row() -> None:
+    """Token 5 leads token 6 by 0.5; each penalty alone (and repetition of a negative
+    logit seen in the prompt) hands the row to token 6, as in the Sampler."""
+    cases = [  # (params, prompt, output)
+        (SamplingParams(0.0, repetition_penalty=2.0), [1, 2], [5]),
+        (SamplingParams(0.0, presence_penalty=0.6), [1, 2], [5, 5]),
+        (SamplingParams(0.0, frequency_penalty=0.3), [1, 2], [5, 5]),
+        (SamplingParams(0.0, repetition_penalty=2.0), [5, 1], [2]),  # negative logits
+        (SamplingParams(0.0, frequency_penalty=0.3), [5, 5], [1]),  # prompt: not counted
+    ]
+    logits = torch.full((len(cases), 8), -3.0)
+    logits[:, 5], logits[:, 6] = 2.0, 1.5
+    logits[3] -= 4.0  # token 5 at -2.0, token 6 at -2.5: x * r = -4.0 loses
+    sampler = Sampler(REF)
+    chunks = []
+    for row, (p, prompt, output) in enumerate(cases):
+        tokens = prompt + output
+        sampler.add(NewSequence(row, p, len(prompt)))
+        chunks.append(SeqChunk(row, 0, tokens))
+        sampler.observe(chunks[-1])
+    t = SamplingTensors.build(
+        [c[0] for c in cases], [0] * len(cases), 8, histories=[c[1] + c[2] for c in cases],
+        num_prompt_tokens=[len(c[1]) for c in cases],
+    )  # fmt: skip
+    tokens = sample_batch(logits, t, REF.exponential_race).tolist()
+    assert tokens == sampler.sample(logits, chunks).tokens.tolist() == [6, 6, 6, 6, 5]
 
 
 def test_build_encodes_stages_that_are_off() -> None:
