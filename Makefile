@@ -10,7 +10,7 @@ MODEL ?=
 TP ?= 1
 PP ?= 1
 
-.PHONY: install serve test lint bench clean
+.PHONY: install serve test lint bench clean gpu-check gpu-wheels
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -40,6 +40,16 @@ bench: $(STAMP)
 	test -d $(BENCH_DEPS)/accelerate || \
 		$(BIN)/pip install -q --no-deps --target $(BENCH_DEPS) accelerate==1.15.0
 	$(BIN)/python -m benchmarks.run_all
+
+# The GPU check (benchmarks/gpu_check.py: parity on CUDA, an 8B-shaped Llama served and
+# measured against HF generate()). On the GPU host run `benchmarks/gpu_wheels.sh --install`
+# first; its python3 has torch, so there is no .venv there (and no $(STAMP) dependency).
+gpu-check:
+	$(PYTHON) -m benchmarks.gpu_check $(GPU_CHECK_ARGS)
+
+# wheels/ for the GPU host (the project's dependencies it lacks), fetched here
+gpu-wheels:
+	PYTHON=$(PYTHON) benchmarks/gpu_wheels.sh
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -21,6 +21,8 @@ from pathlib import Path
 import psutil
 
 REPO = Path(__file__).resolve().parents[1]
+# ``make gpu-check`` serves on a GPU: SHARDSERVE_TEST_DEVICE=cuda
+TEST_DEVICE = os.environ.get("SHARDSERVE_TEST_DEVICE", "cpu")
 
 
 @dataclass
@@ -39,7 +41,9 @@ def live_server(
 ) -> Iterator[LiveServer]:
     log_path = tmp_path / "serve.log"
     env = {**os.environ, "SHARDSERVE_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": str(REPO)}
-    command = [sys.executable, "-m", "server.cli", "serve", "--port", "0", "--device", "cpu", *args]
+    command = [
+        sys.executable, "-m", "server.cli", "serve", "--port", "0", "--device", TEST_DEVICE, *args
+    ]  # fmt: skip
     with log_path.open("w") as log:
         proc = subprocess.Popen(command, cwd=REPO, env=env, stderr=log, stdout=log)
     children: list[psutil.Process] = []

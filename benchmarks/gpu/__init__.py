@@ -1,0 +1,1 @@
+"""``make gpu-check``'s parts: model shapes, checkpoint writer, server and HF drivers, report."""
