@@ -272,7 +272,7 @@ def machine() -> dict[str, Any]:
     }
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--concurrency", default="1,8,32,64")
     parser.add_argument("--dtypes", default="float32,bfloat16")
@@ -280,43 +280,33 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-parallel", dest="parallel", action="store_false")
     parser.add_argument("--out", default=str(HERE / "results" / "latest.json"))
     parser.add_argument("--readme", default=str(HERE / "README.md"), help="'' to skip")
-    args = parser.parse_args(argv)
-    signal.signal(signal.SIGTERM, _raise_interrupt)
-    started = time.monotonic()
-    concurrencies = [int(c) for c in args.concurrency.split(",")]
-    if args.parallel and PARALLEL_CONCURRENCY not in concurrencies:
-        concurrencies.append(PARALLEL_CONCURRENCY)
-    dtypes, systems = args.dtypes.split(","), args.systems.split(",")
-    print("building the model and measuring the roofline ...", flush=True)
-    bench = Bench(concurrencies)
-    ensure_model("tp2")
-    roofline = json.loads(
-        subprocess.run(
-            [sys.executable, "-m", "benchmarks.roofline"],
-            cwd=servers.REPO,
-            capture_output=True,
-            text=True,
-            timeout=600,
-            check=True,
-        ).stdout
+    return parser.parse_args(argv)
+
+
+def measure_roofline() -> dict[str, Any]:
+    """This machine's roofline, measured in a fresh subprocess (:mod:`benchmarks.roofline`)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.roofline"],
+        cwd=servers.REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=True,
     )
-    print(f"  roofline: {roofline}", flush=True)
-    try:
-        for dtype in dtypes:
-            sweep(bench, dtype, systems)
-        if args.parallel:
-            run_parallel(bench, servers.ours_flags())
-    except KeyboardInterrupt:
-        print("interrupted: every server was stopped; writing what was measured", flush=True)
-        bench.notes.append("run interrupted before the end")
+    roofline: dict[str, Any] = json.loads(done.stdout)
+    return roofline
+
+
+def result_json(bench: Bench, roofline: dict[str, Any], wall_s: float) -> dict[str, Any]:
+    """What ``latest.json`` holds: the machine, the settings, the model, every row and note."""
     shape = SHAPES["main"]
-    result = {
+    return {
         "machine": machine(),
         "command": "make bench",
         "settings": {
             "prompt_len": PROMPT_LEN,
             "output_len": OUTPUT_LEN,
-            "requests": {str(c): num_requests(c) for c in concurrencies},
+            "requests": {str(c): num_requests(c) for c in bench.concurrencies},
             "point_cap_s": POINT_CAP_S,
         },
         "model": {
@@ -327,12 +317,35 @@ def main(argv: list[str] | None = None) -> int:
         "roofline": roofline,
         "rows": bench.rows,
         "notes": bench.notes,
-        "wall_s": time.monotonic() - started,
+        "wall_s": wall_s,
     }
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse_args(argv)
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+    started = time.monotonic()
+    concurrencies = [int(c) for c in args.concurrency.split(",")]
+    if args.parallel and PARALLEL_CONCURRENCY not in concurrencies:
+        concurrencies.append(PARALLEL_CONCURRENCY)
+    dtypes, systems = args.dtypes.split(","), args.systems.split(",")
+    print("building the model and measuring the roofline ...", flush=True)
+    bench = Bench(concurrencies)
+    ensure_model("tp2")
+    roofline = measure_roofline()
+    print(f"  roofline: {roofline}", flush=True)
+    try:
+        for dtype in dtypes:
+            sweep(bench, dtype, systems)
+        if args.parallel:
+            run_parallel(bench, servers.ours_flags())
+    except KeyboardInterrupt:
+        print("interrupted: every server was stopped; writing what was measured", flush=True)
+        bench.notes.append("run interrupted before the end")
+    result = result_json(bench, roofline, time.monotonic() - started)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
-    text = report.render(result)
-    print(text)
+    print(report.render(result))
     if args.readme:
         report.write_readme(result, Path(args.readme))
     return 0

@@ -1,21 +1,30 @@
 """Frozen, validated configuration: the model's shape and the replica's layout.
 
 Everything here is checked before any process is spawned; a bad combination is
-a ``ValueError`` that names the flag and the fix.
+a ``ValueError`` that names the flag and the fix. A decoder's shape is
+:class:`ModelConfig`, an encoder's :class:`~model_shards.encoder_config.EncoderConfig`
+(:func:`load_model_config` picks by ``architectures``); :class:`ReplicaConfig`
+is the replica's flags, checked against the model by :meth:`ReplicaConfig.validate`.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from itertools import pairwise
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, Literal
 
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
-DType = Literal["auto", "float32", "bfloat16", "float16"]
-DTYPE_CHOICES: tuple[str, ...] = ("auto", "float32", "bfloat16", "float16")
+from model_shards.architectures import SUPPORTED_ARCHITECTURES
+from model_shards.config_json import CHECKPOINT_DTYPES, checkpoint_dtype, read_json
+from model_shards.encoder_config import ENCODER_ARCHITECTURES, EncoderConfig
+from model_shards.scheduler.config import check_step_limits
+
+DTYPE_CHOICES: tuple[str, ...] = ("auto", *CHECKPOINT_DTYPES)
 
 
 @dataclass(frozen=True)
@@ -50,6 +59,9 @@ class ModelConfig:
     torch_dtype: str
     eos_token_ids: tuple[int, ...] = field(default=())
     bos_token_id: int | None = None
+    # the whole config.json, read-only: a family's own fields (QK-norm, windows, …) are
+    # read from it by that family's model file
+    extra: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @staticmethod
     def from_dir(model_dir: str | os.PathLike[str]) -> ModelConfig:
@@ -71,6 +83,7 @@ class ModelConfig:
                 f"{source}: architectures {archs} not supported; "
                 f"shardserve serves {', '.join(SUPPORTED_ARCHITECTURES)}"
             )
+        torch_dtype = checkpoint_dtype(raw, source)
         try:
             num_heads = int(raw["num_attention_heads"])
             hidden = int(raw["hidden_size"])
@@ -91,9 +104,10 @@ class ModelConfig:
                 tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
                 # Qwen2 always has q/k/v bias; Llama and Mistral say so in config.
                 attention_bias=arch == "Qwen2ForCausalLM" or bool(raw.get("attention_bias", False)),
-                torch_dtype=str(raw.get("torch_dtype") or raw.get("dtype") or "float32"),
+                torch_dtype=torch_dtype,
                 eos_token_ids=eos_ids,
                 bos_token_id=raw.get("bos_token_id"),
+                extra=MappingProxyType(dict(raw)),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"{source}: malformed or missing field ({exc!r})") from exc
@@ -202,7 +216,7 @@ class ReplicaConfig:
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 8192
     block_size: int = 16
-    kv_cache_memory: int | None = None  # bytes per rank; default: see kv_cache_budget
+    kv_cache_memory: int | None = None  # bytes per rank; default: see worker.kv_cache_blocks
     gpu_memory_utilization: float = 0.9
     enforce_eager: bool = False  # CUDA: no CUDA graphs for decode-only steps
     batch_invariant: bool = False  # CUDA: fixed-reduction-order kernels (--batch-invariant)
@@ -217,17 +231,14 @@ class ReplicaConfig:
     def world_size(self) -> int:
         return self.tp * self.pp
 
-    def validate(self) -> ModelConfig | EncoderConfig:
-        """Check flags, the model directory and the layout; return the model's config."""
+    def check_flags(self) -> None:
+        """The checks that need no model: dtype, the scheduler's rules on its limits
+        (:func:`~model_shards.scheduler.config.check_step_limits`), block size, KV cache
+        memory and GPU memory utilization; ``ValueError`` naming the flag."""
         if self.dtype not in DTYPE_CHOICES:
             raise ValueError(f"--dtype {self.dtype!r} invalid; choose one of {DTYPE_CHOICES}")
-        if self.max_num_seqs < 1:
-            raise ValueError(f"--max-num-seqs must be >= 1, got {self.max_num_seqs}")
-        if self.max_num_batched_tokens < 1:
-            raise ValueError(
-                f"--max-num-batched-tokens must be >= 1, got {self.max_num_batched_tokens}"
-            )
-        if not 1 <= self.block_size <= 1024:
+        check_step_limits(self.max_num_seqs, self.max_num_batched_tokens, self.block_size)
+        if self.block_size > 1024:
             raise ValueError(f"--block-size must be in 1..1024, got {self.block_size}")
         if self.kv_cache_memory is not None and self.kv_cache_memory <= 0:
             raise ValueError(f"--kv-cache-memory must be positive, got {self.kv_cache_memory}")
@@ -235,6 +246,14 @@ class ReplicaConfig:
             raise ValueError(
                 f"--gpu-memory-utilization must be in (0, 1], got {self.gpu_memory_utilization}"
             )
+
+    def validate(self) -> ModelConfig | EncoderConfig:
+        """Check flags, the model directory and the layout; return the model's config.
+
+        Needs only the flags and the checkpoint's ``config.json``: each mistake is a
+        ``ValueError`` naming the flag, before any process is spawned.
+        """
+        self.check_flags()
         if not Path(self.model_dir).is_dir():
             raise ValueError(f"--model {self.model_dir}: not a directory")
         model = load_model_config(self.model_dir)
@@ -250,7 +269,34 @@ class ReplicaConfig:
                 f"--max-model-len {self.max_model_len} must be in "
                 f"1..{model.max_position_embeddings} (the model's max_position_embeddings)"
             )
+        if isinstance(model, ModelConfig):
+            self._check_kv_cache_memory(model)
         return model
+
+    def _check_kv_cache_memory(self, model: ModelConfig) -> None:
+        """``--kv-cache-memory`` must hold one ``max_model_len``-token sequence on every rank.
+
+        Each rank checks again once its dtype is known (``worker.kv_cache_blocks``); here
+        the smallest element the dtype may resolve to is assumed (``auto`` off CPU may
+        serve a float32 checkpoint in bfloat16), so a refusal here is certain there too.
+        """
+        if self.kv_cache_memory is None:
+            return
+        name = model.torch_dtype if self.dtype == "auto" else self.dtype
+        itemsize = CHECKPOINT_DTYPES[name]
+        if self.dtype == "auto" and self.device != "cpu":
+            itemsize = min(itemsize, CHECKPOINT_DTYPES["bfloat16"])
+        layers = max(model.layer_partition(self.pp, self.pp_layer_partition))
+        kv_heads = max(1, model.num_kv_heads // self.tp)
+        per_block = 2 * layers * self.block_size * kv_heads * model.head_dim * itemsize
+        max_len = self.resolved_max_model_len(model)
+        need = -(-max_len // self.block_size) * per_block
+        if self.kv_cache_memory < need:
+            raise ValueError(
+                f"--kv-cache-memory {self.kv_cache_memory} bytes cannot hold one {max_len}-token "
+                f"sequence per rank (K and V of {layers} layers: {need} bytes); raise "
+                f"--kv-cache-memory or lower --max-model-len"
+            )
 
     def resolved_max_model_len(self, model: ModelConfig | EncoderConfig) -> int:
         if isinstance(model, EncoderConfig):
@@ -271,107 +317,9 @@ def parse_size(text: str) -> int:
     if unit not in _SIZE_UNITS or not number:
         raise ValueError(f"invalid size {text!r}; use e.g. 512MiB, 2GiB, 4GB")
     value = float(number) * _SIZE_UNITS[unit]
-    if not value > 0:
-        raise ValueError(f"size {text!r} must be positive")
+    if not 0 < value < math.inf:
+        raise ValueError(f"size {text!r} must be positive and finite")
     return int(value)
-
-
-ENCODER_ARCHITECTURES = ("BertModel",)
-
-
-@dataclass(frozen=True)
-class EncoderConfig:
-    """A BERT-family encoder served for embeddings, with its sentence-pooling settings."""
-
-    architecture: str
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_layers: int
-    num_heads: int
-    max_position_embeddings: int
-    type_vocab_size: int
-    layer_norm_eps: float
-    torch_dtype: str
-    pooling: Literal["mean", "cls"] = "mean"
-    normalize: bool = False
-    max_seq_length: int = 512
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
-
-    @staticmethod
-    def from_dir(model_dir: str | os.PathLike[str]) -> EncoderConfig:
-        """Read ``config.json`` plus sentence-transformers' ``modules.json``, pooling and
-        ``sentence_bert_config.json`` when present (mean pooling, no normalisation otherwise)."""
-        root = Path(model_dir)
-        raw = _read_json(root / "config.json")
-        try:
-            hidden_act = raw.get("hidden_act", "gelu")
-            if hidden_act != "gelu":
-                raise ValueError(f"hidden_act {hidden_act!r} not supported (gelu)")
-            pooling: Literal["mean", "cls"] = "mean"
-            normalize = False
-            modules = _read_json(root / "modules.json") if (root / "modules.json").is_file() else []
-            for module in modules:
-                kind = str(module.get("type", ""))
-                if kind.endswith("Pooling"):
-                    pool = _read_json(root / module["path"] / "config.json")
-                    if pool.get("pooling_mode_cls_token"):
-                        pooling = "cls"
-                    elif not pool.get("pooling_mode_mean_tokens", True):
-                        raise ValueError("only mean and CLS sentence pooling are supported")
-                elif kind.endswith("Normalize"):
-                    normalize = True
-            max_pos = int(raw.get("max_position_embeddings", 512))
-            st_path = root / "sentence_bert_config.json"
-            max_seq = (
-                int(_read_json(st_path).get("max_seq_length", max_pos))
-                if st_path.is_file()
-                else max_pos
-            )
-            return EncoderConfig(
-                architecture="BertModel",
-                vocab_size=int(raw["vocab_size"]),
-                hidden_size=int(raw["hidden_size"]),
-                intermediate_size=int(raw["intermediate_size"]),
-                num_layers=int(raw["num_hidden_layers"]),
-                num_heads=int(raw["num_attention_heads"]),
-                max_position_embeddings=max_pos,
-                type_vocab_size=int(raw.get("type_vocab_size", 2)),
-                layer_norm_eps=float(raw.get("layer_norm_eps", 1e-12)),
-                torch_dtype=str(raw.get("torch_dtype") or raw.get("dtype") or "float32"),
-                pooling=pooling,
-                normalize=normalize,
-                max_seq_length=min(max_seq, max_pos),
-            )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ValueError(f"{root}: malformed encoder config ({exc})") from exc
-
-    def valid_tp_sizes(self) -> list[int]:
-        return [
-            t for t in range(1, self.num_heads + 1)
-            if self.num_heads % t == 0 and self.intermediate_size % t == 0
-        ]  # fmt: skip
-
-    def check_layout(self, tp: int, pp: int) -> None:
-        if tp not in self.valid_tp_sizes():
-            raise ValueError(
-                f"--tensor-parallel-size {tp} does not fit this encoder ({self.num_heads} heads, "
-                f"intermediate_size {self.intermediate_size}); valid sizes: {self.valid_tp_sizes()}"
-            )
-        if pp != 1:
-            raise ValueError(
-                f"--pipeline-parallel-size {pp}: encoder (embedding) models run with -pp 1"
-            )
-
-
-def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ValueError(f"{path}: unreadable JSON ({exc})") from exc
 
 
 def load_model_config(model_dir: str | os.PathLike[str]) -> ModelConfig | EncoderConfig:
@@ -379,7 +327,7 @@ def load_model_config(model_dir: str | os.PathLike[str]) -> ModelConfig | Encode
     path = Path(model_dir) / "config.json"
     if not path.is_file():
         raise ValueError(f"--model {model_dir}: no config.json in that directory")
-    raw = _read_json(path)
+    raw = read_json(path)
     if any(a in ENCODER_ARCHITECTURES for a in raw.get("architectures") or []):
         return EncoderConfig.from_dir(model_dir)
     return ModelConfig.from_dict(raw, source=str(path))

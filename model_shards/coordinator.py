@@ -19,7 +19,6 @@ from collections import defaultdict, deque
 from dataclasses import dataclass
 
 import msgspec
-import torch
 
 from model_shards.engine_loop import Reply, serve_frontends
 from model_shards.messages import (
@@ -31,11 +30,11 @@ from model_shards.messages import (
     GenerateRequest,
     NewSequence,
     RequestOutput,
-    SamplingParams,
     StepOutputs,
     StepPlan,
     SubmitBatch,
 )
+from model_shards.request_checks import content_problem
 from model_shards.scheduler.scheduler import (
     ScheduledStep,
     Scheduler,
@@ -85,8 +84,6 @@ class Coordinator:
         self.keepalive_s = keepalive_s
         self._step_id = 0
         self._last_plan_at = time.monotonic()
-        self._clients: set[bytes] = set()  # ZMQ identities of connected frontends
-        self._logits_wanted: dict[str, torch.Tensor | None] = {}
         self.max_in_flight = self.ps.pp_size if pipeline_overlap else 1
         self._in_flight: deque[_InFlight] = deque()
 
@@ -94,15 +91,8 @@ class Coordinator:
 
     def check_request(self, req: GenerateRequest) -> str | None:
         """Why the engine refuses ``req`` beyond the scheduler's own admission checks
-        (token ids, sampling ranges), or ``None``. The frontend checks first."""
-        if any(not 0 <= t < self.vocab_size for t in req.prompt_token_ids):
-            return f"prompt token ids must be in [0, {self.vocab_size})"
-        s = req.sampling
-        if s.temperature < 0 or not 0 < s.top_p <= 1 or s.top_k < 0 or not 0 <= s.min_p <= 1:
-            return "sampling parameters out of range"
-        if s.repetition_penalty <= 0 or (s.logprobs is not None and not 0 <= s.logprobs <= 20):
-            return "sampling parameters out of range"
-        return None
+        (token ids, sampling ranges: :mod:`model_shards.request_checks`), or ``None``."""
+        return content_problem(req, self.vocab_size)
 
     def add_request(self, req: GenerateRequest, client: bytes = b"") -> None:
         """Queue ``req``; ``ValueError`` naming the problem if the engine refuses it
@@ -155,8 +145,6 @@ class Coordinator:
             chunks=scheduled.chunks,
             new_sequences=self._with_stop_ids(scheduled),
             freed_seq_ids=scheduled.freed_seq_ids,
-            copy_blocks=scheduled.copy_blocks,
-            return_logits=any(s.request.request_id in self._logits_wanted for s in sampled),
         )
         broadcast_plan(plan, self.worker.comm, self.worker.pending)
         self._last_plan_at = time.monotonic()
@@ -168,10 +156,6 @@ class Coordinator:
     def _finish(self, step: _InFlight) -> list[SeqUpdate]:
         """Wait for a launched step's tokens and apply them."""
         result = step.result if step.result is not None else self.worker.collect(step.plan)
-        if result.logits is not None:
-            for row, seq in enumerate(step.sampled):
-                if seq.request.request_id in self._logits_wanted:
-                    self._logits_wanted[seq.request.request_id] = result.logits[row]
         updates = self.scheduler.update(step.scheduled, result.tokens)
         if result.logprobs is None:
             return updates
@@ -196,20 +180,6 @@ class Coordinator:
                 new = msgspec.structs.replace(new, stop_token_ids=sorted(set(stops)))
             out.append(new)
         return out
-
-    def prompt_logits(self, token_ids: list[int]) -> torch.Tensor:
-        """Float32 logits ``[vocab]`` after ``token_ids``, computed through every rank."""
-        rid = f"__logits-{self._step_id}"
-        self._logits_wanted[rid] = None
-        self.add_request(GenerateRequest(rid, token_ids, 1, SamplingParams(temperature=0.0)))
-        try:
-            while self._logits_wanted[rid] is None:
-                self.step()
-            self.step()  # release its blocks
-        finally:
-            logits = self._logits_wanted.pop(rid)
-        assert logits is not None
-        return logits
 
     def keepalive(self) -> None:
         """Broadcast an empty plan (and any pending frees) if none went out for a while."""

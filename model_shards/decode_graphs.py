@@ -24,12 +24,12 @@ from model_shards.backends.cuda_graphs import (
 from model_shards.kv_cache import PagedKVCache
 from model_shards.layers.attention import ForwardBatch
 from model_shards.messages import SeqChunk
-from model_shards.models.llama import LlamaForCausalLM
+from model_shards.models import DecoderModel
 
 
 class DecodeGraphs:
     def __init__(
-        self, model: LlamaForCausalLM, kv: PagedKVCache, max_num_seqs: int, max_model_len: int,
+        self, model: DecoderModel, kv: PagedKVCache, max_num_seqs: int, max_model_len: int,
         graph_backend: GraphBackend, *, enforce_eager: bool = False,
     ) -> None:  # fmt: skip
         self.model, self.kv = model, kv

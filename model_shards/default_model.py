@@ -32,7 +32,7 @@ import torch
 from safetensors.torch import save_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
-DEFAULT_MODEL_NAME = "default-model-v1"
+DEFAULT_MODEL_DIR_NAME = "default-model-v1"
 """Directory name inside the cache; bump the suffix whenever the bytes change."""
 
 BOS_TOKEN = "<s>"
@@ -338,17 +338,17 @@ def ensure_default_model(cache_dir: Path | None = None) -> Path:
     an incomplete one (not made by this function) is replaced. Never downloads.
     """
     cache = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
-    target = cache / DEFAULT_MODEL_NAME
+    target = cache / DEFAULT_MODEL_DIR_NAME
     if is_complete(target):
         return target
     cache.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{DEFAULT_MODEL_NAME}.tmp-", dir=cache))
+    tmp = Path(tempfile.mkdtemp(prefix=f".{DEFAULT_MODEL_DIR_NAME}.tmp-", dir=cache))
     stale: Path | None = None
     try:
         write_default_model(tmp)
         tmp.chmod(0o755)  # mkdtemp makes it 0700; the cache may be shared
         if target.exists() and not is_complete(target):
-            stale = Path(tempfile.mkdtemp(prefix=f".{DEFAULT_MODEL_NAME}.stale-", dir=cache))
+            stale = Path(tempfile.mkdtemp(prefix=f".{DEFAULT_MODEL_DIR_NAME}.stale-", dir=cache))
             with contextlib.suppress(FileNotFoundError):  # another process moved it first
                 os.replace(target, stale / "old")
         try:

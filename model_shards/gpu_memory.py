@@ -23,7 +23,7 @@ import torch
 from model_shards.kv_cache import PagedKVCache
 from model_shards.layers.attention import ForwardBatch
 from model_shards.messages import SeqChunk
-from model_shards.models.llama import LlamaForCausalLM
+from model_shards.models import DecoderModel
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +50,7 @@ def _scratch_chunks(tokens: int, max_len: int, block_size: int) -> tuple[list[Se
 
 @torch.inference_mode()
 def forward_peak_bytes(
-    model: LlamaForCausalLM, tokens: int, max_len: int, block_size: int, sample_rows: int
+    model: DecoderModel, tokens: int, max_len: int, block_size: int, sample_rows: int
 ) -> int:
     """Peak bytes allocated while this stage runs one step of ``tokens`` prompt tokens
     (``max_len == 1``: a decode step of ``tokens`` rows) on a scratch KV pool."""

@@ -36,12 +36,6 @@ class PagedKVCache:
     def free(self, seq_id: int) -> None:
         self.tables.pop(seq_id, None)
 
-    def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
-        bs = self.block_size
-        for src, dst in pairs:
-            for pool in (*self.k.values(), *self.v.values()):
-                pool[dst * bs : (dst + 1) * bs] = pool[src * bs : (src + 1) * bs]
-
     def extend_tables(self, chunks: list[SeqChunk]) -> None:
         for chunk in chunks:
             self.tables.setdefault(chunk.seq_id, []).extend(chunk.new_block_ids)

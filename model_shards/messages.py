@@ -8,8 +8,10 @@ Two channels, one module, one encoding (msgspec msgpack, never pickle):
   rank 0 answers ``Hello`` with ``EngineReady`` once the model is loaded and
   sends :data:`EngineMessage` values (``StepOutputs``, ``EngineError``) to the
   frontend that submitted each request.
-* coordinator → ranks (gloo CPU group): one :class:`StepPlan` per iteration,
-  broadcast from rank 0 as a length-prefixed byte tensor.
+* coordinator → ranks: one :class:`StepPlan` per iteration, from rank 0 to every
+  rank as one encoded message: over the Unix-socket links when every rank is a CPU
+  process of one host (:mod:`model_shards.parallel.local_links`), else broadcast over
+  the gloo CPU group as a length-prefixed byte tensor (GPU replicas too).
 
 This module imports no torch, so the frontend can use it.
 """
@@ -205,16 +207,13 @@ class StepPlan(msgspec.Struct, frozen=True):
 
     Only what changed travels: new sequences' parameters once, block ids as
     they are added, ids of sequences whose blocks were released. Order on the
-    ranks: drop ``freed_seq_ids``, copy ``copy_blocks`` (src, dst) pairs, then
-    run ``chunks``.
+    ranks: drop ``freed_seq_ids``, then run ``chunks``.
     """
 
     step_id: int
     chunks: list[SeqChunk] = []
     new_sequences: list[NewSequence] = []
     freed_seq_ids: list[int] = []
-    copy_blocks: list[tuple[int, int]] = []
-    return_logits: bool = False  # last stage also sends the sampled rows' full logits
     encode: list[list[int]] = []  # encoder replicas: token ids of each input to embed
     shutdown: bool = False
 

@@ -26,16 +26,13 @@ import torch
 from model_shards.backends.base import Backend
 from model_shards.messages import NewSequence, SamplingParams, SeqChunk
 from model_shards.sampling_batch import SamplingTensors, sample_batch
-
-_SEED_MIX = 0x9E3779B97F4A7C15
+from model_shards.splitmix import GOLDEN, mix64
 
 
 def position_seed(seed: int, position: int) -> int:
-    """A 63-bit seed for the draw at ``position`` (splitmix-style mixing)."""
-    z = (seed * _SEED_MIX + position + 1) & (2**64 - 1)
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & (2**64 - 1)
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & (2**64 - 1)
-    return (z ^ (z >> 31)) & (2**63 - 1)
+    """The 63-bit seed of the draw at ``position`` of a request seeded ``seed``: splitmix64's
+    output function of ``seed × GOLDEN + position + 1`` (:mod:`model_shards.splitmix`)."""
+    return mix64(seed * GOLDEN + position + 1) & ((1 << 63) - 1)
 
 
 def filter_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:

@@ -8,12 +8,12 @@ each node::
         -m model_shards.torchrun_worker --config-json ... --address ... --node-rank R
 
 and each worker process torchrun starts runs :func:`main`, which calls
-:func:`model_shards.launch.run_torchrun_rank` (the same rank body as a
+:func:`model_shards.rank_main.run_torchrun_rank` (the same rank body as a
 replica spawned by ``shardserve serve``). A single node with no rendezvous
 endpoint uses ``--standalone``. torchrun ignores ``--node-rank`` under c10d
 (it orders nodes itself), so the node rank goes to the workers instead,
 which derive the replica rank from it (see
-:class:`model_shards.launch.TorchrunRank`). The replica's configuration travels as the
+:class:`model_shards.rank_main.TorchrunRank`). The replica's configuration travels as the
 JSON of :class:`~model_shards.config.ReplicaConfig`, so every node runs the
 exact flags its ``shardserve engine`` validated.
 """
@@ -26,6 +26,7 @@ import json
 import sys
 
 from model_shards.config import ReplicaConfig
+from model_shards.rank_main import run_torchrun_rank
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,8 +79,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--node-rank", type=int, required=True)
     args = parser.parse_args(argv)
     config = ReplicaConfig(**json.loads(args.config_json))
-    from model_shards.launch import run_torchrun_rank
-
     run_torchrun_rank(config, args.address, args.node_rank)
 
 

@@ -2,7 +2,7 @@
 
 Data flow of one step (the same plan on every rank):
 
-1. drop the block tables of freed sequences, copy blocks, extend block tables;
+1. drop the block tables of freed sequences, extend block tables;
    the sampling rank registers new sequences and records fed tokens;
 2. first stage embeds the plan's token ids, later stages receive the previous
    stage's hidden states ``[T, H]``;
@@ -31,8 +31,7 @@ from model_shards.layers.context import ShardContext
 from model_shards.layers.linear import prepare_weights
 from model_shards.loader import load_weights
 from model_shards.messages import SeqChunk, StepPlan, TokenLogprob, decode_plan, encode
-from model_shards.models import MODEL_REGISTRY
-from model_shards.models.llama import LlamaForCausalLM
+from model_shards.models import MODEL_REGISTRY, DecoderModel
 from model_shards.parallel import comm
 from model_shards.parallel.comm import Comm
 from model_shards.sampler import SampleOutput, Sampler
@@ -49,7 +48,9 @@ def resolve_dtype(
     """``--dtype`` to a torch dtype; ``auto`` takes the checkpoint config's, except that on
     CUDA a float32 checkpoint is served in bfloat16 (as vLLM does; logged)."""
     name = model.torch_dtype if flag == "auto" else flag
-    dtype = _DTYPES.get(name, torch.float32)
+    if name not in _DTYPES:  # config.json's torch_dtype is checked at validation
+        raise ValueError(f"dtype {name!r} is not supported; supported: {', '.join(_DTYPES)}")
+    dtype = _DTYPES[name]
     if flag == "auto" and dtype == torch.float32 and device is not None and device.type == "cuda":
         log.info("--dtype auto: the float32 checkpoint is served in bfloat16 on %s", device)
         return torch.bfloat16
@@ -62,7 +63,6 @@ class StepResult:
 
     tokens: list[int]  # one per chunk with ``sample``
     logprobs: list[TokenLogprob] | None = None
-    logits: torch.Tensor | None = None  # [S, vocab] float32 when the plan asked
 
 
 def broadcast_plan(plan: StepPlan, peers: Comm, pending: comm.Pending) -> None:
@@ -75,7 +75,7 @@ def receive_plan(peers: Comm) -> StepPlan:
 
 
 def kv_cache_blocks(
-    cfg: ModelConfig, replica: ReplicaConfig, peers: Comm, model: LlamaForCausalLM,
+    cfg: ModelConfig, replica: ReplicaConfig, peers: Comm, model: DecoderModel,
     dtype: torch.dtype, max_model_len: int, *, graphs: bool,
 ) -> int:  # fmt: skip
     """Blocks this rank's memory budget allows, agreed (minimum) over the whole replica.
@@ -108,7 +108,7 @@ def kv_cache_blocks(
 
 
 def _gpu_kv_budget(
-    replica: ReplicaConfig, model: LlamaForCausalLM, max_model_len: int, graphs: bool
+    replica: ReplicaConfig, model: DecoderModel, max_model_len: int, graphs: bool
 ) -> int:
     bs, seqs = replica.block_size, replica.max_num_seqs
     tokens = replica.max_num_batched_tokens
@@ -129,7 +129,7 @@ def _gpu_kv_budget(
 
 class Worker:
     def __init__(
-        self, model: LlamaForCausalLM, ctx: ShardContext, num_blocks: int, block_size: int
+        self, model: DecoderModel, ctx: ShardContext, num_blocks: int, block_size: int
     ) -> None:
         self.model = model
         self.ctx = ctx
@@ -196,7 +196,6 @@ class Worker:
         for seq_id in plan.freed_seq_ids:
             self.kv.free(seq_id)
             self.sampler.remove(seq_id)
-        self.kv.copy_blocks(plan.copy_blocks)
         if self.is_sampler:
             for new in plan.new_sequences:
                 self.sampler.add(new)
@@ -221,10 +220,9 @@ class Worker:
         if ps.tp_rank != 0:
             return None
         out = self.sampler.sample(logits, [plan.chunks[i] for i in sampled])
-        full = logits.float().cpu() if plan.return_logits else None
         if ps.rank == 0:
-            return _to_result(out, full)
-        _send_result(out, full, self.comm, self.pending)
+            return _to_result(out)
+        _send_result(out, self.comm, self.pending)
         return None
 
     def _graphed(self, chunks: list[SeqChunk]) -> bool:
@@ -251,8 +249,7 @@ class Worker:
         """Global rank 0, when it is not the sampler: wait for the sampler's result of ``plan``."""
         if not any(c.sample for c in plan.chunks):
             return StepResult([])
-        vocab = self.model.config.vocab_size
-        return _recv_result(self.comm, self.ps.last_stage_leader, plan.return_logits, vocab)
+        return _recv_result(self.comm, self.ps.last_stage_leader)
 
     def serve_forever(self) -> None:
         """Non-zero ranks: execute plans from rank 0 until a shutdown plan."""
@@ -264,7 +261,7 @@ class Worker:
             self.execute(plan)
 
 
-def _to_result(out: SampleOutput, logits: torch.Tensor | None) -> StepResult:
+def _to_result(out: SampleOutput) -> StepResult:
     logprobs = None
     if out.logprobs is not None and out.top_ids is not None and out.top_logprobs is not None:
         logprobs = [
@@ -273,14 +270,12 @@ def _to_result(out: SampleOutput, logits: torch.Tensor | None) -> StepResult:
                 out.logprobs.tolist(), out.top_ids.tolist(), out.top_logprobs.tolist(), strict=True
             )
         ]
-    return StepResult(out.tokens.tolist(), logprobs, logits)
+    return StepResult(out.tokens.tolist(), logprobs)
 
 
-def _send_result(
-    out: SampleOutput, logits: torch.Tensor | None, peers: Comm, pending: comm.Pending
-) -> None:
-    """Wire order to rank 0: header ``[S, K]``, tokens, then (K >= 0) logprobs, top ids, top
-    logprobs, then (when asked) logits. ``K = -1`` when no sequence asked for logprobs."""
+def _send_result(out: SampleOutput, peers: Comm, pending: comm.Pending) -> None:
+    """Wire order to rank 0: header ``[S, K]``, tokens, then (K >= 0) logprobs, top ids and
+    top logprobs. ``K = -1`` when no sequence asked for logprobs."""
     k = -1 if out.top_ids is None else int(out.top_ids.shape[1])  # -1: no logprobs
     comm.send_cpu(torch.tensor([out.tokens.shape[0], k], dtype=torch.int64), 0, peers, pending)
     comm.send_cpu(out.tokens, 0, peers, pending)
@@ -291,11 +286,10 @@ def _send_result(
         if k > 0:  # gloo cannot send empty tensors
             comm.send_cpu(out.top_ids, 0, peers, pending)
             comm.send_cpu(out.top_logprobs, 0, peers, pending)
-    if logits is not None:
-        comm.send_cpu(logits, 0, peers, pending)
 
 
-def _recv_result(peers: Comm, src: int, with_logits: bool, vocab: int) -> StepResult:
+def _recv_result(peers: Comm, src: int) -> StepResult:
+    """Global rank 0: the sampler's :func:`_send_result` of one step, from global rank ``src``."""
     s, k = comm.recv_cpu((2,), torch.int64, src, peers).tolist()
     out = SampleOutput(comm.recv_cpu((s,), torch.int64, src, peers))
     if k >= 0:
@@ -305,5 +299,4 @@ def _recv_result(peers: Comm, src: int, with_logits: bool, vocab: int) -> StepRe
         if k > 0:
             out.top_ids = comm.recv_cpu((s, k), torch.int64, src, peers)
             out.top_logprobs = comm.recv_cpu((s, k), torch.float32, src, peers)
-    logits = comm.recv_cpu((s, vocab), torch.float32, src, peers) if with_logits else None
-    return _to_result(out, logits)
+    return _to_result(out)

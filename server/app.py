@@ -16,9 +16,14 @@ request id, API key, body size, draining, metrics). Order of checks for a
 generation: body (400) → model name (404) → engine serviceable (503) →
 vocabulary/context (400) → load shedding (429 + ``Retry-After``,
 :mod:`server.limits`) → generation, ended by ``request_timeout_s`` if set
-(504, or an SSE error event once streaming). A request whose client
-disconnects is aborted on the engine, streamed or not. Request bodies are
-declared in ``/openapi.json`` (:mod:`server.openapi`).
+(504, or an SSE error event once streaming). An embedding request goes the
+same way: body → model → engine → task and inputs (400) → shedding (its input
+tokens) → embedding, ended by ``request_timeout_s`` (504). A request whose
+client disconnects is aborted on the engine, streamed or not. Request bodies
+are declared in ``/openapi.json`` (:mod:`server.openapi`).
+
+:func:`build_app` wires the parts: the front door, then one ``_add_*`` function
+per route family.
 """
 
 from __future__ import annotations
@@ -26,17 +31,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncGenerator, Awaitable, Callable
+from dataclasses import dataclass
 from typing import TypeVar
 
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ValidationError
 
-from server import chat, completions
+from server import chat, completions, embeddings
 from server.chat_protocol import ChatCompletionRequest
+from server.chat_template import ChatTemplate
 from server.choices import Plan
 from server.completion_protocol import CompletionRequest
-from server.embeddings import EmbeddingRequest, create_embeddings
+from server.embeddings import EmbeddingRequest
 from server.engine_client import Engine
 from server.errors import APIError, install_error_handlers, validation_error
 from server.lifecycle import Lifecycle
@@ -121,25 +128,48 @@ async def _respond(
 ) -> Response:
     """Send ``frames()`` as SSE or ``whole()`` as JSON; abort if the client leaves or the
     ``timeout_s`` deadline passes; ``ticket`` is released when the response is done."""
+    if streamed:
+        return await _respond_streamed(request, frames, ticket, timeout_s)
+    return await _respond_json(request, whole, ticket, timeout_s)
+
+
+async def _respond_streamed(
+    request: Request,
+    frames: Callable[[], AsyncGenerator[bytes, None]],
+    ticket: Ticket,
+    timeout_s: float | None,
+) -> Response:
+    """``frames()`` as SSE, ended at the ``timeout_s`` deadline; see :func:`_respond`."""
     loop = asyncio.get_running_loop()
     deadline = None if timeout_s is None else loop.time() + timeout_s
-    if streamed:
-        stream = _released(with_deadline(frames(), deadline, timeout_s), ticket)
-        try:  # the first frame decides the status: a refusal is still a 4xx
-            first = await _unless_disconnected(request, anext(stream))
-        except _ClientGone:
-            await stream.aclose()
-            return Response(status_code=499)
-        except StopAsyncIteration:  # cannot happen: a stream always ends with [DONE]
-            first = b""
-        except BaseException:
-            await stream.aclose()
-            raise
-        return StreamingResponse(
-            _chain(first, stream),
-            media_type="text/event-stream",
-            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-        )
+    stream = _released(with_deadline(frames(), deadline, timeout_s), ticket)
+    try:  # the first frame decides the status: a refusal is still a 4xx
+        first = await _unless_disconnected(request, anext(stream))
+    except _ClientGone:
+        await stream.aclose()
+        return Response(status_code=499)
+    except StopAsyncIteration:  # cannot happen: a stream always ends with [DONE]
+        first = b""
+    except BaseException:
+        await stream.aclose()
+        raise
+    return StreamingResponse(
+        _chain(first, stream),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )
+
+
+async def _respond_json(
+    request: Request,
+    whole: Callable[[], Awaitable[BaseModel]],
+    ticket: Ticket,
+    timeout_s: float | None,
+) -> Response:
+    """``whole()`` as JSON: 504 (cancelled, so aborted) past the ``timeout_s`` deadline,
+    499 if the client left first; ``ticket`` is released either way."""
+    loop = asyncio.get_running_loop()
+    deadline = None if timeout_s is None else loop.time() + timeout_s
     try:
         async with asyncio.timeout_at(deadline):
             result = await _unless_disconnected(request, whole())
@@ -155,6 +185,14 @@ async def _respond(
 def _work_tokens(work: Plan) -> int:
     """Tokens a plan may hold: each choice's prompt plus its ``max_tokens``."""
     return sum(len(r.prompt_token_ids) + r.max_tokens for r in work.requests)
+
+
+@dataclass(frozen=True)
+class _Limits:
+    """What every work route applies between its checks and the engine."""
+
+    admission: Admission
+    request_timeout_s: float | None
 
 
 def build_app(
@@ -173,18 +211,35 @@ def build_app(
     """An OpenAI-compatible app serving ``served_model_name`` through ``engine_client``.
 
     ``api_key`` (if set) guards every ``/v1/*`` route. ``admission`` sheds load
-    (default: no limit); ``request_timeout_s`` ends a generation (default:
-    never); ``lifecycle`` is the draining state the CLI flips on SIGTERM. A
-    checkpoint chat template that does not compile raises ``ValueError`` here,
-    at start-up.
+    (default: no limit); ``request_timeout_s`` ends a generation or an
+    embedding request (default: never); ``lifecycle`` is the draining state the
+    CLI flips on SIGTERM. A checkpoint chat template that does not compile
+    raises ``ValueError`` here, at start-up.
     """
     metrics = metrics or Metrics()
-    admission = admission or Admission()
     lifecycle = lifecycle or Lifecycle()
+    limits = _Limits(admission or Admission(), request_timeout_s)
     schemas = BodySchemas()
     serving = Serving(engine_client, tokenizer, served_model_name, max_model_len, metrics)
     template = chat.load_template(serving)
     app = FastAPI(title="shardserve", summary="OpenAI-compatible completions")
+    _install_front_door(app, metrics, lifecycle, api_key, max_request_bytes)
+    _add_status_routes(app, serving, lifecycle)
+    _add_completion_route(app, serving, schemas, limits)
+    _add_embedding_route(app, serving, schemas, limits)
+    _add_chat_route(app, serving, template, schemas, limits)
+    schemas.install(app)
+    return app
+
+
+def _install_front_door(
+    app: FastAPI,
+    metrics: Metrics,
+    lifecycle: Lifecycle,
+    api_key: str | None,
+    max_request_bytes: int,
+) -> None:
+    """OpenAI-style error handlers, then the :class:`FrontDoor` middleware."""
     install_error_handlers(app)
     app.add_middleware(
         FrontDoor,
@@ -195,13 +250,18 @@ def build_app(
         lifecycle=lifecycle,
     )
 
+
+def _add_status_routes(app: FastAPI, serving: Serving, lifecycle: Lifecycle) -> None:
+    """``GET /health``, ``GET /metrics`` and ``GET /v1/models``."""
+    engine, metrics = serving.engine, serving.metrics
+
     @app.get("/health")
     async def health() -> Response:
         if lifecycle.draining:
             return APIError.unavailable("the server is shutting down").response()
-        if engine_client.healthy:
+        if engine.healthy:
             return JSONResponse({"status": "ok"})
-        reason = engine_client.dead_reason or "engine is not ready"
+        reason = engine.dead_reason or "engine is not ready"
         return APIError.unavailable(reason).response()
 
     @app.get("/metrics")
@@ -210,8 +270,15 @@ def build_app(
 
     @app.get("/v1/models")
     async def models() -> ModelList:
-        card = ModelCard(id=served_model_name, root=served_model_name, max_model_len=max_model_len)
+        name = serving.model_name
+        card = ModelCard(id=name, root=name, max_model_len=serving.max_model_len)
         return ModelList(data=[card])
+
+
+def _add_completion_route(
+    app: FastAPI, serving: Serving, schemas: BodySchemas, limits: _Limits
+) -> None:
+    """``POST /v1/completions``: JSON or SSE."""
 
     @app.post(
         "/v1/completions", response_model=None, openapi_extra=schemas.body(CompletionRequest)
@@ -224,15 +291,36 @@ def build_app(
             body.stream,
             lambda: completions.stream(serving, work, body),
             lambda: completions.complete(serving, work, body),
-            admission.admit(_work_tokens(work)),
-            request_timeout_s,
+            limits.admission.admit(_work_tokens(work)),
+            limits.request_timeout_s,
         )
+
+
+def _add_embedding_route(
+    app: FastAPI, serving: Serving, schemas: BodySchemas, limits: _Limits
+) -> None:
+    """``POST /v1/embeddings``: JSON, with the same shedding and deadline as generation."""
 
     @app.post("/v1/embeddings", response_model=None, openapi_extra=schemas.body(EmbeddingRequest))
     async def create_embedding(request: Request) -> Response:
         body = await _parse(request, EmbeddingRequest)
-        result = await _unless_disconnected(request, create_embeddings(body, serving))
-        return JSONResponse(result.model_dump())
+        work = embeddings.prepare(serving, body)
+        return await _respond_json(
+            request,
+            lambda: embeddings.embed(serving, work, body),
+            limits.admission.admit(work.tokens),
+            limits.request_timeout_s,
+        )
+
+
+def _add_chat_route(
+    app: FastAPI,
+    serving: Serving,
+    template: ChatTemplate | None,
+    schemas: BodySchemas,
+    limits: _Limits,
+) -> None:
+    """``POST /v1/chat/completions``: JSON or SSE, rendered with ``template``."""
 
     @app.post(
         "/v1/chat/completions",
@@ -247,9 +335,6 @@ def build_app(
             body.stream,
             lambda: chat.stream(serving, work, body),
             lambda: chat.complete(serving, work, body),
-            admission.admit(_work_tokens(work)),
-            request_timeout_s,
+            limits.admission.admit(_work_tokens(work)),
+            limits.request_timeout_s,
         )
-
-    schemas.install(app)
-    return app

@@ -5,11 +5,11 @@ choice index ``i * n + j`` (OpenAI's order). Request ids are the response id
 when there is a single choice, else ``{id}-{index}``. The engine seeds the
 draw at position p from ``(seed, p)``, so samples of one prompt need distinct
 seeds: sample 0 keeps the user's seed (so ``n=1`` and ``n>1`` agree on the
-first choice), sample j > 0 gets a seed mixed deterministically from
-``(seed, j)``; without a user seed every sample gets a random seed (always
-set, so that a request replayed after a replica failure draws the same tokens:
-:mod:`server.supervisor`). Each choice is checked against the context length (400 naming
-``prompt`` or the max-tokens field).
+first choice), sample j > 0 gets the top 63 bits of output j of the splitmix64
+stream seeded with ``seed`` (:mod:`model_shards.splitmix`); without a user seed
+every sample gets a random seed (always set, so that a request replayed after a
+replica failure draws the same tokens: :mod:`server.supervisor`). Each choice is
+checked against the context length (400 naming ``prompt`` or the max-tokens field).
 
 :func:`collect` runs every choice to the end; :func:`merge` interleaves their
 text deltas as they come. Either way an engine failure in one choice cancels
@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import secrets
 from collections.abc import AsyncGenerator, Coroutine, Sequence
 from dataclasses import dataclass, field
@@ -29,6 +28,7 @@ from typing import Any, cast
 import msgspec
 
 from model_shards.messages import FinishReason, GenerateRequest, SamplingParams
+from model_shards.splitmix import splitmix64
 from server.engine_client import Engine
 from server.errors import APIError
 from server.generation import SampledToken, TextDelta, generate_text
@@ -44,8 +44,7 @@ def sample_seed(seed: int | None, sample: int, n: int) -> int:
         return seed
     if seed is None:
         return secrets.randbits(_SEED_BITS)
-    digest = hashlib.blake2b(f"{seed}:{sample}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big") >> (64 - _SEED_BITS)
+    return splitmix64(seed, sample) >> (64 - _SEED_BITS)  # output `sample` of seed's stream
 
 
 @dataclass(frozen=True)

@@ -6,12 +6,13 @@ each on its own ``ipc://`` address, behind one router (:mod:`server.router`);
 spawns nothing and serves replicas started elsewhere by ``shardserve engine``
 (:mod:`server.engine_command`), which it never shuts down.
 
-Start-up order, so a mistake costs nothing: parse flags → validate the
+Start-up order, so a mistake costs nothing: parse flags (:mod:`server.cli_args`;
+a bad value exits 2 naming it) → check their combinations and validate the
 replica config, load the tokenizer and compile its chat template (a
-``ValueError`` prints
-``shardserve: error: <message>`` and exits 2, nothing spawned) → bind the
-HTTP socket (a busy port fails here, still nothing spawned) → spawn the
-replicas' ranks → wait for every ``EngineReady`` (exit 1 naming the ranks'
+``ValueError`` prints ``shardserve: error: <message>`` and exits 2, nothing
+spawned) → bind the HTTP socket (a busy port fails here, still nothing
+spawned) → validate the checkpoint and the devices, spawn the replicas'
+ranks → wait for every ``EngineReady`` (exit 1 naming the ranks'
 exit codes if one dies first, or after ``READY_TIMEOUT_S``) → run uvicorn.
 
 Serving: each spawned replica is watched by a
@@ -29,7 +30,9 @@ A signal arriving while the ranks are being spawned is held until the
 handles exist.
 
 torch is never imported here: ``model_shards.launch`` and
-``model_shards.default_model`` are imported only inside :func:`serve`.
+``model_shards.default_model`` are imported only when a replica is started or
+the default model is needed. ``shardserve bench`` runs the load generator
+(``BENCH_MODULE``), imported by name only for that subcommand.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import importlib
 import logging
 import signal
 import socket
@@ -45,22 +49,30 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
+from typing import TYPE_CHECKING
 
 from model_shards.config import ReplicaConfig
 from server.chat_template import ChatTemplate
-from server.cli_args import build_parser
+from server.cli_args import build_parser, check_serve_flags, replica_config
 from server.request_context import RequestIdFilter
 from server.supervisor import SpawnedReplica
 from server.tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    from server.draining import DrainingServer
+    from server.engine_stats import EngineStatsBoard
+    from server.metrics import Metrics
+    from server.router import Replica, Router
 
 logger = logging.getLogger("shardserve")
 
 READY_TIMEOUT_S = 300.0
 HEARTBEAT_S = 5.0  # how often a frontend pings an --engine it did not start
 HEARTBEAT_TIMEOUT_S = 60.0  # silence after which that engine counts as dead
-DEFAULT_MODEL_NAME = "shardserve-default"
+DEFAULT_SERVED_MODEL_NAME = "shardserve-default"
 GRACEFUL_SHUTDOWN_S = 5
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s [%(request_id)s]: %(message)s"
+BENCH_MODULE = "deploy.loadtest"  # what ``shardserve bench`` runs
 
 
 ReplicaHandle = SpawnedReplica  # what the CLI uses of model_shards.launch.ReplicaHandle
@@ -69,10 +81,8 @@ ReplicaHandle = SpawnedReplica  # what the CLI uses of model_shards.launch.Repli
 def main(argv: list[str] | None = None) -> int:
     """Console script ``shardserve``; returns the process exit status."""
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["bench"]:  # the load generator owns its flags (deploy/loadtest.py)
-        from deploy.loadtest import main as loadtest_main
-
-        return loadtest_main(argv[1:])
+    if argv[:1] == ["bench"]:
+        return _run_bench(argv[1:])
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format=LOG_FORMAT)
     for handler in logging.getLogger().handlers:
@@ -82,6 +92,12 @@ def main(argv: list[str] | None = None) -> int:
 
         return run_engine(args) if args.command == "engine" else run_ping(args)
     return serve(args)
+
+
+def _run_bench(argv: list[str]) -> int:
+    """``shardserve bench ARGS``: the load generator's ``main(ARGS)`` (it owns its flags),
+    imported by name only here, so that the server never imports its load tester."""
+    return int(importlib.import_module(BENCH_MODULE).main(argv))
 
 
 class _Stop(Exception):
@@ -151,62 +167,14 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def replica_config(args: argparse.Namespace) -> ReplicaConfig:
-    """The replica the flags describe (not validated); the default model if no ``--model``."""
-    if args.model is None:
-        from model_shards.default_model import ensure_default_model
-
-        model_dir = str(ensure_default_model())
-    else:
-        model_dir = args.model
-    return ReplicaConfig(
-        model_dir=model_dir,
-        tp=args.tensor_parallel_size,
-        pp=args.pipeline_parallel_size,
-        dtype=args.dtype,
-        device=args.device,
-        max_num_seqs=args.max_num_seqs,
-        max_model_len=args.max_model_len,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        block_size=args.block_size,
-        kv_cache_memory=args.kv_cache_memory,
-        gpu_memory_utilization=args.gpu_memory_utilization,
-        enforce_eager=args.enforce_eager,
-        batch_invariant=args.batch_invariant,
-        enable_prefix_caching=args.prefix_caching,
-        pipeline_overlap=args.pipeline_overlap,
-        pp_layer_partition=args.pp_layer_partition,
-    )
-
-
-def _check_engine_flags(args: argparse.Namespace) -> None:
-    """``ValueError`` naming the flag when ``--engine`` is misused."""
-    for address in args.engine:
-        if not address.startswith(("tcp://", "ipc://")):
-            raise ValueError(f"--engine {address}: expected tcp://HOST:PORT or ipc://PATH")
-    if args.engine and args.data_parallel_size != 1:
-        raise ValueError(
-            "--data-parallel-size starts replicas; with --engine, give one --engine per replica"
-        )
-
-
 def serve(args: argparse.Namespace) -> int:
     """Run the ``serve`` command; see the module docstring for the order of events."""
     guard = _SignalGuard()
     handles: Sequence[ReplicaHandle] = ()
     state = _State()
     try:
-        config = replica_config(args)
-        model_dir = config.model_dir
-        default_name = DEFAULT_MODEL_NAME if args.model is None else Path(model_dir).resolve().name
-        name = args.served_model_name or default_name
         try:
-            _check_engine_flags(args)
-            if not args.engine:  # an --engine replica was validated by its own command
-                config.validate()
-            tokenizer = Tokenizer.from_dir(model_dir)
-            if tokenizer.chat_template is not None:  # compiles, or exit 2 before spawning
-                ChatTemplate(tokenizer.chat_template, tokenizer.special_tokens)
+            config, tokenizer, name = _check_start_up(args)
         except ValueError as exc:
             _error(str(exc))
             return 2
@@ -217,19 +185,12 @@ def serve(args: argparse.Namespace) -> int:
             return 2
         with sock:
             if not args.engine:
-                from model_shards.launch import start_replicas
-
                 try:
-                    with guard.held():  # validates again (checkpoint, devices)
-                        handles = start_replicas(config, args.data_parallel_size)
+                    with guard.held():
+                        handles = _start_replicas(config, args.data_parallel_size)
                 except ValueError as exc:
                     _error(str(exc))
                     return 2
-                for i, handle in enumerate(handles):
-                    logger.info(
-                        "started replica %d tp=%d pp=%d at %s; rank pids %s", i, config.tp,
-                        config.pp, handle.address, handle.pids(),
-                    )  # fmt: skip
             return asyncio.run(_serve_async(args, handles, tokenizer, name, sock, state))
     except _Stop as stop:
         if state.serving:
@@ -248,6 +209,39 @@ def serve(args: argparse.Namespace) -> int:
             guard.restore()
 
 
+def _check_start_up(args: argparse.Namespace) -> tuple[ReplicaConfig, Tokenizer, str]:
+    """Every check that needs neither a socket nor a process: the flags, the replica,
+    the tokenizer and its chat template; ``ValueError`` naming the flag. Returns the
+    replica's config, the tokenizer and the model name served in the API."""
+    check_serve_flags(args)
+    config = replica_config(args)
+    if args.engine:  # that replica was validated by its own command; these flags go unused
+        config.check_flags()
+    else:
+        config.validate()
+    tokenizer = Tokenizer.from_dir(config.model_dir)
+    if tokenizer.chat_template is not None:  # compiles, or exit 2 before spawning
+        ChatTemplate(tokenizer.chat_template, tokenizer.special_tokens)
+    if args.served_model_name:
+        return config, tokenizer, args.served_model_name
+    default = DEFAULT_SERVED_MODEL_NAME if args.model is None else Path(args.model).resolve().name
+    return config, tokenizer, default
+
+
+def _start_replicas(config: ReplicaConfig, dp: int) -> Sequence[ReplicaHandle]:
+    """Spawn ``dp`` replicas of ``config`` (``ValueError`` first if the checkpoint or the
+    devices do not fit: ``start_replicas`` validates again) and log their ranks."""
+    from model_shards.launch import start_replicas
+
+    handles = start_replicas(config, dp)
+    for i, handle in enumerate(handles):
+        logger.info(
+            "started replica %d tp=%d pp=%d at %s; rank pids %s", i, config.tp, config.pp,
+            handle.address, handle.pids(),
+        )  # fmt: skip
+    return handles
+
+
 async def _serve_async(
     args: argparse.Namespace,
     handles: Sequence[ReplicaHandle],
@@ -256,22 +250,41 @@ async def _serve_async(
     sock: socket.socket,
     state: _State,
 ) -> int:
-    """Connect to the replicas (``handles``, else ``args.engine``), then run uvicorn."""
-    import uvicorn
-
-    from server.app import build_app
-    from server.draining import DrainingServer
-    from server.engine_client import EngineClient, EngineDeadError
+    """Connect to the replicas (``handles``, else ``args.engine``), then serve HTTP on
+    ``sock`` until stopped (0); 1 if a replica dies or times out before it is ready."""
+    from server.engine_client import EngineDeadError
     from server.engine_stats import EngineStatsBoard
-    from server.lifecycle import Lifecycle
-    from server.limits import Admission
     from server.metrics import Metrics
-    from server.router import Replica, Router
+    from server.router import Router
+
+    metrics = Metrics()
+    router = Router(_replica_clients(args, handles, EngineStatsBoard(metrics)), metrics)
+    try:
+        try:
+            ready = await router.connect(timeout_s=READY_TIMEOUT_S)
+        except (EngineDeadError, TimeoutError) as exc:
+            codes = f"; rank exit codes: {_exitcodes(handles)}" if handles else ""
+            _error(f"{exc}{codes}")
+            return 1
+        server = _http_server(args, router, tokenizer, name, ready.max_model_len, metrics)
+        host, port = sock.getsockname()[:2]
+        logger.info("serving %s on http://%s:%d", name, f"[{host}]" if ":" in host else host, port)
+        state.serving = True
+        await server.serve(sockets=[sock])
+        return 0
+    finally:
+        await router.close(send_shutdown=bool(handles))  # never stop another's --engine
+
+
+def _replica_clients(
+    args: argparse.Namespace, handles: Sequence[ReplicaHandle], board: EngineStatsBoard
+) -> list[Replica]:
+    """What the router routes to: a supervisor per spawned replica (restarting it when a
+    rank dies), else a heartbeating client per ``--engine``."""
+    from server.engine_client import EngineClient
     from server.supervisor import ReplicaSupervisor
 
     window_s = args.batch_window_ms / 1000
-    metrics = Metrics()
-    board = EngineStatsBoard(metrics)
 
     def spawned_client(replica: int) -> Callable[[SpawnedReplica], EngineClient]:
         def make(handle: SpawnedReplica) -> EngineClient:
@@ -282,55 +295,57 @@ async def _serve_async(
 
         return make
 
-    replicas: list[Replica] = [
-        ReplicaSupervisor(
-            h, spawned_client(i), name=f"replica {i}", max_restarts=args.max_restarts,
-            ready_timeout_s=READY_TIMEOUT_S, on_down=lambda i=i: board.forget(i),  # type: ignore[misc]
-        )
-        for i, h in enumerate(handles)
-    ] or [
+    if handles:
+        return [
+            ReplicaSupervisor(
+                h, spawned_client(i), name=f"replica {i}", max_restarts=args.max_restarts,
+                ready_timeout_s=READY_TIMEOUT_S, on_down=lambda i=i: board.forget(i),  # type: ignore[misc]
+            )
+            for i, h in enumerate(handles)
+        ]  # fmt: skip
+    return [
         EngineClient(
             address, batch_window_s=window_s, heartbeat_s=HEARTBEAT_S,
             heartbeat_timeout_s=HEARTBEAT_TIMEOUT_S, on_stats=board.reporter(i),
         )
         for i, address in enumerate(args.engine)
     ]  # fmt: skip
-    router = Router(replicas, metrics)
-    try:
-        try:
-            ready = await router.connect(timeout_s=READY_TIMEOUT_S)
-        except (EngineDeadError, TimeoutError) as exc:
-            codes = f"; rank exit codes: {_exitcodes(handles)}" if handles else ""
-            _error(f"{exc}{codes}")
-            return 1
-        lifecycle = Lifecycle()
-        app = build_app(
-            router,
-            tokenizer,
-            name,
-            ready.max_model_len,
-            api_key=args.api_key,
-            max_request_bytes=args.max_request_bytes,
-            metrics=metrics,
-            admission=Admission(args.max_queued_requests, args.max_queued_tokens),
-            request_timeout_s=args.request_timeout,
-            lifecycle=lifecycle,
-        )
-        config = uvicorn.Config(
-            app,
-            log_level=args.log_level,
-            access_log=False,  # the front door logs each request with its id
-            lifespan="off",
-            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
-        )
-        server = DrainingServer(config, lifecycle, args.shutdown_timeout)
-        host, port = sock.getsockname()[:2]
-        logger.info("serving %s on http://%s:%d", name, f"[{host}]" if ":" in host else host, port)
-        state.serving = True
-        await server.serve(sockets=[sock])
-        return 0
-    finally:
-        await router.close(send_shutdown=bool(handles))  # never stop another's --engine
+
+
+def _http_server(
+    args: argparse.Namespace, router: Router, tokenizer: Tokenizer, name: str,
+    max_model_len: int, metrics: Metrics,
+) -> DrainingServer:  # fmt: skip
+    """The OpenAI-compatible app over ``router`` with the flags' limits, in a uvicorn
+    server that drains requests in flight on the first signal."""
+    import uvicorn
+
+    from server.app import build_app
+    from server.draining import DrainingServer
+    from server.lifecycle import Lifecycle
+    from server.limits import Admission
+
+    lifecycle = Lifecycle()
+    app = build_app(
+        router,
+        tokenizer,
+        name,
+        max_model_len,
+        api_key=args.api_key,
+        max_request_bytes=args.max_request_bytes,
+        metrics=metrics,
+        admission=Admission(args.max_queued_requests, args.max_queued_tokens),
+        request_timeout_s=args.request_timeout,
+        lifecycle=lifecycle,
+    )
+    config = uvicorn.Config(
+        app,
+        log_level=args.log_level,
+        access_log=False,  # the front door logs each request with its id
+        lifespan="off",
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+    )
+    return DrainingServer(config, lifecycle, args.shutdown_timeout)
 
 
 def _exitcodes(handles: Sequence[ReplicaHandle]) -> str:

@@ -1,21 +1,31 @@
-"""The ``shardserve`` command line: every subcommand's flags and their parsers.
+"""The ``shardserve`` command line: every subcommand's flags, their parsers and checks.
 
-``serve`` and ``engine`` share the replica flags (:func:`add_replica_flags`);
-``serve`` adds the HTTP, data-parallel and resilience flags. A bad value is an
-argparse error naming the flag (exit 2), before anything starts.
+``serve`` and ``engine`` share the replica flags (:func:`add_replica_flags`,
+turned into a :class:`~model_shards.config.ReplicaConfig` by
+:func:`replica_config`); ``serve`` adds the HTTP, data-parallel and resilience
+flags, ``engine`` where frontends connect and the torchrun nodes. A bad value
+is an argparse error naming the flag (exit 2); a bad combination is a
+``ValueError`` naming the flags (:func:`check_serve_flags`, then
+``ReplicaConfig.validate``), before anything starts.
+
+Imports run one way: ``server.cli`` → ``server.engine_command`` → this module.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
+from typing import Any
 
-from model_shards.config import DTYPE_CHOICES, parse_size
+from model_shards.config import DTYPE_CHOICES, ReplicaConfig, parse_size
 from server.middleware import DEFAULT_MAX_REQUEST_BYTES
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 API_KEY_ENV = "SHARDSERVE_API_KEY"
 MODEL_ENV = "SHARDSERVE_MODEL"
+DEFAULT_ENGINE_PORT = 5555
+ENGINE_ADDRESS_FORMS = "tcp://HOST:PORT or ipc://PATH"
 
 
 def add_replica_flags(command: argparse.ArgumentParser) -> None:
@@ -69,10 +79,17 @@ def build_parser() -> argparse.ArgumentParser:
         description="shardserve: tensor- and pipeline-parallel OpenAI-compatible inference server",
     )
     commands = parser.add_subparsers(dest="command", required=True)
-    commands.add_parser(  # handled in main() before parsing: the load generator owns its flags
+    commands.add_parser(  # handled in server.cli.main before parsing: the load generator's flags
         "bench", help="load-test an OpenAI-compatible server (see `shardserve bench --help`)",
         add_help=False,
     )  # fmt: skip
+    _add_serve_parser(commands)
+    _add_engine_parser(commands)
+    _add_ping_parser(commands)
+    return parser
+
+
+def _add_serve_parser(commands: Any) -> None:
     serve = commands.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API")
     add_replica_flags(serve)
     serve.add_argument(
@@ -85,30 +102,23 @@ def build_parser() -> argparse.ArgumentParser:
         "(repeat for several replicas); the tokenizer still comes from --model",
     )  # fmt: skip
     serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8000, help="0 picks a free port")
-    serve.add_argument("--served-model-name", help="model name in the API (default: dir name)")
+    serve.add_argument("--port", type=_port, default=8000, help="0 picks a free port")
     serve.add_argument(
-        "--batch-window-ms",
-        type=_non_negative_float,
-        default=2.0,
+        "--served-model-name", type=_non_empty, help="model name in the API (default: dir name)"
+    )
+    serve.add_argument(
+        "--batch-window-ms", type=_non_negative_float, default=2.0,
         help="how long the frontend gathers requests into one batch",
-    )
+    )  # fmt: skip
     serve.add_argument(
-        "--api-key",
-        default=os.environ.get(API_KEY_ENV) or None,
+        "--api-key", type=_non_empty, default=os.environ.get(API_KEY_ENV) or None,
         help=f"require 'Authorization: Bearer KEY' on /v1/* (default: ${API_KEY_ENV})",
-    )
+    )  # fmt: skip
     serve.add_argument(
-        "--max-request-bytes",
-        type=_positive_int,
-        default=DEFAULT_MAX_REQUEST_BYTES,
+        "--max-request-bytes", type=_positive_int, default=DEFAULT_MAX_REQUEST_BYTES,
         help="larger request bodies get a 413 (default: 8 MiB)",
-    )
+    )  # fmt: skip
     _add_resilience_flags(serve)
-    from server.engine_command import add_engine_parser
-
-    add_engine_parser(commands, add_replica_flags)
-    return parser
 
 
 def _add_resilience_flags(serve: argparse.ArgumentParser) -> None:
@@ -124,8 +134,8 @@ def _add_resilience_flags(serve: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     group.add_argument(
         "--max-queued-tokens", type=_positive_int, default=None, metavar="T",
-        help="refuse new requests with 429 while their prompt + max_tokens would take the "
-        "outstanding tokens past T (default: no limit)",
+        help="refuse new requests with 429 while their prompt + max_tokens (embeddings: their "
+        "input tokens) would take the outstanding tokens past T (default: no limit)",
     )  # fmt: skip
     group.add_argument(
         "--request-timeout", type=_positive_float, default=None, metavar="SECONDS",
@@ -137,22 +147,141 @@ def _add_resilience_flags(serve: argparse.ArgumentParser) -> None:
     )  # fmt: skip
 
 
-def _int_at_least(minimum: int, text: str) -> int:
+def _add_engine_parser(commands: Any) -> None:
+    engine = commands.add_parser(
+        "engine", help="run one replica's ranks under torchrun (this node's share of them)"
+    )
+    add_replica_flags(engine)
+    net = engine.add_argument_group("where frontends connect (rank 0's ZMQ ROUTER)")
+    net.add_argument(
+        "--engine-host", type=_non_empty, default="0.0.0.0",
+        help="interface rank 0 binds (default 0.0.0.0: reachable from other hosts; the "
+        "protocol has no authentication, keep it on a private network)",
+    )  # fmt: skip
+    net.add_argument("--engine-port", type=_listen_port, default=DEFAULT_ENGINE_PORT)
+    nodes = engine.add_argument_group("several nodes (torchrun, c10d rendezvous)")
+    nodes.add_argument("--nnodes", type=int, default=1, help="nodes this replica spans")
+    nodes.add_argument("--node-rank", type=int, default=0, help="0 runs the coordinator")
+    nodes.add_argument(
+        "--rdzv-endpoint", type=_host_port, metavar="HOST:PORT",
+        help="c10d rendezvous, the same on every node (default with one node: --standalone)",
+    )  # fmt: skip
+    nodes.add_argument(
+        "--rdzv-id", type=_non_empty, default="shardserve", help="names this replica's rendezvous"
+    )
+
+
+def _add_ping_parser(commands: Any) -> None:
+    ping = commands.add_parser("ping", help="exit 0 when the engine at ADDRESS is ready")
+    ping.add_argument("address", metavar="ADDRESS", help=ENGINE_ADDRESS_FORMS)
+    ping.add_argument("--timeout", type=_positive_float, default=5.0, help="seconds (default 5)")
+    ping.add_argument("--log-level", choices=LOG_LEVELS, default="warning")
+
+
+def replica_config(args: argparse.Namespace) -> ReplicaConfig:
+    """The replica the flags describe (not validated); the default model if no ``--model``."""
+    if args.model is None:
+        from model_shards.default_model import ensure_default_model
+
+        model_dir = str(ensure_default_model())
+    else:
+        model_dir = args.model
+    return ReplicaConfig(
+        model_dir=model_dir,
+        tp=args.tensor_parallel_size,
+        pp=args.pipeline_parallel_size,
+        dtype=args.dtype,
+        device=args.device,
+        max_num_seqs=args.max_num_seqs,
+        max_model_len=args.max_model_len,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        block_size=args.block_size,
+        kv_cache_memory=args.kv_cache_memory,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        enforce_eager=args.enforce_eager,
+        batch_invariant=args.batch_invariant,
+        enable_prefix_caching=args.prefix_caching,
+        pipeline_overlap=args.pipeline_overlap,
+        pp_layer_partition=args.pp_layer_partition,
+    )
+
+
+def engine_address_problem(address: str) -> str | None:
+    """Why ``address`` is no engine address a frontend can connect to, or ``None``."""
+    if address.startswith("ipc://") and len(address) > len("ipc://"):
+        return None
+    host, colon, port = address.removeprefix("tcp://").rpartition(":")
+    if not address.startswith("tcp://") or not (host and colon and port):
+        return f"expected {ENGINE_ADDRESS_FORMS}"
+    if not (port.isdigit() and 1 <= int(port) <= 65535):
+        return f"port {port!r} is not in 1..65535"
+    return None
+
+
+def check_serve_flags(args: argparse.Namespace) -> None:
+    """``ValueError`` naming the flag when ``serve``'s ``--engine`` is misused."""
+    for i, address in enumerate(args.engine):
+        problem = engine_address_problem(address)
+        if problem:
+            raise ValueError(f"--engine {address}: {problem}")
+        if address in args.engine[:i]:
+            raise ValueError(f"--engine {address} is given twice; each --engine is one replica")
+    if args.engine and args.data_parallel_size != 1:
+        raise ValueError(
+            "--data-parallel-size starts replicas; with --engine, give one --engine per replica"
+        )
+
+
+def _int_in(minimum: int, maximum: float, text: str) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < minimum:
-        raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
+    if not minimum <= value <= maximum:
+        bound = f">= {minimum}" if maximum == math.inf else f"in {minimum}..{maximum}"
+        raise argparse.ArgumentTypeError(f"must be {bound}, got {value}")
     return value
 
 
 def _non_negative_int(text: str) -> int:
-    return _int_at_least(0, text)
+    return _int_in(0, math.inf, text)
 
 
 def _positive_int(text: str) -> int:
-    return _int_at_least(1, text)
+    return _int_in(1, math.inf, text)
+
+
+def _port(text: str) -> int:
+    """A TCP port to listen on; 0 picks a free one."""
+    return _int_in(0, 65535, text)
+
+
+def _listen_port(text: str) -> int:
+    """A TCP port others must know in advance (0 would pick one nobody knows)."""
+    return _int_in(1, 65535, text)
+
+
+def _host_port(text: str) -> str:
+    host, colon, port = text.rpartition(":")
+    if not (host and colon and port.isdigit() and 1 <= int(port) <= 65535):
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT with PORT in 1..65535, got {text!r}")
+    return text
+
+
+def _non_empty(text: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError("must not be empty")
+    return text
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 <= value < math.inf:  # NaN and infinity too
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
+    return value
 
 
 def _positive_float(text: str) -> float:
@@ -167,13 +296,3 @@ def _size(text: str) -> int:
         return parse_size(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from exc
-
-
-def _non_negative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value

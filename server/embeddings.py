@@ -5,6 +5,15 @@ token-id lists. Text is tokenized here (special tokens added) and truncated to
 the encoder's window, as sentence-transformers does; token ids must already
 fit. ``encoding_format`` ``float`` (default) or ``base64`` (little-endian
 float32, as the OpenAI SDK decodes it).
+
+A request is served in two steps, so that the app can shed load and set a
+deadline in between (as for generation): :func:`prepare` makes the checks
+(model 404, engine 503, task and inputs 400) and tokenizes into an
+:class:`EmbeddingWork`; :func:`embed` runs its inputs on the engine, each
+recorded in the metrics (:meth:`~server.metrics.Metrics.track_embedding`).
+Cancelling :func:`embed` (deadline, client gone) aborts every input still
+queued on the engine; an input already in a running batch finishes there and
+its result is dropped by the engine client.
 """
 
 from __future__ import annotations
@@ -12,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import struct
+from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -91,13 +101,33 @@ def _encode(vector: list[float], fmt: str) -> list[float] | str:
     return vector
 
 
-async def create_embeddings(body: EmbeddingRequest, serving: Serving) -> EmbeddingResponse:
+@dataclass(frozen=True)
+class EmbeddingWork:
+    """A checked, tokenized embedding request: one engine request per input."""
+
+    requests: list[EmbedRequest]
+
+    @property
+    def tokens(self) -> int:
+        """Input tokens, summed over the inputs (what admission counts)."""
+        return sum(len(r.token_ids) for r in self.requests)
+
+
+def prepare(serving: Serving, body: EmbeddingRequest) -> EmbeddingWork:
+    """Raise the 404/503/400 ``body`` gets now, else tokenize it into engine requests."""
     vocab_size = serving.check(body.model, task="embed")
     inputs = _inputs(body, serving, vocab_size)
     rid = new_id("embd")
-    requests = [EmbedRequest(f"{rid}-{i}", ids) for i, ids in enumerate(inputs)]
+    return EmbeddingWork([EmbedRequest(f"{rid}-{i}", ids) for i, ids in enumerate(inputs)])
+
+
+async def embed(serving: Serving, work: EmbeddingWork, body: EmbeddingRequest) -> EmbeddingResponse:
+    """Embed every input of ``work``; engine failures as their HTTP error (400/503)."""
+    engine, metrics = serving.engine, serving.metrics
     try:
-        results = await asyncio.gather(*(serving.engine.embed(r) for r in requests))
+        results = await asyncio.gather(
+            *(metrics.track_embedding(r, engine.embed) for r in work.requests)
+        )
     except Exception as exc:
         raise engine_api_error(exc) from exc
     data = []
@@ -110,7 +140,7 @@ async def create_embeddings(body: EmbeddingRequest, serving: Serving) -> Embeddi
                 param="dimensions",
             )
         data.append(EmbeddingData(index=i, embedding=_encode(vector, body.encoding_format)))
-    tokens = sum(len(ids) for ids in inputs)
+    tokens = work.tokens
     return EmbeddingResponse(
         data=data,
         model=serving.model_name,

@@ -8,12 +8,12 @@ Lifecycle: :meth:`EngineClient.connect` sends ``Hello`` and waits for
   and an abort can be queued without awaiting (safe from ``finally`` blocks
   of cancelled tasks);
 * a receiver dispatching each ``RequestOutput`` into its request's queue;
-* a watchdog: polling ``is_alive`` (the replica's processes) every
-  ``liveness_interval_s`` (0.5 s) when the frontend started them, naming the
-  dead rank and its exit signal through ``describe_death``, else (an engine
-  elsewhere, ``--engine``) a heartbeat sending ``Hello`` every
-  ``heartbeat_s``: an engine that sends nothing for ``heartbeat_timeout_s``
-  is dead.
+* a watchdog: :meth:`EngineClient.check_liveness` (polling ``is_alive``, the
+  replica's processes) every ``liveness_interval_s`` (0.5 s) when the frontend
+  started them, naming the dead rank and its exit signal through
+  ``describe_death``, else (an engine elsewhere, ``--engine``) a heartbeat
+  sending ``Hello`` every ``heartbeat_s``: an engine that sends nothing for
+  ``heartbeat_timeout_s`` is dead.
 
 :meth:`generate` yields a request's outputs until one carries a
 ``finish_reason``. Closing it early (client gone, stop string hit) aborts the
@@ -140,14 +140,18 @@ class EngineClient:
 
     @property
     def healthy(self) -> bool:
-        """Ready, no fatal error seen, and the replica's processes alive."""
-        if self.info is None or self._dead_reason is not None or self._closed:
-            return False
-        if self._is_alive is not None and not self._is_alive():
+        """Ready, not closed, and no fatal error or death seen so far (no side effect: a
+        dead replica is noticed by :meth:`check_liveness`, which the watchdog calls)."""
+        return self.info is not None and self._dead_reason is None and not self._closed
+
+    def check_liveness(self) -> bool:
+        """Poll ``is_alive`` now (when given); if the replica's processes are gone, mark
+        the client dead for good (naming the death, failing every pending request with
+        :class:`EngineDeadError`). Returns :attr:`healthy` after the check."""
+        if self.healthy and self._is_alive is not None and not self._is_alive():
             death = self._describe_death() if self._describe_death is not None else None
             self._mark_dead(death or "replica processes exited")
-            return False
-        return True
+        return self.healthy
 
     @property
     def serviceable(self) -> bool:
@@ -276,8 +280,8 @@ class EngineClient:
     # ---- internals -----------------------------------------------------------
 
     def _open_stream(self, request_id: str) -> asyncio.Queue[_Item]:
-        """The queue this request's engine messages will arrive on (checks health first)."""
-        if not self.healthy:
+        """The queue this request's engine messages will arrive on (checks liveness first)."""
+        if not self.check_liveness():
             raise EngineDeadError(self._dead_reason or "engine is not ready")
         if request_id in self._streams:
             raise ValueError(f"duplicate request id {request_id}")
@@ -328,7 +332,9 @@ class EngineClient:
         elif isinstance(message, EngineError):
             if message.request_id is None:
                 logger.error("fatal engine error: %s", message.message)
-                self._mark_dead(f"engine error: {message.message}")
+                # rank 0 often reports a peer it lost: a dead rank, if any, is the cause
+                if self.check_liveness():
+                    self._mark_dead(f"engine error: {message.message}")
             elif (queue := self._streams.get(message.request_id)) is not None:
                 queue.put_nowait(EngineRequestError(message.message))
         elif isinstance(message, EngineReady):
@@ -337,7 +343,7 @@ class EngineClient:
     async def _watch_loop(self) -> None:
         while self._dead_reason is None:
             await asyncio.sleep(self._liveness_interval_s)
-            _ = self.healthy  # marks dead when the processes are gone
+            self.check_liveness()
 
     async def _heartbeat_loop(self) -> None:
         """``Hello`` every ``heartbeat_s`` (rank 0 answers between steps); silence = dead."""

@@ -4,7 +4,9 @@
 ``torchrun`` (:mod:`model_shards.torchrun_worker`); rank 0 binds the ZMQ
 ROUTER at ``tcp://--engine-host:--engine-port`` for frontends started with
 ``shardserve serve --engine tcp://HOST:PORT``. Flags are validated first
-(exit 2 naming the flag, nothing started); then the process *becomes*
+(exit 2 naming the flag, nothing started: the layout, the replica as
+``shardserve serve`` validates it, then whether node 0 can listen on
+``--engine-host``/``--engine-port``); then the process *becomes*
 torchrun (``exec``), so signals reach torchrun, which stops its workers. The
 replica stops on SIGTERM; frontends never shut it down.
 
@@ -18,60 +20,28 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import socket
 import sys
-from collections.abc import Callable
-from typing import Any
+
+from server.cli_args import engine_address_problem, replica_config
 
 logger = logging.getLogger("shardserve")
-
-DEFAULT_ENGINE_PORT = 5555
-
-
-def add_engine_parser(
-    commands: Any, add_replica_flags: Callable[[argparse.ArgumentParser], None]
-) -> None:
-    """Add the ``engine`` and ``ping`` sub-commands to ``commands`` (argparse subparsers)."""
-    engine = commands.add_parser(
-        "engine", help="run one replica's ranks under torchrun (this node's share of them)"
-    )
-    add_replica_flags(engine)
-    net = engine.add_argument_group("where frontends connect (rank 0's ZMQ ROUTER)")
-    net.add_argument(
-        "--engine-host", default="0.0.0.0",
-        help="interface rank 0 binds (default 0.0.0.0: reachable from other hosts; the "
-        "protocol has no authentication, keep it on a private network)",
-    )  # fmt: skip
-    net.add_argument("--engine-port", type=int, default=DEFAULT_ENGINE_PORT)
-    nodes = engine.add_argument_group("several nodes (torchrun, c10d rendezvous)")
-    nodes.add_argument("--nnodes", type=int, default=1, help="nodes this replica spans")
-    nodes.add_argument("--node-rank", type=int, default=0, help="0 runs the coordinator")
-    nodes.add_argument(
-        "--rdzv-endpoint", metavar="HOST:PORT",
-        help="c10d rendezvous, the same on every node (default with one node: --standalone)",
-    )  # fmt: skip
-    nodes.add_argument("--rdzv-id", default="shardserve", help="names this replica's rendezvous")
-
-    ping = commands.add_parser("ping", help="exit 0 when the engine at ADDRESS is ready")
-    ping.add_argument("address", metavar="ADDRESS", help="tcp://HOST:PORT or ipc://PATH")
-    ping.add_argument("--timeout", type=float, default=5.0, help="seconds (default 5)")
-    ping.add_argument("--log-level", default="warning")
 
 
 def run_engine(args: argparse.Namespace) -> int:
     """Validate, then ``exec`` torchrun; returns only on a flag error (2)."""
     from model_shards.launch import validate_replica
     from model_shards.torchrun_worker import NodeLayout, torchrun_command
-    from server.cli import replica_config
 
     layout = NodeLayout(args.nnodes, args.node_rank, args.rdzv_endpoint, args.rdzv_id)
     try:
+        nproc = layout.nproc_per_node(args.tensor_parallel_size * args.pipeline_parallel_size)
         config = replica_config(args)
-        nproc = layout.nproc_per_node(config.tp * config.pp)
         validate_replica(config, local_world_size=nproc)
-        if not 0 < args.engine_port < 65536:
-            raise ValueError(f"--engine-port must be in 1..65535, got {args.engine_port}")
+        if layout.node_rank == 0:  # rank 0, which binds the ROUTER, runs on node 0
+            _check_can_listen(args.engine_host, args.engine_port)
     except ValueError as exc:
-        print(f"shardserve: error: {exc}", file=sys.stderr, flush=True)
+        _error(str(exc))
         return 2
     address = f"tcp://{args.engine_host}:{args.engine_port}"
     command = torchrun_command(config, address, layout)
@@ -85,8 +55,32 @@ def run_engine(args: argparse.Namespace) -> int:
     return 0  # not reached
 
 
+def _check_can_listen(host: str, port: int) -> None:
+    """``ValueError`` naming the flags when rank 0 could not bind ``host:port`` now (a busy
+    port, an address of no interface here), so it fails before torchrun starts."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        family, kind, proto, _name, sockaddr = infos[0]
+        with socket.socket(family, kind, proto) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as ZMQ's bind does
+            sock.bind(sockaddr)
+    except OSError as exc:
+        raise ValueError(
+            f"--engine-host {host} --engine-port {port}: cannot listen ({exc.strerror or exc})"
+        ) from exc
+
+
+def _error(message: str) -> None:
+    print(f"shardserve: error: {message}", file=sys.stderr, flush=True)
+
+
 def run_ping(args: argparse.Namespace) -> int:
-    """0 when ``args.address`` answers ``Hello`` with ``EngineReady`` in time, else 1."""
+    """0 when ``args.address`` answers ``Hello`` with ``EngineReady`` in time, else 1
+    (2 when it is no engine address)."""
+    problem = engine_address_problem(args.address)
+    if problem:
+        _error(f"ping ADDRESS {args.address}: {problem}")
+        return 2
     import zmq
 
     from model_shards.messages import EngineReady, Hello, decode_engine_message, encode

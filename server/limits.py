@@ -1,18 +1,22 @@
-"""Load shedding and deadlines for generating requests.
+"""Load shedding and deadlines for generating and embedding requests.
 
 * :class:`Admission` counts the requests and tokens outstanding in the
   frontend (admitted, response not yet finished). A request that would take
   either count past its limit (``--max-queued-requests``,
   ``--max-queued-tokens``; ``None``: no limit) is refused with a 429 carrying
-  ``Retry-After``; nothing reaches the engine. A request's tokens are its
-  prompt tokens plus ``max_tokens``, per choice. A single request larger than
+  ``Retry-After``; nothing reaches the engine. A generation's tokens are its
+  prompt tokens plus ``max_tokens``, per choice; an embedding request's are
+  its input tokens (after truncation). A single request larger than
   the token limit is still admitted when nothing else is outstanding (so it
   cannot be refused for ever).
 * :func:`with_deadline` ends a response's frames at a deadline
   (``--request-timeout``): before the first frame it raises the 504
   :class:`~server.errors.APIError` (the client gets a proper status); after
   it, an SSE error event then ``data: [DONE]``. Either way the frames
-  generator is closed, which aborts the request on the engine.
+  generator is closed, which aborts the request on the engine. A JSON
+  response (a generation without ``stream``, or embeddings) past its
+  deadline is cancelled, which aborts it too, and is answered with the same
+  504 (:func:`timeout_error`).
 """
 
 from __future__ import annotations

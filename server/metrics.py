@@ -1,7 +1,7 @@
 """Prometheus metrics for ``GET /metrics``; every name starts with ``shardserve_``.
 
 One :class:`Metrics` per app, each with its own registry (no module globals,
-so several apps in one process do not collide). Three sources feed it:
+so several apps in one process do not collide). These sources feed it:
 
 * the HTTP front door (:mod:`server.middleware`): :meth:`Metrics.count_http`
   once per answered request, by route template and status code;
@@ -11,6 +11,10 @@ so several apps in one process do not collide). Three sources feed it:
   (the engine's; ``cancelled`` when the frontend ended it: stop string or
   client gone; ``error``) and the running/waiting gauges (the frontend's view:
   *waiting* = submitted, no token yet; *running* = producing tokens);
+* each embedded input (one per ``input`` item): :meth:`Metrics.track_embedding`
+  records it as a sequence: its tokens as prompt tokens, *waiting* until its
+  vector arrives, end-to-end latency, finish reason ``embedded`` (or
+  ``cancelled``, ``error`` as above);
 * the router (:mod:`server.router`), per replica: requests routed
   (``shardserve_replica_requests_total{replica}``) and outstanding tokens
   (``shardserve_replica_outstanding_tokens{replica}``, the load it balances);
@@ -25,7 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Awaitable, Callable
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -36,7 +40,7 @@ from prometheus_client import (
     generate_latest,
 )
 
-from model_shards.messages import GenerateRequest, RequestOutput
+from model_shards.messages import EmbeddingResult, EmbedRequest, GenerateRequest, RequestOutput
 
 PREFIX = "shardserve"
 _LATENCY_BUCKETS = (
@@ -174,5 +178,30 @@ class Metrics:
             raise
         finally:
             (self.waiting if last is None else self.running).dec()
+            self.e2e.observe(time.perf_counter() - start)
+            self.finished.labels(finish_reason=finish).inc()
+
+    async def track_embedding(
+        self, request: EmbedRequest, embed: Callable[[EmbedRequest], Awaitable[EmbeddingResult]]
+    ) -> EmbeddingResult:
+        """``await embed(request)``, recording one embedded input as a sequence.
+
+        Its tokens count as prompt tokens and it is *waiting* until the result
+        arrives; it ends ``embedded``, ``cancelled`` (cancelled by the frontend:
+        deadline, client gone) or ``error`` (the exception propagates).
+        """
+        start = time.perf_counter()
+        finish = "cancelled"
+        self.prompt_tokens.inc(len(request.token_ids))
+        self.waiting.inc()
+        try:
+            result = await embed(request)
+            finish = "embedded"
+            return result
+        except Exception:
+            finish = "error"
+            raise
+        finally:
+            self.waiting.dec()
             self.e2e.observe(time.perf_counter() - start)
             self.finished.labels(finish_reason=finish).inc()

@@ -2,9 +2,12 @@
 
 :class:`Serving` bundles the engine client, tokenizer, model name, context
 length and metrics that a route needs. :meth:`Serving.check` makes the checks
-common to every generating request, in order: model name (404) → engine
-serviceable, i.e. healthy or recovering (503) → token ids inside the
-vocabulary (400 naming the field).
+only the frontend can make, in order: model name (404) → engine serviceable,
+i.e. healthy or recovering (503) → the route's task is the model's (400).
+:func:`check_ids` names the field of a token id outside the vocabulary (400).
+The engine checks every request again, whoever sends it
+(:mod:`model_shards.request_checks`: ids, sampling ranges, context, KV pool);
+a refusal there reaches the client as a 400 (``engine_refused``).
 :meth:`Serving.collect` and :meth:`Serving.merge` run a request's choices
 (:mod:`server.choices`) on this engine.
 :func:`engine_api_error` maps engine failures to HTTP errors: a refused
@@ -33,8 +36,8 @@ class Serving:
     metrics: Metrics
 
     def check(self, model: str | None, task: str = "generate") -> int:
-        """Raise the 404/503/400 a ``task`` request for ``model`` gets now; return the
-        vocabulary size."""
+        """Raise the 404 (unknown ``model``), 503 (engine not serviceable) or 400 (``task``
+        is not the model's) a request gets now; return the vocabulary size."""
         if model is not None and model != self.model_name:
             raise APIError(
                 404,

@@ -6,7 +6,8 @@ started (``shardserve serve`` without ``--engine``). Contracts:
 
 * **Noticing**: the engine client polls the ranks' processes every 0.5 s and
   names the first dead one (``rank 3 (pid N) killed by SIGKILL``); the
-  supervisor checks the client every ``poll_s`` (0.1 s). From then on
+  supervisor has it check them every ``poll_s`` (0.1 s) too
+  (:meth:`~server.engine_client.EngineClient.check_liveness`). From then on
   :attr:`healthy` is false (``/health`` 503) until the replica is back.
 * **Recovery**: every rank of the old replica is stopped (SIGTERM, then SIGKILL;
   none is left behind), then the same replica is started again
@@ -235,7 +236,7 @@ class ReplicaSupervisor:
     async def _watch(self) -> None:
         while not self._closing and self._given_up is None:
             await asyncio.sleep(self._poll_s)
-            if self._closing or self._client.healthy:
+            if self._closing or self._client.check_liveness():
                 continue
             await self._recover(self._client.dead_reason or "engine stopped")
 

@@ -26,6 +26,7 @@ import pytest
 
 from tests.checkpoints import build_tiny_llama
 from tests.live_server import LiveServer, live_server
+from tests.waiting import wait_until
 
 NEW_TOKENS = 24
 NUM_REQUESTS = 32
@@ -87,9 +88,11 @@ def _kill_and_check(server: LiveServer, rank: int, expected: list[str]) -> None:
     with httpx.Client(base_url=server.url, timeout=30) as http:
         before = _running(http)
         result: Future[list[str]] = pool.submit(asyncio.run, _all(server.url))
-        deadline = time.monotonic() + 120
-        while _running(http) < before + 2 * NUM_REQUESTS and time.monotonic() < deadline:
-            time.sleep(0.05)  # some tokens out: the requests are mid-generation
+        wait_until(
+            lambda: _running(http) >= before + 2 * NUM_REQUESTS,
+            "some tokens out: the requests are mid-generation",
+            timeout=120, interval=0.05, explain=server.log,
+        )  # fmt: skip
         pid = _rank_pids(server.log())[rank]
         os.kill(pid, signal.SIGKILL)
         killed_at = time.monotonic()

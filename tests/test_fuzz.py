@@ -23,6 +23,7 @@ from server.engine_client import EngineClient
 from server.tokenizer import Tokenizer
 from tests.server.conftest import EOS_ID, free_socket, write_tiny_tokenizer
 from tests.server.fake_engine import FakeEngine
+from tests.waiting import async_wait_until
 
 
 @pytest.fixture(scope="module")
@@ -43,8 +44,7 @@ def base_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         server = uvicorn.Server(uvicorn.Config(app, log_level="error", lifespan="off"))
         holder["server"] = server
         task = asyncio.ensure_future(server.serve(sockets=[sock]))
-        while not server.started:
-            await asyncio.sleep(0.01)
+        await async_wait_until(lambda: server.started, "uvicorn to start serving", timeout=30)
         started.set()
         await task
         await client.close()

@@ -16,12 +16,31 @@ import pytest
 
 from tests.checkpoints import build_tiny_llama
 from tests.live_server import live_server
+from tests.waiting import async_wait_until
+
+
+def _metric(text: str, name: str) -> float:
+    """The value of an unlabelled metric ``name`` in a ``/metrics`` page; -1 when absent."""
+    found = re.search(rf"^{name} (\S+)$", text, re.MULTILINE)
+    return float(found.group(1)) if found else -1.0
 
 
 def _kv_usage(http: httpx.Client) -> float:
-    found = re.search(r"^shardserve_kv_cache_usage_ratio (\S+)$", http.get("/metrics").text,
-                      re.MULTILINE)  # fmt: skip
-    return float(found.group(1)) if found else -1.0
+    return _metric(http.get("/metrics").text, "shardserve_kv_cache_usage_ratio")
+
+
+async def _until_in_flight(url: str, count: int) -> None:
+    """Until the server holds ``count`` requests, every one running or waiting (none done)."""
+    async with httpx.AsyncClient(base_url=url, timeout=10) as http:
+
+        async def all_in_flight() -> bool:
+            text = (await http.get("/metrics")).text
+            in_flight = sum(_metric(text, f"shardserve_num_requests_{state}")
+                            for state in ("running", "waiting"))  # fmt: skip
+            return in_flight == count
+
+        await async_wait_until(all_in_flight, f"{count} requests in flight", timeout=60,
+                               interval=0.05)  # fmt: skip
 
 
 async def _stream_text(url: str, max_tokens: int) -> tuple[str, int]:
@@ -54,7 +73,7 @@ def test_sigterm_drains_in_flight_requests(tmp_path: Path) -> None:
         children = psutil.Process(server.process.pid).children(recursive=True)
         loop = asyncio.new_event_loop()
         in_flight = loop.create_task(_stream_all(server.url, 200, count=6))
-        loop.run_until_complete(asyncio.sleep(0.5))  # the requests are running or queued
+        loop.run_until_complete(_until_in_flight(server.url, 6))  # running or queued
         server.process.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + 10
         refused = None

@@ -128,7 +128,6 @@ async def stream_request(
     """
     start = time.perf_counter()
     record.start_s = start - t0
-    last: float | None = None
     try:
         async with asyncio.timeout(timeout_s):
             async with client.stream("POST", target.path, json=target.body(spec)) as response:
@@ -137,42 +136,9 @@ async def stream_request(
                     record.status = f"http_{response.status_code}"
                     record.error = raw[:ERROR_TEXT_LIMIT].decode(errors="replace")
                     return
-                async for line in response.aiter_lines():
-                    now = time.perf_counter()
-                    if not line.startswith("data:"):
-                        continue
-                    data = line[len("data:") :].strip()
-                    if data == "[DONE]":
-                        break
-                    chunk = json.loads(data)
-                    if not isinstance(chunk, dict):
-                        raise ValueError(f"SSE data is not a JSON object: {data[:80]}")
-                    if "error" in chunk:
-                        record.status = "stream_error"
-                        record.error = json.dumps(chunk["error"])[:ERROR_TEXT_LIMIT]
-                        return
-                    if _chunk_text(chunk, target.endpoint):
-                        if last is None:
-                            record.ttft_ms = (now - start) * 1000.0
-                        else:
-                            record.itl_ms.append((now - last) * 1000.0)
-                        last = now
-                        record.chunks += 1
-                    usage = chunk.get("usage")
-                    if isinstance(usage, dict) and "completion_tokens" in usage:
-                        record.usage_reported = True
-                        record.output_tokens = int(usage["completion_tokens"])
-                        if usage.get("prompt_tokens") is not None:
-                            record.prompt_tokens = int(usage["prompt_tokens"])
-        end = time.perf_counter()
-        if last is None:
-            record.status = "protocol"
-            record.error = "the stream carried no text (is streaming supported?)"
-            return
-        if not record.usage_reported:
-            record.output_tokens = record.chunks
-        record.e2e_ms = (end - start) * 1000.0
-        record.status = OK
+                if not await _read_events(response, target.endpoint, record, start):
+                    return
+        _finish(record, start, time.perf_counter())
     except TimeoutError:
         record.status, record.error = "timeout", f"no complete answer within {timeout_s:g} s"
     except httpx.TimeoutException as exc:
@@ -183,3 +149,58 @@ async def stream_request(
         record.status, record.error = "transport", f"{type(exc).__name__}: {exc}"
     except (ValueError, TypeError, KeyError) as exc:
         record.status, record.error = "protocol", f"{type(exc).__name__}: {exc}"[:ERROR_TEXT_LIMIT]
+
+
+async def _read_events(
+    response: httpx.Response, endpoint: Endpoint, record: RequestRecord, start: float
+) -> bool:
+    """Fill ``record`` from the SSE stream until ``[DONE]`` or its end.
+
+    ``False`` (``record.status`` set) on an ``error`` event; ``ValueError`` on data
+    that is not a JSON object.
+    """
+    last: float | None = None
+    async for line in response.aiter_lines():
+        now = time.perf_counter()
+        if not line.startswith("data:"):
+            continue
+        data = line[len("data:") :].strip()
+        if data == "[DONE]":
+            break
+        chunk = json.loads(data)
+        if not isinstance(chunk, dict):
+            raise ValueError(f"SSE data is not a JSON object: {data[:80]}")
+        if "error" in chunk:
+            record.status = "stream_error"
+            record.error = json.dumps(chunk["error"])[:ERROR_TEXT_LIMIT]
+            return False
+        if _chunk_text(chunk, endpoint):
+            if last is None:
+                record.ttft_ms = (now - start) * 1000.0
+            else:
+                record.itl_ms.append((now - last) * 1000.0)
+            last = now
+            record.chunks += 1
+        _record_usage(chunk.get("usage"), record)
+    return True
+
+
+def _record_usage(usage: object, record: RequestRecord) -> None:
+    """Take the token counts of a ``usage`` object that reports ``completion_tokens``."""
+    if isinstance(usage, dict) and "completion_tokens" in usage:
+        record.usage_reported = True
+        record.output_tokens = int(usage["completion_tokens"])
+        if usage.get("prompt_tokens") is not None:
+            record.prompt_tokens = int(usage["prompt_tokens"])
+
+
+def _finish(record: RequestRecord, start: float, end: float) -> None:
+    """A stream that ended: ``ok`` with its end-to-end time, or ``protocol`` if it had no text."""
+    if record.chunks == 0:
+        record.status = "protocol"
+        record.error = "the stream carried no text (is streaming supported?)"
+        return
+    if not record.usage_reported:
+        record.output_tokens = record.chunks
+    record.e2e_ms = (end - start) * 1000.0
+    record.status = OK

@@ -46,6 +46,33 @@ async def _refresh(progress: ProgressBar) -> None:
         progress.draw()
 
 
+class _Pacer:
+    """When a point may send its next request: at its seeded arrival time (a paced point),
+    then once a slot is free (a concurrency cap)."""
+
+    def __init__(self, point: LoadPoint, seed: int) -> None:
+        self.slots = asyncio.Semaphore(point.concurrency) if point.concurrency is not None else None
+        self.arrivals: Iterator[float] | None = None
+        if point.request_rate is not None:
+            self.arrivals = arrival_offsets(point.request_rate, point.burstiness, seed)
+        self.t0 = time.perf_counter()  # the point's start: arrival times count from here
+
+    async def wait_for_turn(self) -> None:
+        if self.arrivals is not None:
+            delay = self.t0 + next(self.arrivals) - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+        if self.slots is not None:
+            await self.slots.acquire()
+        else:
+            await asyncio.sleep(0)  # let started requests run between sends
+
+    def release(self) -> None:
+        """A request is over: its slot is free again."""
+        if self.slots is not None:
+            self.slots.release()
+
+
 async def run_point(
     client: httpx.AsyncClient,
     target: Target,
@@ -62,18 +89,13 @@ async def run_point(
         raise ValueError("no requests to send")
     records: list[RequestRecord] = []
     tasks: set[asyncio.Task[None]] = set()
-    slots = asyncio.Semaphore(point.concurrency) if point.concurrency is not None else None
-    arrivals: Iterator[float] | None = None
-    if point.request_rate is not None:
-        arrivals = arrival_offsets(point.request_rate, point.burstiness, seed)
-    t0 = time.perf_counter()
+    pacer = _Pacer(point, seed)
 
     async def one(record: RequestRecord, spec: RequestSpec) -> None:
         try:
-            await stream_request(client, target, spec, record, bounds.timeout_s, t0)
+            await stream_request(client, target, spec, record, bounds.timeout_s, pacer.t0)
         finally:
-            if slots is not None:
-                slots.release()
+            pacer.release()
         if progress is not None:
             progress.finish(record)
 
@@ -82,14 +104,7 @@ async def run_point(
             range(bounds.num_requests) if bounds.num_requests is not None else itertools.count()
         )
         for i in indices:
-            if arrivals is not None:
-                delay = t0 + next(arrivals) - time.perf_counter()
-                if delay > 0:
-                    await asyncio.sleep(delay)
-            if slots is not None:
-                await slots.acquire()
-            else:
-                await asyncio.sleep(0)  # let started requests run between sends
+            await pacer.wait_for_turn()
             spec = specs[i % len(specs)]
             record = RequestRecord(index=i, output_len=spec.output_len)
             record.prompt_tokens = spec.prompt_tokens
@@ -106,14 +121,19 @@ async def run_point(
                 if tasks:
                     await asyncio.wait(tasks)
     finally:
-        elapsed = time.perf_counter() - t0
-        pending = [task for task in tasks if not task.done()]
-        if refresher is not None:
-            pending.append(refresher)
-        for task in pending:
-            task.cancel()
-        await asyncio.gather(*pending, return_exceptions=True)
+        elapsed = time.perf_counter() - pacer.t0
+        await _stop(tasks, refresher)
     for record in records:
         if record.status == PENDING:
             record.status = CANCELLED
     return records, elapsed
+
+
+async def _stop(tasks: set[asyncio.Task[None]], refresher: asyncio.Task[None] | None) -> None:
+    """Cancel the requests still in flight, and the progress refresher; wait until they end."""
+    pending = [task for task in tasks if not task.done()]
+    if refresher is not None:
+        pending.append(refresher)
+    for task in pending:
+        task.cancel()
+    await asyncio.gather(*pending, return_exceptions=True)

@@ -1,9 +1,9 @@
-"""The ``cpu`` backend's fused kernels, compiled from ``model_shards/kernels/cpu_ops.cpp``
-(and the AVX-512 decode attention beside it) once per machine.
+"""The ``cpu`` backend's fused kernels, compiled from the C++ sources of
+``model_shards/kernels/`` (listed in that package's docstring) once per machine.
 
 Decoding a small batch on CPU spends as long in the ~50 small PyTorch ops per
 layer (norms, rotary, K/V gather, attention, SiLU) as in the GEMMs. The ops
-in ``cpu_ops.cpp`` do that work in one pass each:
+of ``cpu_ops.cpp`` and ``decode_attention.cpp`` do that work in one pass each:
 
 * ``rms_norm(x, residual?, w, eps)``: (residual += x, then) RMSNorm;
 * ``rotary_and_cache(qkv, positions, cos, sin, k_pool, v_pool, slots, nh, nkv)``:
@@ -46,7 +46,11 @@ KERNELS_DIR = Path(__file__).parent.parent / "kernels"
 SOURCES = [
     KERNELS_DIR / name
     for name in (
-        "cpu_ops.cpp", "decode_attention_avx512.cpp", "sampling_ops.cpp", "gemm_avx512.cpp"
+        "cpu_ops.cpp",
+        "decode_attention.cpp",
+        "decode_attention_avx512.cpp",
+        "sampling_ops.cpp",
+        "gemm_avx512.cpp",
     )
 ]
 HEADERS = [KERNELS_DIR / "kernel_common.h"]

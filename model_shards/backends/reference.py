@@ -7,9 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from model_shards.backends.base import Backend, PrefillMeta
-
-_GOLDEN = 0x9E3779B97F4A7C15
-_MIX1, _MIX2 = 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
+from model_shards.splitmix import FINAL_SHIFT, GOLDEN, MIX_ROUNDS
 
 
 def _int64(value: int) -> int:
@@ -23,13 +21,14 @@ def _shift_right(z: torch.Tensor, bits: int) -> torch.Tensor:
 
 
 def race_uniforms(seeds: torch.Tensor, vocab: int) -> torch.Tensor:
-    """``seeds [S]`` int64 → ``[S, vocab]`` float64 uniforms in (0, 1): token ``i``'s is the
-    splitmix64 finalizer of ``seed + (i + 1) × golden`` (int64 arithmetic wraps), top 53 bits."""
+    """``seeds [S]`` int64 → ``[S, vocab]`` float64 uniforms in (0, 1): token ``i``'s is
+    ``splitmix64(seed, i + 1)`` (:mod:`model_shards.splitmix`, here in wrapping int64
+    arithmetic), its top 53 bits."""
     counters = torch.arange(1, vocab + 1, dtype=torch.int64, device=seeds.device)
-    z = seeds[:, None] + counters * _int64(_GOLDEN)
-    z = (z ^ _shift_right(z, 30)) * _int64(_MIX1)
-    z = (z ^ _shift_right(z, 27)) * _int64(_MIX2)
-    z = z ^ _shift_right(z, 31)
+    z = seeds[:, None] + counters * _int64(GOLDEN)
+    for shift, multiplier in MIX_ROUNDS:
+        z = (z ^ _shift_right(z, shift)) * _int64(multiplier)
+    z = z ^ _shift_right(z, FINAL_SHIFT)
     return (_shift_right(z, 11).double() + 0.5) * 2.0**-53
 
 

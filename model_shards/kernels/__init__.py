@@ -1,2 +1,12 @@
 """C++ sources of the ``cpu`` backend's fused kernels; built and loaded by
-:mod:`model_shards.backends.cpu_build`, called through :mod:`model_shards.backends.cpu`."""
+:mod:`model_shards.backends.cpu_build`, called through :mod:`model_shards.backends.cpu`.
+
+* ``cpu_ops.cpp``: RMSNorm (+ residual), RoPE + K/V cache write, SiLU-and-mul, row argmax;
+  it holds the library's ``TORCH_LIBRARY`` (the other sources add fragments);
+* ``decode_attention.cpp``: paged decode attention (argument checks, the portable kernel);
+* ``decode_attention_avx512.cpp``: the vectorized decode attention (AVX-512, vdpbf16ps in bf16);
+* ``sampling_ops.cpp``: the exponential-race draw of sampling (splitmix64-hashed uniforms);
+* ``gemm_avx512.cpp``: the float32 and bfloat16 GEMM over packed weight panels;
+* ``kernel_common.h``: what the others share (decode-attention operands, index checks,
+  float32 <-> bfloat16 conversions, the exp polynomial); not needed by ``sampling_ops.cpp``.
+"""

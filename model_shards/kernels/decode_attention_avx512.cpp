@@ -1,6 +1,6 @@
 // Decode attention over the paged KV pool with AVX-512 (float32) and AVX-512 BF16 (bfloat16).
 //
-// Same contract as the portable kernel in cpu_ops.cpp (see decode_attention there):
+// Same contract as the portable kernel in decode_attention.cpp (see decode_attention there):
 // out[b, h, :] = softmax(scale * q[b, h] . K[ctx(b)]) V[ctx(b)], one task per sequence, one
 // pass over its context with an online softmax, every row computed on its own.
 //
@@ -51,27 +51,8 @@ inline __m512 hsum16(const __m512* v) {
   return _mm512_add_ps(_mm512_shuffle_f32x4(w, y, 0x88), _mm512_shuffle_f32x4(w, y, 0xDD));
 }
 
-// e^x per lane, the same method as exp_f in cpu_ops.cpp: x = n ln2 + r, degree-6 polynomial.
-inline __m512 exp512(__m512 x) {
-  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.f)), _mm512_set1_ps(88.f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187e-06f), r);
-  __m512 p = _mm512_set1_ps(1.f / 720.f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 120.f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 24.f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 6.f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
-  return _mm512_scalef_ps(p, n);
-}
-
-inline float exp1(float x) { return _mm512_cvtss_f32(exp512(_mm512_set1_ps(x))); }
-
-// Storage type → the q . k dot of one (head, token) as a vector of partial sums, and the
-// rounding store of 16 results (widening is widen16, kernel_common.h).
+// Storage type → the q . k dot of one (head, token) as a vector of partial sums (widening,
+// rounding stores and e^x are kernel_common.h's).
 struct F32 {
   using T = float;
   static constexpr int64_t kDotStep = 16;
@@ -82,7 +63,6 @@ struct F32 {
       s = _mm512_fmadd_ps(_mm512_loadu_ps(q + d), _mm512_loadu_ps(k + d), s);
     return s;
   }
-  static void store(float* dst, __m512 x) { _mm512_storeu_ps(dst, x); }
 };
 
 #if defined(__AVX512BF16__) && defined(__AVX512BW__)
@@ -102,11 +82,54 @@ struct BF16 {
     if constexpr (kD % kDotStep != 0) s = _mm512_dpbf16_ps(s, load_half_bh(q + d), load_half_bh(k + d));
     return s;
   }
-  static void store(T* dst, __m512 x) {  // round to nearest even
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), (__m256i)_mm512_cvtneps_pbh(x));
-  }
 };
 #endif
+
+// A sequence's context in chunks of up to 16 tokens; a chunk ends early at a block edge or at
+// the context's end, so its rows are consecutive slots of one block and K and V of a chunk
+// are two contiguous runs of the pools. The chunk at t0 has chunk_tokens tokens from slot
+// chunk_slot.
+inline int64_t chunk_tokens(int64_t len, int64_t t0, int64_t block_size) {
+  return std::min({kLanes, len - t0, block_size - t0 % block_size});
+}
+
+inline int64_t chunk_slot(const int64_t* table, int64_t t0, int64_t block_size) {
+  return table[t0 / block_size] * block_size + t0 % block_size;
+}
+
+// K and V rows of n slots from first_slot into the L2 cache.
+template <typename T>
+inline void prefetch_chunk(const DecodeAttentionArgs<T>& a, int64_t first_slot, int64_t n) {
+  const char* k = reinterpret_cast<const char*>(a.k + first_slot * a.slot_stride);
+  const char* v = reinterpret_cast<const char*>(a.v + first_slot * a.slot_stride);
+  for (int64_t byte = 0, bytes = n * a.slot_stride * sizeof(T); byte < bytes; byte += 64) {
+    _mm_prefetch(k + byte, _MM_HINT_T1);
+    _mm_prefetch(v + byte, _MM_HINT_T1);
+  }
+}
+
+// Prefetches the chunk at `next` of sequence b (table, len), or past its end the first chunk
+// of sequence b + 1 when this task runs it too (b + 1 < end).
+template <typename T>
+inline void prefetch_next_chunk(const DecodeAttentionArgs<T>& a, int64_t block_size,
+                                const int64_t* table, int64_t len, int64_t next, int64_t b,
+                                int64_t end) {
+  if (next < len)
+    prefetch_chunk(a, chunk_slot(table, next, block_size), chunk_tokens(len, next, block_size));
+  else if (b + 1 < end)
+    prefetch_chunk(a, a.tables[(b + 1) * a.max_blocks] * block_size,
+                   chunk_tokens(a.lens[b + 1], 0, block_size));
+}
+
+// out[h, :] = acc[h, :] / l[h] for the nh heads of one sequence, stored as T.
+template <int64_t kD, typename T>
+inline void store_normalized(const float* acc, const float* l, int64_t nh, T* out) {
+  for (int64_t h = 0; h < nh; ++h) {
+    const __m512 inv = _mm512_set1_ps(1.f / l[h]);
+    for (int64_t d = 0; d < kD; d += kLanes)
+      store16(out + h * kD + d, _mm512_mul_ps(_mm512_loadu_ps(&acc[h * kD + d]), inv));
+  }
+}
 
 // kD: the head dim, a compile-time constant so that a head's q and its running sum of p v
 // stay in registers.
@@ -117,49 +140,26 @@ void run(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor& v_pool
   using T = typename S::T;
   constexpr int64_t kChunks = kD / kLanes;
   const DecodeAttentionArgs<T> a(q, k_pool, v_pool, block_tables, context_lens, out, kD);
-  const int64_t B = a.B, nh = a.nh, q_stride = a.q_stride, group = a.group;
-  const int64_t max_blocks = a.max_blocks, slot_stride = a.slot_stride;
-  const T *qp = a.q, *kp = a.k, *vp = a.v;
-  T* op = a.out;
-  const int64_t *tables = a.tables, *lens = a.lens;
+  const int64_t nh = a.nh, group = a.group, slot_stride = a.slot_stride;
+  const T *kp = a.k, *vp = a.v;
   const __m512 vscale = _mm512_set1_ps(static_cast<float>(scale));
   const __m512 neg_inf = _mm512_set1_ps(-INFINITY);
-  auto chunk_tokens = [&](int64_t len, int64_t t0) {
-    return std::min({kLanes, len - t0, block_size - t0 % block_size});
-  };
-  auto chunk_slot = [&](const int64_t* table, int64_t t0) {
-    return table[t0 / block_size] * block_size + t0 % block_size;
-  };
-  auto prefetch_chunk = [&](int64_t first_slot, int64_t n) {
-    const char* k = reinterpret_cast<const char*>(kp + first_slot * slot_stride);
-    const char* v = reinterpret_cast<const char*>(vp + first_slot * slot_stride);
-    for (int64_t byte = 0, bytes = n * slot_stride * sizeof(T); byte < bytes; byte += 64) {
-      _mm_prefetch(k + byte, _MM_HINT_T1);
-      _mm_prefetch(v + byte, _MM_HINT_T1);
-    }
-  };
-  at::parallel_for(0, B, 1, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, a.B, 1, [&](int64_t begin, int64_t end) {
     // acc: [nh, D] running sums of p v; m, l: running max and sum of e^(s - m) per head.
     std::vector<float> acc(nh * kD), m(nh), l(nh);
     alignas(64) float e[kLanes];
     __m512 partial[kLanes];
     for (int64_t b = begin; b < end; ++b) {
-      const int64_t len = lens[b];
-      const int64_t* table = tables + b * max_blocks;
-      const T* qb = qp + b * q_stride;
-      std::fill(acc.begin(), acc.end(), 0.f);
-      std::fill(l.begin(), l.end(), 0.f);
-      std::fill(m.begin(), m.end(), -INFINITY);
-      // Chunks of up to 16 tokens; a chunk ends early at a block edge or at the context's end.
-      // Chunk rows are consecutive slots of one block, so K and V of a chunk are two
-      // contiguous runs of the pools; the next chunk's are prefetched while this one runs.
+      const int64_t len = a.lens[b];
+      const int64_t* table = a.tables + b * a.max_blocks;
+      const T* qb = a.q + b * a.q_stride;
+      reset_online_softmax(acc, l, m);
+      // One chunk at a time (chunk_tokens); the next chunk's K and V are prefetched while
+      // this one runs.
       for (int64_t t0 = 0, n = 0; t0 < len; t0 += n) {
-        n = chunk_tokens(len, t0);
-        const int64_t first_slot = chunk_slot(table, t0);
-        if (t0 + n < len)
-          prefetch_chunk(chunk_slot(table, t0 + n), chunk_tokens(len, t0 + n));
-        else if (b + 1 < end)
-          prefetch_chunk(tables[(b + 1) * max_blocks] * block_size, chunk_tokens(lens[b + 1], 0));
+        n = chunk_tokens(len, t0, block_size);
+        const int64_t first_slot = chunk_slot(table, t0, block_size);
+        prefetch_next_chunk(a, block_size, table, len, t0 + n, b, end);
         const __mmask16 valid = static_cast<__mmask16>((1u << n) - 1u);
         for (int64_t h = 0; h < nh; ++h) {
           const int64_t kv_offset = first_slot * slot_stride + (h / group) * kD;
@@ -176,24 +176,20 @@ void run(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor& v_pool
           l[h] = l[h] * correction + _mm512_reduce_add_ps(p);
           m[h] = m_new;
           _mm512_store_ps(e, p);
-          float* a = &acc[h * kD];
+          float* acc_h = &acc[h * kD];
           __m512 sum[kChunks];
           const __m512 c = _mm512_set1_ps(correction);
-          for (int64_t d = 0; d < kChunks; ++d) sum[d] = _mm512_mul_ps(_mm512_loadu_ps(a + d * kLanes), c);
+          for (int64_t d = 0; d < kChunks; ++d) sum[d] = _mm512_mul_ps(_mm512_loadu_ps(acc_h + d * kLanes), c);
           for (int64_t i = 0; i < n; ++i) {
             const __m512 w = _mm512_set1_ps(e[i]);
             const T* v = v0 + i * slot_stride;
             for (int64_t d = 0; d < kChunks; ++d)
               sum[d] = _mm512_fmadd_ps(w, widen16(v + d * kLanes), sum[d]);
           }
-          for (int64_t d = 0; d < kChunks; ++d) _mm512_storeu_ps(a + d * kLanes, sum[d]);
+          for (int64_t d = 0; d < kChunks; ++d) _mm512_storeu_ps(acc_h + d * kLanes, sum[d]);
         }
       }
-      for (int64_t h = 0; h < nh; ++h) {
-        const __m512 inv = _mm512_set1_ps(1.f / l[h]);
-        for (int64_t d = 0; d < kD; d += kLanes)
-          S::store(op + (b * nh + h) * kD + d, _mm512_mul_ps(_mm512_loadu_ps(&acc[h * kD + d]), inv));
-      }
+      store_normalized<kD>(acc.data(), l.data(), nh, a.out + b * nh * kD);
     }
   });
 }

@@ -37,9 +37,7 @@
 #include <cstring>
 #include <vector>
 
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
+#include "kernel_common.h"
 
 namespace shardserve_cpu {
 namespace {
@@ -94,7 +92,8 @@ at::Tensor pack_gemm(const at::Tensor& weight) {
 
 #if defined(__AVX512F__)
 // What a tile needs of the element type: one step's multiply-add of a broadcast x value
-// (float32: x[k]; bfloat16: the pair x[k], x[k + 1]) into the sums, and the store.
+// (float32: x[k]; bfloat16: the pair x[k], x[k + 1]) into the sums. The bias is widened and
+// the results stored by kernel_common.h's widen16 and store16.
 struct F32 {
   using T = float;
   using X = __m512;
@@ -103,8 +102,6 @@ struct F32 {
   static X broadcast(const T* x) { return _mm512_set1_ps(*x); }
   static X broadcast_last(const T* x) { return broadcast(x); }  // never needed: a step is one k
   static __m512 madd(__m512 acc, X a, X w) { return _mm512_fmadd_ps(a, w, acc); }
-  static __m512 widen_bias(const T* b, __mmask16 m) { return _mm512_maskz_loadu_ps(m, b); }
-  static void store(T* y, __mmask16 m, __m512 v) { _mm512_mask_storeu_ps(y, m, v); }
 };
 
 #if defined(__AVX512BF16__) && defined(__AVX512BW__)
@@ -126,13 +123,6 @@ struct BF16 {
     return (__m512bh)_mm512_set1_epi32(bits);
   }
   static __m512 madd(__m512 acc, X a, X w) { return _mm512_dpbf16_ps(acc, a, w); }
-  static __m512 widen_bias(const T* b, __mmask16 m) {
-    const __m256i bits = _mm256_maskz_loadu_epi16(m, b);
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
-  }
-  static void store(T* y, __mmask16 m, __m512 v) {
-    _mm256_mask_storeu_epi16(y, m, (__m256i)_mm512_cvtneps_pbh(v));
-  }
 };
 #endif
 
@@ -167,8 +157,8 @@ void tile(const typename E::T* __restrict x, int64_t ldx, const typename E::T* _
     const int64_t left = cols - j * 16;
     if (left <= 0) break;
     const __mmask16 mask = left >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << left) - 1u);
-    const __m512 b = bias != nullptr ? E::widen_bias(bias + j * 16, mask) : _mm512_setzero_ps();
-    for (int64_t i = 0; i < R; ++i) E::store(y + i * ldy + j * 16, mask, _mm512_add_ps(acc[i][j], b));
+    const __m512 b = bias != nullptr ? widen16(bias + j * 16, mask) : _mm512_setzero_ps();
+    for (int64_t i = 0; i < R; ++i) store16(y + i * ldy + j * 16, mask, _mm512_add_ps(acc[i][j], b));
   }
 }
 

@@ -7,7 +7,8 @@
 // splitmix64 finalizer of seeds[r] + (i + 1) * golden, so the draw is a pure function of
 // (seed, probs): the same on every batch composition, and a tiny change in p moves the
 // winner only near a tie (an inverse-CDF draw would instead move with the summed error
-// of every earlier token). model_shards/sampler.py has the same draw in PyTorch ops.
+// of every earlier token). The same draw in PyTorch ops: exponential_race in
+// model_shards/backends/reference.py; the hash, splitmix64: model_shards/splitmix.py.
 //
 // Speed: the uniforms are hashed block by block in a vectorizable loop; a token whose
 // (1 - u_i) / p_i already exceeds the best ratio cannot win (E_i >= 1 - u_i), so its

@@ -18,7 +18,8 @@ parameter in ``packed``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Protocol
 
 import torch
 from torch import nn
@@ -71,7 +72,14 @@ class LinearBase(nn.Module):
         return self.ctx.ops.linear(x, self.weight, self.packed, bias)
 
 
-def prepare_weights(model: nn.Module) -> int:
+class HasModules(Protocol):
+    """What :func:`prepare_weights` walks: an ``nn.Module``, or a model typed by its
+    protocol (:class:`model_shards.models.DecoderModel`)."""
+
+    def modules(self) -> Iterator[nn.Module]: ...
+
+
+def prepare_weights(model: HasModules) -> int:
     """:meth:`LinearBase.prepare` every linear module of ``model``; how many were packed."""
     return sum(m.prepare() for m in model.modules() if isinstance(m, LinearBase))
 

@@ -1,11 +1,23 @@
-"""Model families, one file each, and the registry from HF architecture names."""
+"""Model families, one file each, and the registry from HF architecture names.
+
+The names are :data:`model_shards.architectures.DECODER_FAMILIES`'s; this module
+only says which class implements each family.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from types import MappingProxyType
+
+from model_shards.architectures import DECODER_FAMILIES
+from model_shards.models.decoder import DecoderModel, DecoderModelClass
 from model_shards.models.llama import LlamaForCausalLM
 
-MODEL_REGISTRY: dict[str, type[LlamaForCausalLM]] = {
-    "LlamaForCausalLM": LlamaForCausalLM,
-    "MistralForCausalLM": LlamaForCausalLM,
-    "Qwen2ForCausalLM": LlamaForCausalLM,
-}
+_FAMILY_CLASSES: Mapping[str, DecoderModelClass] = {"llama": LlamaForCausalLM}
+
+MODEL_REGISTRY: Mapping[str, DecoderModelClass] = MappingProxyType(
+    {arch: _FAMILY_CLASSES[family] for arch, family in DECODER_FAMILIES.items()}
+)
+"""HF architecture name → the class that builds a stage of that model."""
+
+__all__ = ["MODEL_REGISTRY", "DecoderModel", "DecoderModelClass"]

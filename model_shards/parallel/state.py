@@ -110,7 +110,7 @@ def init_parallel(
     ``master_addr``/``master_port`` ``None``: join with ``init_method="env://"``
     (``MASTER_ADDR``/``MASTER_PORT`` as torchrun sets them). The world is first
     joined over gloo (the CPU group), and every rank, on every node, agrees there on
-    one tensor backend before any NCCL group exists (:func:`_agree_on_cuda`).
+    one tensor backend before any NCCL group exists (:func:`agree_on_cuda`).
     ``cuda_index``: this rank's GPU among the visible ones, passed explicitly by the
     caller (an inherited ``LOCAL_RANK`` must not put every rank on one GPU);
     ``local_world_size``: ranks on this node (default: all), each needing its own GPU.
@@ -123,7 +123,7 @@ def init_parallel(
         init_method="env://" if master_addr is None else f"tcp://{master_addr}:{master_port}",
         rank=rank, world_size=world, timeout=timeout,
     )  # fmt: skip
-    use_cuda = _agree_on_cuda(backend == "nccl", device, rank)
+    use_cuda = agree_on_cuda(backend == "nccl", device, rank)
     local_device = torch.device("cpu")
     if use_cuda:
         local_device = torch.device("cuda", rank if cuda_index is None else cuda_index)
@@ -147,7 +147,7 @@ def init_parallel(
     )  # fmt: skip
 
 
-def _agree_on_cuda(local_cuda: bool, device: str, rank: int) -> bool:
+def agree_on_cuda(local_cuda: bool, device: str, rank: int) -> bool:
     """Whether every rank of the world has its GPU (a gloo all-reduce); a replica whose
     ranks disagree is refused on every rank, never split between NCCL and gloo."""
     flags = torch.tensor([int(local_cuda), int(local_cuda)], dtype=torch.int64)

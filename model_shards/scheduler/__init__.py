@@ -5,7 +5,11 @@ caching and recompute preemption) is the one the coordinator uses.
 
 Files: ``config`` (SchedulerConfig, SchedulerStats), ``sequence`` (per-request
 state, ScheduledStep, SeqUpdate), ``prefix_cache`` (block hashing, LRU of
-parked blocks), ``block_manager`` (the pool's refcounts), ``scheduler`` (policy).
+parked blocks), ``block_manager`` (the pool's refcounts), ``scheduler`` (the
+policy and the entry point), ``state`` (queues, pool and counters every part
+shares), ``step_builder`` (the step being assembled), ``decode`` (decodes and
+preemption), ``prefill`` (step limits with the pipeline cap, prompt chunks),
+``admission`` (starting waiting sequences), ``stats`` (the counters' snapshot).
 """
 
 from model_shards.scheduler.config import SchedulerConfig, SchedulerStats

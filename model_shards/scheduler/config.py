@@ -28,24 +28,34 @@ class SchedulerConfig:
     eos_token_ids: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
-        for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
-        if self.block_size < 1:
-            raise ValueError("--block-size must be >= 1")
+        check_step_limits(self.max_num_seqs, self.max_num_batched_tokens, self.block_size)
+        if self.max_model_len < 1:
+            raise ValueError(f"--max-model-len must be >= 1, got {self.max_model_len}")
         if self.num_blocks < 1:
             raise ValueError("--num-blocks must be >= 1 (give the KV cache more memory)")
-        if self.max_num_batched_tokens < self.max_num_seqs:
-            raise ValueError(
-                f"--max-num-batched-tokens {self.max_num_batched_tokens} is smaller than "
-                f"--max-num-seqs {self.max_num_seqs}; raise it to at least "
-                f"{self.max_num_seqs} so every running sequence can decode each step"
-            )
 
-    @property
-    def pool_tokens(self) -> int:
-        """Token slots in the whole KV pool."""
-        return self.num_blocks * self.block_size
+
+def check_step_limits(max_num_seqs: int, max_num_batched_tokens: int, block_size: int) -> None:
+    """The scheduler's rules on its flags; ``ValueError`` naming the flag(s) and the fix.
+
+    Each is at least 1, and ``--max-num-batched-tokens >= --max-num-seqs`` so that
+    every running sequence can decode each step. One statement of the rules for
+    both callers: :class:`SchedulerConfig` and ``ReplicaConfig.validate`` (start-up,
+    before any process is spawned).
+    """
+    for flag, value in (
+        ("--max-num-seqs", max_num_seqs),
+        ("--max-num-batched-tokens", max_num_batched_tokens),
+        ("--block-size", block_size),
+    ):
+        if value < 1:
+            raise ValueError(f"{flag} must be >= 1, got {value}")
+    if max_num_batched_tokens < max_num_seqs:
+        raise ValueError(
+            f"--max-num-batched-tokens {max_num_batched_tokens} is smaller than "
+            f"--max-num-seqs {max_num_seqs}; raise it to at least "
+            f"{max_num_seqs} so every running sequence can decode each step"
+        )
 
 
 @dataclass(frozen=True)

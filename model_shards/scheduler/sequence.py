@@ -57,11 +57,6 @@ class Sequence:
         return len(self.request.prompt_token_ids)
 
     @property
-    def all_ids(self) -> list[int]:
-        """Prompt + output tokens (the list itself; do not mutate)."""
-        return self.token_ids
-
-    @property
     def is_prefilling(self) -> bool:
         return self.num_computed < len(self.token_ids) - 1
 
@@ -90,15 +85,14 @@ class Sequence:
 class ScheduledStep:
     """One step's decisions; the coordinator copies them into a ``StepPlan``.
 
-    Ranks apply ``freed_seq_ids`` first, then ``copy_blocks`` (src, dst), then
-    run ``chunks``. ``sequences[i]`` is the sequence of ``chunks[i]``.
+    Ranks apply ``freed_seq_ids`` first, then run ``chunks``. ``sequences[i]`` is
+    the sequence of ``chunks[i]``.
     """
 
     chunks: list[SeqChunk]
     sequences: list[Sequence]
     new_sequences: list[NewSequence]
     freed_seq_ids: list[int]
-    copy_blocks: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:

@@ -8,7 +8,8 @@ import re
 import pytest
 
 from model_shards.config import ReplicaConfig
-from model_shards.launch import TorchrunRank, plan_data_parallel
+from model_shards.launch import plan_data_parallel
+from model_shards.rank_main import TorchrunRank
 from model_shards.torchrun_worker import NodeLayout, torchrun_command
 
 CONFIG = ReplicaConfig(model_dir="/models/m", tp=2, pp=2, device="cpu")

@@ -13,7 +13,7 @@ import torch
 
 from model_shards.default_model import (
     BOS_TOKEN_ID,
-    DEFAULT_MODEL_NAME,
+    DEFAULT_MODEL_DIR_NAME,
     DEFAULT_VOCAB_SIZE,
     EOS_TOKEN_ID,
     MODEL_FILES,
@@ -129,23 +129,23 @@ def test_transformers_tokenizer_matches_raw(model_dir: Path) -> None:
 
 def test_ensure_default_model_is_idempotent(tmp_path: Path) -> None:
     path = ensure_default_model(tmp_path)
-    assert path == tmp_path / DEFAULT_MODEL_NAME
+    assert path == tmp_path / DEFAULT_MODEL_DIR_NAME
     stamps = {name: (path / name).stat().st_mtime_ns for name in MODEL_FILES}
     inode = path.stat().st_ino
     assert ensure_default_model(tmp_path) == path
     assert {name: (path / name).stat().st_mtime_ns for name in MODEL_FILES} == stamps
     assert path.stat().st_ino == inode
-    assert [p.name for p in tmp_path.iterdir()] == [DEFAULT_MODEL_NAME]  # no temp dirs left
+    assert [p.name for p in tmp_path.iterdir()] == [DEFAULT_MODEL_DIR_NAME]  # no temp dirs left
 
 
 def test_ensure_default_model_replaces_incomplete_dir(tmp_path: Path) -> None:
-    broken = tmp_path / DEFAULT_MODEL_NAME
+    broken = tmp_path / DEFAULT_MODEL_DIR_NAME
     broken.mkdir()
     (broken / "config.json").write_text("{}")
     path = ensure_default_model(tmp_path)
     assert sorted(p.name for p in path.iterdir()) == sorted(MODEL_FILES)
     assert json.loads((path / "config.json").read_text())["model_type"] == "llama"
-    assert [p.name for p in tmp_path.iterdir()] == [DEFAULT_MODEL_NAME]
+    assert [p.name for p in tmp_path.iterdir()] == [DEFAULT_MODEL_DIR_NAME]
 
 
 def test_cache_dir_resolution(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -154,7 +154,7 @@ def test_cache_dir_resolution(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     assert default_cache_dir() == tmp_path / "xdg" / "shardserve"
     monkeypatch.setenv("SHARDSERVE_CACHE_DIR", str(tmp_path / "explicit"))
     assert default_cache_dir() == tmp_path / "explicit"
-    assert ensure_default_model() == tmp_path / "explicit" / DEFAULT_MODEL_NAME
+    assert ensure_default_model() == tmp_path / "explicit" / DEFAULT_MODEL_DIR_NAME
     monkeypatch.delenv("SHARDSERVE_CACHE_DIR")
     monkeypatch.delenv("XDG_CACHE_HOME")
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
@@ -175,8 +175,8 @@ def test_concurrent_ensure_gives_one_complete_model(tmp_path: Path, model_dir: P
     ]
     outs = [p.communicate(timeout=120)[0].strip() for p in procs]
     assert all(p.returncode == 0 for p in procs)
-    assert set(outs) == {str(tmp_path / DEFAULT_MODEL_NAME)}
-    assert [p.name for p in tmp_path.iterdir()] == [DEFAULT_MODEL_NAME]
+    assert set(outs) == {str(tmp_path / DEFAULT_MODEL_DIR_NAME)}
+    assert [p.name for p in tmp_path.iterdir()] == [DEFAULT_MODEL_DIR_NAME]
     for name in MODEL_FILES:
-        written = (tmp_path / DEFAULT_MODEL_NAME / name).read_bytes()
+        written = (tmp_path / DEFAULT_MODEL_DIR_NAME / name).read_bytes()
         assert written == (model_dir / name).read_bytes(), name

@@ -14,6 +14,7 @@ from model_shards.coordinator import Coordinator
 from model_shards.parallel.comm import Comm
 from model_shards.parallel.state import single_process_state
 from model_shards.worker import Worker
+from tests.logits import prompt_logits, record_logits
 
 
 def _build_mistral(path: Path, dtype: torch.dtype) -> Path:
@@ -31,8 +32,9 @@ def _logits(model_dir: Path, dtype: str, prompt: list[int]) -> torch.Tensor:
     cfg = ModelConfig.from_dir(model_dir)
     replica = ReplicaConfig(str(model_dir), dtype=dtype, max_num_seqs=2, block_size=8)
     worker = Worker.build(replica, cfg, Comm(single_process_state()), 128)
+    recorder = record_logits(worker)
     coord = Coordinator(worker, max_num_seqs=2, max_num_batched_tokens=256, max_model_len=128)
-    return coord.prompt_logits(prompt)
+    return prompt_logits(coord, recorder, [prompt])[0]
 
 
 @pytest.mark.parametrize(

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from model_shards.parallel.comm import Comm
-from model_shards.parallel.state import _agree_on_cuda, choose_backend
+from model_shards.parallel.state import agree_on_cuda, choose_backend
 from tests.world import run_world
 
 
@@ -35,9 +35,9 @@ def test_too_few_gpus_with_device_auto_is_refused(monkeypatch: pytest.MonkeyPatc
 
 def _disagreeing_rank(peers: Comm) -> None:
     rank = peers.ps.rank
-    assert _agree_on_cuda(False, "auto", rank) is False  # nobody has a GPU: gloo
+    assert agree_on_cuda(False, "auto", rank) is False  # nobody has a GPU: gloo
     with pytest.raises(RuntimeError, match="some ranks of this replica have a CUDA device"):
-        _agree_on_cuda(rank == 1, "auto", rank)  # only rank 1 does: refused on both
+        agree_on_cuda(rank == 1, "auto", rank)  # only rank 1 does: refused on both
 
 
 @pytest.mark.timeout(60)

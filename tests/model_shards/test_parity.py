@@ -3,8 +3,9 @@
 Each layout spawns one gloo world that loads both tiny checkpoints in turn
 (Llama: GQA, llama3 rope, untied head, odd vocab, sharded safetensors; Qwen2:
 q/k/v bias, tied embeddings, 6 layers so pp=4 splits unevenly) and drives the
-real coordinator + workers: prompt logits through every rank, then 24 greedy
-tokens through the scheduler and KV cache. At tp=1 pp=2 the stages split
+real coordinator + workers: one 1-token request per prompt (its logits recorded
+by the sampling rank, :mod:`tests.logits`), then 24 greedy tokens through the
+scheduler and KV cache. At tp=1 pp=2 the stages split
 unevenly (3 + 1 and 4 + 2 layers, the LM-head stage taking fewer); elsewhere
 ``even``.
 """
@@ -16,7 +17,6 @@ import os
 from pathlib import Path
 
 import pytest
-from safetensors.torch import load_file, save_file
 
 from model_shards.backends.cpu_build import build_and_load
 from model_shards.config import ModelConfig, ReplicaConfig
@@ -25,6 +25,7 @@ from model_shards.messages import GenerateRequest, SamplingParams
 from model_shards.parallel.comm import Comm
 from model_shards.worker import Worker
 from tests.checkpoints import build_tiny_llama, build_tiny_qwen2, hf_greedy, hf_prompt_logits
+from tests.logits import load_rows, record_logits, run_prompts, save_first_logits
 from tests.world import run_world
 
 LAYOUTS = [(1, 1), (2, 1), (1, 2), (2, 2), (4, 1), (1, 4)]
@@ -54,29 +55,36 @@ def _parity_rank(peers: Comm, model_dirs: list[str], out_dir: str) -> None:
             model_dir, dtype=DTYPE, max_num_seqs=8, block_size=4, pp_layer_partition=partition
         )
         worker = Worker.build(replica, cfg, peers, 256)
+        recorder = record_logits(worker)
         io = {
             "bytes_loaded": worker.bytes_loaded, "rchar": _rchar() - before,
             "layers": [worker.model.model.start, worker.model.model.end],
         }  # fmt: skip
         Path(out_dir, f"{name}-rank{ps.rank}.json").write_text(json.dumps(io))
-        if ps.rank != 0:
+        if ps.rank == 0:
+            _drive(worker, Path(out_dir), name)
+        else:
             worker.serve_forever()
-            continue
-        coord = Coordinator(worker, max_num_seqs=8, max_num_batched_tokens=512, max_model_len=256)
-        logits = {f"p{i}": coord.prompt_logits(p) for i, p in enumerate(PROMPTS)}
-        save_file(logits, os.path.join(out_dir, f"{name}-logits.safetensors"))
-        for i, prompt in enumerate(PROMPTS):
-            coord.add_request(
-                GenerateRequest(str(i), prompt, NEW_TOKENS, SamplingParams(0.0), ignore_eos=True)
-            )
-        tokens: dict[str, list[int]] = {str(i): [] for i in range(len(PROMPTS))}
-        while coord.has_work():
-            for update in coord.step():
-                tokens[update.output.request_id] += update.output.new_token_ids
-        coord.step()  # flush frees
-        assert coord.stats.num_free_blocks == coord.stats.num_blocks, "KV blocks not freed"
-        Path(out_dir, f"{name}-tokens.json").write_text(json.dumps(tokens))
-        coord.shutdown()
+        if worker.is_sampler:  # saw every sampled row; the world has shut down
+            save_first_logits(recorder, Path(out_dir, f"{name}-logits.safetensors"))
+
+
+def _drive(worker: Worker, out_dir: Path, name: str) -> None:
+    """Rank 0: the prompts' 1-token requests one by one, then all prompts' greedy tokens."""
+    coord = Coordinator(worker, max_num_seqs=8, max_num_batched_tokens=512, max_model_len=256)
+    Path(out_dir, f"{name}-prompt-seqs.json").write_text(json.dumps(run_prompts(coord, PROMPTS)))
+    for i, prompt in enumerate(PROMPTS):
+        coord.add_request(
+            GenerateRequest(str(i), prompt, NEW_TOKENS, SamplingParams(0.0), ignore_eos=True)
+        )
+    tokens: dict[str, list[int]] = {str(i): [] for i in range(len(PROMPTS))}
+    while coord.has_work():
+        for update in coord.step():
+            tokens[update.output.request_id] += update.output.new_token_ids
+    coord.step()  # flush frees
+    assert coord.stats.num_free_blocks == coord.stats.num_blocks, "KV blocks not freed"
+    Path(out_dir, f"{name}-tokens.json").write_text(json.dumps(tokens))
+    coord.shutdown()
 
 
 @pytest.fixture(scope="module")
@@ -110,11 +118,12 @@ def test_layout_matches_transformers(
         timeout=200,
     )  # fmt: skip
     for name in ("llama", "qwen2"):
-        ours = load_file(tmp_path / f"{name}-logits.safetensors")
+        seq_ids = json.loads((tmp_path / f"{name}-prompt-seqs.json").read_text())
+        ours = load_rows(tmp_path / f"{name}-logits.safetensors", seq_ids)
         tokens = json.loads((tmp_path / f"{name}-tokens.json").read_text())
         for i in range(len(PROMPTS)):
             ref = references[name]["logits"][i]
-            rel = ((ours[f"p{i}"] - ref).abs().max() / ref.abs().max()).item()
+            rel = ((ours[i] - ref).abs().max() / ref.abs().max()).item()
             assert rel < LOGITS_RTOL, f"{name} prompt {i}: logits relative error {rel:.2e}"
             if DTYPE == "float32":
                 assert tokens[str(i)] == references[name]["tokens"][i], f"{name} prompt {i}"

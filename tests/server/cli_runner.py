@@ -7,6 +7,10 @@ Used by test_cli.py as ``python -m tests.server.cli_runner serve ...``. Environm
   with code 3 shortly after start);
 * ``FAKE_REPLICA_RECORD``: a JSON file written by ``handle.stop()`` with what the
   fake engine saw (so the test knows the ranks were stopped and Shutdown sent).
+
+Each fake replica writes ``fake replica: got Hello`` to stderr when the frontend's
+``Hello`` reaches it (the frontend now waits for ``EngineReady``), for the test to
+wait on.
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ from pathlib import Path
 from model_shards.config import ReplicaConfig
 from tests.server.fake_engine import FakeEngine
 
+SHUTDOWN_WAIT_S = 5.0  # how long stop() waits for the Shutdown the frontend sends first
+
 
 class FakeHandle:
     def __init__(self, config: ReplicaConfig) -> None:
@@ -35,6 +41,7 @@ class FakeHandle:
             max_model_len=config.max_model_len or 256,
             special_ids={0},
             ready=self.mode == "ready",
+            on_hello=_announce_hello,
         ).start()
         self.config = config
         self.started = time.monotonic()
@@ -49,7 +56,7 @@ class FakeHandle:
         return f"rank {dead[0]} exited with code {codes[dead[0]]}" if dead else None
 
     def respawn(self) -> FakeHandle:
-        self.stop()
+        self._stop(expect_shutdown=False)  # a replica restarted for a dead rank gets none
         return FakeHandle(self.config)
 
     def is_alive(self) -> bool:
@@ -63,13 +70,26 @@ class FakeHandle:
         return [None, None]
 
     def stop(self, timeout: float = 10.0) -> None:
+        self._stop(expect_shutdown=True)
+
+    def _stop(self, expect_shutdown: bool) -> None:
+        """Stop the fake engine (after the Shutdown the frontend sent, if one is expected)
+        and write the record."""
         if self.stopped:
             return
         self.stopped = True
-        time.sleep(0.2)  # let a just-sent Shutdown arrive
+        if expect_shutdown:  # sent just before stop(); it may still be on its way
+            engine = self.engine
+            engine.wait_for(lambda: engine.shutdowns > 0, timeout=SHUTDOWN_WAIT_S)
+            polls = engine.idle_polls  # then a poll finding nothing: what came after is counted
+            engine.wait_for(lambda: engine.idle_polls > polls, timeout=SHUTDOWN_WAIT_S)
         self.engine.stop()
         record = {"stopped": True, "shutdowns": self.engine.shutdowns, "hellos": self.engine.hellos}
         Path(os.environ["FAKE_REPLICA_RECORD"]).write_text(json.dumps(record))
+
+
+def _announce_hello() -> None:
+    print("fake replica: got Hello", file=sys.stderr, flush=True)
 
 
 def start_replica(config: ReplicaConfig, address: str | None = None) -> FakeHandle:

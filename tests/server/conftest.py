@@ -20,6 +20,7 @@ from server.app import build_app
 from server.engine_client import EngineClient
 from server.tokenizer import Tokenizer
 from tests.server.fake_engine import FakeEngine
+from tests.waiting import async_wait_until
 
 CORPUS = [
     "Hello world! The quick brown fox jumps over the lazy dog.",
@@ -114,17 +115,18 @@ def ipc_address(tmp_path: Path) -> str:
 
 @pytest.fixture
 def make_engine(ipc_address: str, tokenizer: Tokenizer) -> Iterator[Callable[..., FakeEngine]]:
-    """``make_engine(**FakeEngine kwargs)``: a started fake engine, stopped at teardown."""
+    """``make_engine(engine_class=FakeEngine, **its kwargs)``: a started fake engine (or a
+    subclass), stopped at teardown."""
     engines: list[FakeEngine] = []
 
-    def make(**kwargs: Any) -> FakeEngine:
+    def make(engine_class: type[FakeEngine] = FakeEngine, **kwargs: Any) -> FakeEngine:
         options: dict[str, Any] = {
             "vocab_size": tokenizer.vocab_size,
             "eos_token_ids": [EOS_ID],
             "special_ids": {BOS_ID},
         }
         options.update(kwargs)
-        engine = FakeEngine(ipc_address, **options).start()
+        engine = engine_class(ipc_address, **options).start()
         engines.append(engine)
         return engine
 
@@ -190,8 +192,7 @@ async def serve(
         config = uvicorn.Config(app, log_level="warning", lifespan="off")
         server = uvicorn.Server(config)
         task = asyncio.ensure_future(server.serve(sockets=[sock]))
-        while not server.started:
-            await asyncio.sleep(0.01)
+        await async_wait_until(lambda: server.started, "uvicorn to start serving", timeout=30)
         base_url = f"http://127.0.0.1:{sock.getsockname()[1]}"
         http = httpx.AsyncClient(base_url=base_url, timeout=30)
 

@@ -7,9 +7,10 @@ ids with special ids removed, repeated (an "echo" model): the completion text
 is therefore predictable from the prompt. It honours ``max_tokens``,
 ``max_model_len``, EOS (unless ``ignore_eos``), ``stop_token_ids`` and aborts,
 and records what it received (``batches``, ``aborted``, ``shutdowns``) for
-tests to assert on. Finishing tokens (EOS / stop ids) are included in the last
-output, as the real engine does. When ``sampling.logprobs`` is set, each output
-carries :func:`fake_logprob` of its token (the same for every request).
+tests to assert on; ``on_hello`` tells a test (or another process) that a
+frontend is now waiting for it. Finishing tokens (EOS / stop ids) are included
+in the last output, as the real engine does. When ``sampling.logprobs`` is set,
+each output carries :func:`fake_logprob` of its token (the same for every request).
 """
 
 from __future__ import annotations
@@ -73,8 +74,10 @@ class FakeEngine:
     ready: bool = True
     step_s: float = 0.002
     refuse_token: int | None = None  # a prompt containing it is refused with EngineError
+    on_hello: Callable[[], None] | None = None  # called on the engine thread at each Hello
     hellos: int = 0
     shutdowns: int = 0
+    idle_polls: int = 0  # loop turns that found no message waiting (then it steps)
     batches: list[list[str]] = field(default_factory=list)
     requests: dict[str, GenerateRequest] = field(default_factory=dict)
     aborted: list[str] = field(default_factory=list)
@@ -141,6 +144,7 @@ class FakeEngine:
                 if sock.poll(int(self.step_s * 1000) or 1):
                     self._receive(sock)
                     continue
+                self.idle_polls += 1
                 with self._lock:
                     commands, self._commands = self._commands, []
                 for command in commands:
@@ -155,6 +159,8 @@ class FakeEngine:
         message = decode_frontend_message(payload)
         if isinstance(message, Hello):
             self.hellos += 1
+            if self.on_hello is not None:
+                self.on_hello()
             self._peers_waiting.append(peer)
             if self.ready:
                 self._become_ready(sock)

@@ -8,8 +8,11 @@ import pytest
 
 from model_shards.messages import GenerateRequest
 from server.batcher import Batcher
+from tests.waiting import async_wait_until
 
 pytestmark = pytest.mark.timeout(30)
+WINDOW_S = 0.2  # far longer than one event-loop turn, even on a loaded machine
+EARLY_S = 1e-3  # asyncio may run a timer up to its clock resolution early
 
 
 def req(rid: str) -> GenerateRequest:
@@ -21,15 +24,26 @@ def ids(batches: list[list[GenerateRequest]]) -> list[list[str]]:
 
 
 async def test_requests_within_window_form_one_batch() -> None:
+    loop = asyncio.get_running_loop()
     sent: list[list[GenerateRequest]] = []
-    batcher = Batcher(sent.append, window_s=0.05)
+    sent_at: list[float] = []
+
+    def send(batch: list[GenerateRequest]) -> None:
+        sent.append(batch)
+        sent_at.append(loop.time())
+
+    batcher = Batcher(send, window_s=WINDOW_S)
+    opened = loop.time()
     batcher.submit(req("a"))
-    await asyncio.sleep(0.01)
+    await asyncio.sleep(0)  # b arrives in a later loop turn, inside a's window
     batcher.submit(req("b"))
     assert sent == []
-    await asyncio.sleep(0.1)
+    await async_wait_until(lambda: len(sent) == 1, "the first window to close")
+    assert sent_at[0] - opened >= WINDOW_S - EARLY_S  # not before the window closed
+    reopened = loop.time()
     batcher.submit(req("c"))
-    await asyncio.sleep(0.1)
+    await async_wait_until(lambda: len(sent) == 2, "the second window to close")
+    assert sent_at[1] - reopened >= WINDOW_S - EARLY_S
     assert ids(sent) == [["a", "b"], ["c"]]
 
 
@@ -48,7 +62,7 @@ async def test_zero_window_groups_one_tick() -> None:
     batcher = Batcher(sent.append, window_s=0)
     batcher.submit(req("a"))
     batcher.submit(req("b"))
-    await asyncio.sleep(0.01)
+    await async_wait_until(lambda: len(sent) > 0, "the zero window to close")
     assert ids(sent) == [["a", "b"]]
 
 
@@ -58,8 +72,8 @@ async def test_cancel_before_send() -> None:
     batcher.submit(req("a"))
     batcher.submit(req("b"))
     assert batcher.cancel("a") and not batcher.cancel("zzz")
-    await asyncio.sleep(0.05)
-    assert ids(sent) == [["b"]]
+    await async_wait_until(lambda: len(sent) > 0, "the window to close")
+    assert ids(sent) == [["b"]] and batcher.pending == 0  # "a" is not left for later
 
 
 def test_bad_settings() -> None:

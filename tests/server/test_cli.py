@@ -101,7 +101,8 @@ class Server:
         )
         self.lines: queue.Queue[str] = queue.Queue()
         self.seen: list[str] = []
-        threading.Thread(target=self._pump, daemon=True).start()
+        self._pump_thread = threading.Thread(target=self._pump, daemon=True)
+        self._pump_thread.start()
 
     def _pump(self) -> None:
         assert self.proc.stderr is not None
@@ -122,7 +123,7 @@ class Server:
 
     def finish(self, timeout: float = 30) -> tuple[int, str]:
         code = self.proc.wait(timeout)
-        time.sleep(0.1)
+        self._pump_thread.join(timeout)  # it ends at stderr's end: every line is queued
         while not self.lines.empty():
             self.seen.append(self.lines.get())
         return code, "".join(self.seen)
@@ -172,7 +173,7 @@ def test_serve_then_signal_stops_everything(launch: Callable[..., Server], signu
 def test_sigterm_during_startup_stops_ranks(launch: Callable[..., Server]) -> None:
     server = launch("never_ready")
     server.wait_for_line(r"started replica")
-    time.sleep(0.3)
+    server.wait_for_line(r"fake replica: got Hello")  # the frontend waits for EngineReady
     server.proc.send_signal(signal.SIGTERM)
     code, log = server.finish()
     assert code == 128 + signal.SIGTERM, log

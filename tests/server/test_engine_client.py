@@ -88,3 +88,58 @@ async def test_refusal_and_fatal_error(make_engine: Callable[..., FakeEngine]) -
     with pytest.raises(EngineDeadError):
         await anext(client.generate(req("after", [5])))
     await client.close()
+
+
+async def test_healthy_is_pure_and_check_liveness_notices_death(
+    make_engine: Callable[..., FakeEngine],
+) -> None:
+    engine = make_engine(vocab_size=50, eos_token_ids=[1])
+    deaths: list[str] = []
+
+    def describe() -> str:
+        deaths.append("asked")
+        return "rank 0 (pid 1) killed by SIGKILL"
+
+    client = EngineClient(
+        engine.address, is_alive=engine.is_alive, describe_death=describe,
+        liveness_interval_s=3600,  # the watchdog stays asleep: only this test checks
+    )  # fmt: skip
+    try:
+        await client.connect(timeout_s=10)
+        assert client.check_liveness() and deaths == []
+        engine.stop()
+        assert client.healthy and client.dead_reason is None  # reading it polls nothing
+        assert not client.check_liveness()
+        assert client.dead_reason == "rank 0 (pid 1) killed by SIGKILL" and deaths == ["asked"]
+        assert not client.healthy and not client.check_liveness() and deaths == ["asked"]
+        with pytest.raises(EngineDeadError, match="SIGKILL"):
+            await anext(client.generate(req("after", [5])))
+    finally:
+        await client.close()
+
+
+async def test_fatal_error_after_a_rank_died_names_the_dead_rank(
+    make_engine: Callable[..., FakeEngine],
+) -> None:
+    engine = make_engine(vocab_size=50, eos_token_ids=[1], step_s=0.05)
+    ranks_alive = [True]
+    client = EngineClient(
+        engine.address, is_alive=lambda: ranks_alive[0] and engine.is_alive(),
+        describe_death=lambda: "rank 3 (pid 7) killed by SIGKILL", liveness_interval_s=3600,
+    )  # fmt: skip
+    try:
+        await client.connect(timeout_s=10)
+
+        async def consume() -> None:
+            async for _ in client.generate(req("long", [5], max_tokens=100)):
+                pass
+
+        task = asyncio.ensure_future(consume())
+        assert await asyncio.to_thread(engine.wait_for, lambda: bool(engine.active_ids))
+        ranks_alive[0] = False  # rank 3 died; rank 0, still up, reports losing a peer
+        engine.send_fatal("rank 2 is gone")
+        with pytest.raises(EngineDeadError, match="rank 3"):
+            await task
+        assert client.dead_reason == "rank 3 (pid 7) killed by SIGKILL"
+    finally:
+        await client.close()

@@ -4,19 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
 
 from server.limits import Admission
 from tests.server.conftest import ServeFactory
-
-
-async def until(predicate: Callable[[], bool], timeout: float = 10.0) -> bool:
-    """Poll ``predicate`` without blocking the event loop the server runs on."""
-    for _ in range(int(timeout / 0.01)):
-        if predicate():
-            return True
-        await asyncio.sleep(0.01)
-    return predicate()
+from tests.waiting import async_wait_until
 
 
 async def test_queue_limits_refuse_with_429_and_retry_after(serve: ServeFactory) -> None:
@@ -24,7 +15,7 @@ async def test_queue_limits_refuse_with_429_and_retry_after(serve: ServeFactory)
     body = {"prompt": "Hello world", "max_tokens": 20, "ignore_eos": True}
     slow = [asyncio.ensure_future(served.http.post("/v1/completions", json=body))
             for _ in range(2)]  # fmt: skip
-    assert await until(lambda: len(served.engine.active_ids) == 2)
+    await async_wait_until(lambda: len(served.engine.active_ids) == 2, "both to be generating")
     refused = await served.http.post("/v1/completions", json=body)
     assert refused.status_code == 429, refused.text
     assert refused.headers["retry-after"] == "1"
@@ -38,7 +29,7 @@ async def test_token_limit_counts_prompt_and_max_tokens(serve: ServeFactory) -> 
     served = await serve(step_s=0.05, app_options={"admission": Admission(max_tokens=40)})
     body = {"prompt": "Hello world", "max_tokens": 30, "ignore_eos": True}
     first = asyncio.ensure_future(served.http.post("/v1/completions", json=body))
-    assert await until(lambda: len(served.engine.active_ids) == 1)
+    await async_wait_until(lambda: len(served.engine.active_ids) == 1, "the first to generate")
     refused = await served.http.post("/v1/completions", json=body)
     assert refused.status_code == 429 and "max-queued-tokens" in refused.text
     assert (await first).status_code == 200
@@ -50,7 +41,7 @@ async def test_request_timeout_is_504_and_aborts(serve: ServeFactory) -> None:
     r = await served.http.post("/v1/completions", json=body)
     assert r.status_code == 504, r.text
     assert r.json()["error"]["code"] == "request_timeout"
-    assert await until(lambda: len(served.engine.aborted) == 1)
+    await async_wait_until(lambda: len(served.engine.aborted) == 1, "the abort to reach the engine")
     assert served.engine.active_ids == []
 
 
@@ -65,7 +56,7 @@ async def test_request_timeout_ends_a_stream_with_an_error_event(serve: ServeFac
     error = json.loads(lines[-2][6:])["error"]
     assert error["code"] == "request_timeout"
     assert len(lines) > 3  # some text came before the deadline
-    assert await until(lambda: served.engine.active_ids == [])
+    await async_wait_until(lambda: served.engine.active_ids == [], "the engine to stop generating")
 
 
 async def test_hostile_bodies_are_4xx_and_harmless(serve: ServeFactory) -> None:

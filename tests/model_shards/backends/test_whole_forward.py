@@ -23,6 +23,7 @@ from model_shards.parallel.comm import Comm
 from model_shards.parallel.state import single_process_state
 from model_shards.worker import Worker
 from tests.checkpoints import build_tiny_llama, hf_greedy, hf_prompt_logits
+from tests.logits import prompt_logits, record_logits
 
 PROMPTS = [[3, 17, 250, 996, 42, 7, 512, 64, 100], [5, 6], [9] * 21]
 NEW_TOKENS = 6
@@ -54,8 +55,9 @@ def _worker(model_dir: Path, ops: Backend) -> Worker:
 def _generate(worker: Worker) -> tuple[list[torch.Tensor], dict[str, list[int]]]:
     """Prompt logits of each prompt, then greedy tokens of all prompts batched together
     (prefill chunks of different lengths in one step, then decode-only steps)."""
+    recorder = record_logits(worker)
     coord = Coordinator(worker, max_num_seqs=4, max_num_batched_tokens=64, max_model_len=MAX_LEN)
-    logits = [coord.prompt_logits(p) for p in PROMPTS]
+    logits = prompt_logits(coord, recorder, PROMPTS)
     for i, prompt in enumerate(PROMPTS):
         params = SamplingParams(0.0)
         coord.add_request(GenerateRequest(str(i), prompt, NEW_TOKENS, params, ignore_eos=True))

@@ -8,7 +8,7 @@ import pytest
 
 from model_shards.messages import GenerateRequest
 from model_shards.scheduler import ScheduledStep, Scheduler
-from model_shards.scheduler.scheduler import PIPELINE_MIN_PREFILL
+from model_shards.scheduler.prefill import PIPELINE_MIN_PREFILL
 from tests.model_shards.scheduler.sim import (
     FakeWorker,
     assert_quiescent,
@@ -118,6 +118,22 @@ def test_preemption_takes_the_newest_and_resumes_it_first() -> None:
     assert resumed.new_sequences[0].num_prompt_tokens == 6
     for req in (a, b):
         assert run.outputs[req.request_id] == reference(req)[0]
+
+
+def test_a_sequence_in_an_unfinished_step_is_never_preempted() -> None:
+    # 2 blocks of 4: a and b take one each, in two steps in flight at once; a's first decode
+    # then needs a third block, and b (newer, but still in flight) must not be the victim.
+    a = make_request("a", [1] * 4, max_tokens=4, ignore_eos=True)
+    b = make_request("b", [2] * 4, max_tokens=4, ignore_eos=True)
+    sched = Scheduler(config(max_num_seqs=2, num_blocks=2, enable_prefix_caching=False))
+    sched.add(a)
+    sched.add(b)
+    first, second = sched.schedule(micro_batches=2), sched.schedule(micro_batches=2)
+    assert [[s.request_id for s in step.sequences] for step in (first, second)] == [["a"], ["b"]]
+    sched.update(first, [7])
+    third = sched.schedule(micro_batches=2)
+    assert third.freed_seq_ids == [0]  # a gives way itself
+    assert third.chunks == []
 
 
 def test_tokens_must_match_sampled_chunks() -> None:

@@ -1,0 +1,76 @@
+"""What a decoder model family provides: the contract the worker, the loader, the KV
+sizing (:mod:`model_shards.gpu_memory`) and the decode graphs rely on.
+
+A family class (``models/llama.py``: :class:`~model_shards.models.llama.LlamaForCausalLM`)
+is an ``nn.Module`` that builds one pipeline stage of the model on one TP rank; it
+matches :class:`DecoderModelClass` (its constructor) and its instances match
+:class:`DecoderModel`. Nothing inherits from these: they are checked structurally.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Protocol, Self
+
+import torch
+from torch import nn
+
+from model_shards.config import ModelConfig
+from model_shards.layers.attention import ForwardBatch
+from model_shards.layers.context import ShardContext
+from model_shards.loader import LoadableModel
+from model_shards.parallel.state import ParallelState
+
+
+class DecoderStack(Protocol):
+    """The layer stack (``model.model``): this stage builds layers ``start .. end - 1``."""
+
+    @property
+    def start(self) -> int: ...
+
+    @property
+    def end(self) -> int: ...
+
+
+class DecoderModel(LoadableModel, Protocol):
+    """One pipeline stage of a causal LM on one TP rank, ready for :func:`load_weights`
+    (``packed_modules_mapping``, ``owns``, ``expected_checkpoint_names``, … from
+    :class:`~model_shards.loader.LoadableModel`)."""
+
+    @property
+    def config(self) -> ModelConfig: ...
+
+    @property
+    def ps(self) -> ParallelState: ...
+
+    @property
+    def model(self) -> DecoderStack: ...
+
+    @property
+    def lm_head(self) -> nn.Module | None:
+        """The vocab-parallel LM head: on the last stage only, else ``None``."""
+        ...
+
+    def __call__(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        """``x``: token ids ``[T]`` on the first stage, else hidden ``[T, H]`` from the
+        previous stage; returns this stage's hidden states ``[T, H]``."""
+        ...
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Last stage only: ``hidden [N, H]`` → ``logits [N, vocab]`` (full vocabulary)."""
+        ...
+
+    def parameters(self) -> Iterator[nn.Parameter]: ...
+
+    def modules(self) -> Iterator[nn.Module]: ...
+
+    def eval(self) -> Self: ...
+
+
+class DecoderModelClass(Protocol):
+    """A family's constructor: build this rank's stage (parameters uninitialised until
+    loaded). ``partition``: layers per pipeline stage (``ModelConfig.layer_partition``)."""
+
+    def __call__(
+        self, cfg: ModelConfig, ctx: ShardContext, max_positions: int, partition: str = "even"
+    ) -> DecoderModel: ...

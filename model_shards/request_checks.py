@@ -1,0 +1,75 @@
+"""The engine's checks of one generation request: every reason it refuses one, in one place.
+
+The frontend checks first (field ranges, token ids in the vocabulary, prompt +
+``max_tokens`` within the context: 400s naming the field); the engine checks
+again for any client of the ZMQ protocol, here:
+
+* :func:`content_problem`: token ids inside the vocabulary, sampling parameters
+  in range (rank 0's coordinator, which knows the vocabulary);
+* :func:`fit_problem`: an empty prompt, ``max_tokens < 1``, a prompt that fills
+  the context window, a sequence whose KV at its longest exceeds the whole pool
+  (the scheduler, which knows the pool).
+
+Each returns why the request is refused, or ``None``; the caller raises the
+``ValueError`` the frontend receives as an ``EngineError``. Pure Python.
+"""
+
+from __future__ import annotations
+
+from model_shards.messages import GenerateRequest, SamplingParams
+
+MAX_LOGPROBS = 20
+
+
+def content_problem(request: GenerateRequest, vocab_size: int) -> str | None:
+    """Why ``request``'s token ids or sampling parameters are refused, or ``None``."""
+    if any(not 0 <= t < vocab_size for t in request.prompt_token_ids):
+        return f"prompt token ids must be in [0, {vocab_size})"
+    return _sampling_problem(request.sampling)
+
+
+def _sampling_problem(s: SamplingParams) -> str | None:
+    """The first sampling parameter out of its range (NaN never is in range), or ``None``."""
+    checks = (
+        ("temperature", s.temperature, s.temperature >= 0, ">= 0"),
+        ("top_p", s.top_p, 0 < s.top_p <= 1, "in (0, 1]"),
+        ("top_k", s.top_k, s.top_k >= 0, ">= 0 (0: off)"),
+        ("min_p", s.min_p, 0 <= s.min_p <= 1, "in [0, 1]"),
+        ("repetition_penalty", s.repetition_penalty, s.repetition_penalty > 0, "> 0"),
+        ("logprobs", s.logprobs, s.logprobs is None or 0 <= s.logprobs <= MAX_LOGPROBS,
+         f"in 0..{MAX_LOGPROBS}"),
+    )  # fmt: skip
+    for name, value, ok, rule in checks:
+        if not ok:
+            return f"sampling parameters out of range: {name} = {value!r} must be {rule}"
+    return None
+
+
+def fit_problem(
+    request: GenerateRequest, max_model_len: int, block_size: int, num_blocks: int
+) -> str | None:
+    """Why ``request`` could never run on a pool of ``num_blocks`` blocks of ``block_size``
+    with a context window of ``max_model_len``, or ``None``.
+
+    "Never": an empty prompt, ``max_tokens < 1``, a prompt of ``max_model_len``
+    tokens or more, or a sequence whose KV at its longest
+    (``min(prompt + max_tokens, max_model_len) - 1`` tokens; the last sampled token
+    is never computed) exceeds the whole pool, so that every accepted sequence can
+    finish once it runs alone.
+    """
+    rid = request.request_id
+    n = len(request.prompt_token_ids)
+    if n == 0:
+        return f"request {rid!r}: prompt is empty"
+    if request.max_tokens < 1:
+        return f"request {rid!r}: max_tokens must be >= 1"
+    if n >= max_model_len:
+        return f"request {rid!r}: prompt has {n} tokens; the context window is {max_model_len}"
+    kv_tokens = min(n + request.max_tokens, max_model_len) - 1
+    if -(-kv_tokens // block_size) > num_blocks:
+        return (
+            f"request {rid!r}: {n} prompt + up to {request.max_tokens} new tokens need "
+            f"{kv_tokens} KV slots, more than the whole cache ({num_blocks} blocks "
+            f"of {block_size}); lower max_tokens or give the KV cache more memory"
+        )
+    return None

@@ -1,0 +1,44 @@
+"""The step being assembled: its chunks, their sequences, and what is left of its limits."""
+
+from __future__ import annotations
+
+from model_shards.messages import NewSequence, SeqChunk
+from model_shards.scheduler.sequence import ScheduledStep, Sequence
+
+
+class StepBuilder:
+    """One step under construction.
+
+    ``budget``: tokens it may still take; ``seats``: sequences it may still
+    take. ``freed``: sequence ids the ranks drop before running the step
+    (retired since the last step, then preempted in this one). ``scheduled``:
+    ids of the sequences with a chunk in it; ``preempted``: whether it preempted.
+    """
+
+    def __init__(self, budget: int, seats: int, freed: list[int]) -> None:
+        self.budget = budget
+        self.seats = seats  # sequences this step may still take
+        self.chunks: list[SeqChunk] = []
+        self.sequences: list[Sequence] = []
+        self.new_sequences: list[NewSequence] = []
+        self.freed = freed
+        self.scheduled: set[int] = set()
+        self.preempted = False
+
+    def add(self, seq: Sequence, start: int, end: int, new_blocks: list[int]) -> None:
+        """Add the chunk of positions ``start .. end - 1``; it samples if it reaches the end."""
+        sample = end == len(seq.token_ids)
+        self.chunks.append(
+            SeqChunk(seq.seq_id, start, seq.token_ids[start:end], sample, new_blocks)
+        )
+        self.sequences.append(seq)
+        self.scheduled.add(seq.seq_id)
+        self.budget -= end - start
+        self.seats -= 1
+
+    @property
+    def full(self) -> bool:
+        return self.budget == 0 or self.seats == 0
+
+    def build(self) -> ScheduledStep:
+        return ScheduledStep(self.chunks, self.sequences, self.new_sequences, self.freed)

@@ -1,0 +1,38 @@
+"""splitmix64 (Steele, Lea and Flood 2014), the one hash behind every seed and random draw.
+
+A splitmix64 stream seeded with ``s`` has the ``i``-th output (``i = 1, 2, ...``)
+``mix64(s + i × GOLDEN)``, all arithmetic modulo 2^64. The server uses it in three places:
+
+* a sample's draw: token ``i`` of a row seeded ``s`` gets the uniform of
+  ``splitmix64(s, i + 1)`` (the backends' ``exponential_race``: the reference backend
+  vectorises :data:`MIX_ROUNDS` over int64 tensors, ``kernels/sampling_ops.cpp`` and
+  ``backends/triton_ops/sampling.py`` write the same constants in C++ and Triton);
+* the seed of position ``p`` of a request seeded ``s``: ``mix64(s × GOLDEN + p + 1)``
+  (:func:`model_shards.sampler.position_seed`);
+* the seed of sample ``j > 0`` of a request with ``n`` samples: ``splitmix64(s, j)``
+  (:func:`server.choices.sample_seed`).
+
+Pure Python without imports, so the frontend may use it.
+"""
+
+from __future__ import annotations
+
+MASK64 = (1 << 64) - 1
+GOLDEN = 0x9E3779B97F4A7C15  # 2^64 / the golden ratio: the stream's increment
+# mix64: z = (z ^ z >> shift) × multiplier for each round, then z ^ z >> FINAL_SHIFT
+MIX_ROUNDS: tuple[tuple[int, int], ...] = ((30, 0xBF58476D1CE4E5B9), (27, 0x94D049BB133111EB))
+FINAL_SHIFT = 31
+
+
+def mix64(z: int) -> int:
+    """splitmix64's output function of the 64-bit pattern of ``z`` (any int, taken mod 2^64)."""
+    z &= MASK64
+    for shift, multiplier in MIX_ROUNDS:
+        z = ((z ^ (z >> shift)) * multiplier) & MASK64
+    return z ^ (z >> FINAL_SHIFT)
+
+
+def splitmix64(seed: int, index: int = 1) -> int:
+    """Output ``index`` (1 = the first) of the splitmix64 stream seeded with ``seed``: an int in
+    ``[0, 2^64)``. ``splitmix64(0)`` is 0xE220A8397B1DCDAF, the reference's first output."""
+    return mix64(seed + index * GOLDEN)
