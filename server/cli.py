@@ -109,16 +109,22 @@ class _Stop(Exception):
 
 
 class _SignalGuard:
-    """SIGINT/SIGTERM → :class:`_Stop`, optionally held back during a critical section."""
+    """SIGINT/SIGTERM → :class:`_Stop`, optionally held back during a critical section.
+
+    Every signal is also recorded in ``state.signal``: a :class:`_Stop` raised where
+    something swallows exceptions (inside a logging call, whose handler reports and
+    drops them) is still seen by :func:`_raise_if_signalled` before serving starts."""
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
-    def __init__(self) -> None:
+    def __init__(self, state: _State) -> None:
+        self._state = state
         self._held: int | None = None
         self._holding = False
         self._previous = {sig: signal.signal(sig, self._handle) for sig in self.SIGNALS}
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
+        self._state.signal = self._state.signal or signum
         if self._holding:
             self._held = self._held or signum
         else:
@@ -147,6 +153,13 @@ class _SignalGuard:
 @dataclass
 class _State:
     serving: bool = False  # uvicorn started: a signal from now on is a normal stop
+    signal: int | None = None  # the first SIGINT/SIGTERM received, if any
+
+
+def _raise_if_signalled(state: _State) -> None:
+    """Raise the :class:`_Stop` of a signal that arrived but was swallowed on the way."""
+    if state.signal is not None:
+        raise _Stop(state.signal)
 
 
 def _error(message: str) -> None:
@@ -169,9 +182,9 @@ def _bind(host: str, port: int) -> socket.socket:
 
 def serve(args: argparse.Namespace) -> int:
     """Run the ``serve`` command; see the module docstring for the order of events."""
-    guard = _SignalGuard()
-    handles: Sequence[ReplicaHandle] = ()
     state = _State()
+    guard = _SignalGuard(state)
+    handles: Sequence[ReplicaHandle] = ()
     try:
         try:
             config, tokenizer, name = _check_start_up(args)
@@ -269,6 +282,7 @@ async def _serve_async(
         server = _http_server(args, router, tokenizer, name, ready.max_model_len, metrics)
         host, port = sock.getsockname()[:2]
         logger.info("serving %s on http://%s:%d", name, f"[{host}]" if ":" in host else host, port)
+        _raise_if_signalled(state)  # a signal during that log call was dropped by logging
         state.serving = True
         await server.serve(sockets=[sock])
         return 0

@@ -211,3 +211,32 @@ def test_broken_chat_template_exits_2_before_spawning(
     write_tiny_model_config(model, vocab_size=400)
     assert main(["serve", "--model", str(model), "--device", "cpu"]) == 2
     assert "chat template does not compile" in capsys.readouterr().err
+
+
+def test_a_signal_that_logging_swallowed_still_stops_start_up() -> None:
+    """SIGTERM inside a logging call: the handler's _Stop is caught and dropped by
+    logging's StreamHandler, yet start-up still sees the signal before serving."""
+    import io
+    import logging
+    import os
+    import signal
+
+    from server.cli import _raise_if_signalled, _SignalGuard, _State, _Stop
+
+    class SignallingStream(io.StringIO):
+        def write(self, text: str) -> int:
+            os.kill(os.getpid(), signal.SIGTERM)  # arrives mid-emit
+            return super().write(text)
+
+    state = _State()
+    guard = _SignalGuard(state)
+    log = logging.getLogger("test-swallowed-signal")
+    handler = logging.StreamHandler(SignallingStream())
+    log.addHandler(handler)
+    try:
+        log.warning("serving")  # raises _Stop inside emit: logging reports and drops it
+        with pytest.raises(_Stop):
+            _raise_if_signalled(state)
+    finally:
+        log.removeHandler(handler)
+        guard.restore()

@@ -11,6 +11,7 @@ import pytest
 from model_shards.messages import GenerateRequest
 from server.engine_client import EngineClient, EngineDeadError, EngineRequestError
 from tests.server.fake_engine import FakeEngine
+from tests.waiting import async_wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -51,11 +52,11 @@ async def test_abort_while_waiting_in_batcher_never_reaches_engine(
     make_engine: Callable[..., FakeEngine],
 ) -> None:
     engine = make_engine(vocab_size=50, eos_token_ids=[1])
-    client = EngineClient(engine.address, batch_window_s=0.2)
+    client = EngineClient(engine.address, batch_window_s=5.0)  # the window outlasts the test
     await client.connect(timeout_s=10)
     stream = client.generate(req("early", [5]))
     task = asyncio.ensure_future(anext(stream))
-    await asyncio.sleep(0.05)
+    await async_wait_until(lambda: client._batcher.pending == 1, "'early' queued in the batcher")
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await task

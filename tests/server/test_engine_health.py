@@ -9,17 +9,15 @@ import pytest
 
 from tests.server.conftest import ServeFactory
 from tests.server.sse import read_events
+from tests.waiting import async_wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
 GOOD = {"prompt": "Hello", "max_tokens": 1}
 
 
-async def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not condition() and asyncio.get_running_loop().time() < deadline:
-        await asyncio.sleep(0.02)
-    assert condition()
+async def wait_until(condition: Callable[[], bool]) -> None:
+    await async_wait_until(condition, "the engine's record to change")
 
 
 async def test_health_ok(serve: ServeFactory) -> None:
@@ -95,5 +93,9 @@ async def test_full_stream_sends_no_abort(serve: ServeFactory) -> None:
     async with served.http.stream("POST", "/v1/completions", json=body) as response:
         events, done = await read_events(response)
     assert done and events[-1]["choices"][0]["finish_reason"] == "length"
-    await asyncio.sleep(0.1)
+    # an abort would travel the same ordered socket as the next request: once that request
+    # has reached the engine, any abort of the first would have arrived before it
+    follow_up = await served.http.post("/v1/completions", json=GOOD)
+    assert follow_up.status_code == 200
+    await wait_until(lambda: len(served.engine.requests) == 2)
     assert served.engine.aborted == []
