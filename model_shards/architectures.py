@@ -17,6 +17,10 @@ DECODER_FAMILIES: Mapping[str, str] = MappingProxyType(
         "LlamaForCausalLM": "llama",
         "MistralForCausalLM": "llama",
         "Qwen2ForCausalLM": "llama",
+        "GPT2LMHeadModel": "gpt2",
+        "Qwen3ForCausalLM": "qwen3",
+        "Olmo2ForCausalLM": "olmo2",
+        "Phi3ForCausalLM": "phi3",
     }
 )
 """HF architecture name → model family (a file in ``model_shards/models/``)."""

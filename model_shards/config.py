@@ -32,11 +32,16 @@ class RopeConfig:
     """Rotary embedding parameters (HF ``rope_scaling`` / ``rope_parameters``)."""
 
     theta: float = 10000.0
-    rope_type: str = "default"  # default | linear | llama3
+    rope_type: str = "default"  # default | linear | llama3 | longrope
     factor: float = 1.0
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_position_embeddings: int = 8192
+    # longrope (Phi-3): one divisor per frequency below / from original_max_position_embeddings
+    # (layers/rotary.py), and the factor cos and sin are multiplied by
+    short_factor: tuple[float, ...] = ()
+    long_factor: tuple[float, ...] = ()
+    attention_factor: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -85,6 +90,8 @@ class ModelConfig:
             )
         torch_dtype = checkpoint_dtype(raw, source)
         try:
+            if arch in _GPT2_ARCHITECTURES:
+                raw = _with_gpt2_names(raw)
             num_heads = int(raw["num_attention_heads"])
             hidden = int(raw["hidden_size"])
             eos = raw.get("eos_token_id")
@@ -185,23 +192,74 @@ class ModelConfig:
             )
 
 
+_GPT2_ARCHITECTURES = ("GPT2LMHeadModel",)
+# GPT-2's config.json names of the common fields (transformers' GPT2Config.attribute_map)
+_GPT2_NAMES = {
+    "n_embd": "hidden_size",
+    "n_layer": "num_hidden_layers",
+    "n_head": "num_attention_heads",
+    "n_positions": "max_position_embeddings",
+}
+
+
+def _with_gpt2_names(raw: dict[str, Any]) -> dict[str, Any]:
+    """A GPT-2 ``config.json`` with the common fields also under the names
+    :meth:`ModelConfig.from_dict` reads: ``n_embd`` → ``hidden_size``, … (:data:`_GPT2_NAMES`),
+    ``n_inner`` → ``intermediate_size`` (``null``: ``4 * n_embd``), and the LM head tied to
+    ``wte`` unless ``tie_word_embeddings`` says otherwise (GPT2Config's default). GPT-2's own
+    fields (``layer_norm_epsilon``, ``activation_function``, …) are ``models/gpt2.py``'s."""
+    out = dict(raw)
+    for gpt2_name, name in _GPT2_NAMES.items():
+        if gpt2_name in raw:
+            out.setdefault(name, raw[gpt2_name])
+    if out.get("intermediate_size") is None:
+        inner = raw.get("n_inner")
+        out["intermediate_size"] = 4 * int(out["hidden_size"]) if inner is None else int(inner)
+    out.setdefault("tie_word_embeddings", True)
+    return out
+
+
 def _parse_rope(raw: dict[str, Any]) -> RopeConfig:
     """Read rotary parameters from both the transformers<5 and >=5 spellings."""
     params = dict(raw.get("rope_parameters") or raw.get("rope_scaling") or {})
     rope_type = str(params.get("rope_type") or params.get("type") or "default")
-    if rope_type not in ("default", "linear", "llama3"):
-        raise ValueError(f"rope type {rope_type!r} not supported (default, linear, llama3)")
+    rope_type = "longrope" if rope_type == "su" else rope_type  # Phi-3's first name for it
+    if rope_type not in ("default", "linear", "llama3", "longrope"):
+        raise ValueError(
+            f"rope type {rope_type!r} not supported (default, linear, llama3, longrope)"
+        )
     theta = params.get("rope_theta", raw.get("rope_theta", 10000.0))
+    original = params.get(
+        "original_max_position_embeddings", raw.get("max_position_embeddings", 8192)
+    )
+    if rope_type == "longrope":  # transformers gives Phi-3's top-level field priority
+        original = raw.get("original_max_position_embeddings", original)
     return RopeConfig(
         theta=float(theta),
         rope_type=rope_type,
         factor=float(params.get("factor", 1.0)),
         low_freq_factor=float(params.get("low_freq_factor", 1.0)),
         high_freq_factor=float(params.get("high_freq_factor", 4.0)),
-        original_max_position_embeddings=int(
-            params.get("original_max_position_embeddings", raw.get("max_position_embeddings", 8192))
-        ),
+        original_max_position_embeddings=int(original),
+        **(_longrope_fields(raw, params, int(original)) if rope_type == "longrope" else {}),
     )
+
+
+def _longrope_fields(raw: dict[str, Any], params: dict[str, Any], original: int) -> dict[str, Any]:
+    """LongRoPE's factor lists and attention factor, derived as transformers does: the given
+    ``attention_factor``, else ``sqrt(1 + ln s / ln original)`` (1 when ``s <= 1``) with
+    ``s = factor``, else ``max_position_embeddings / original``."""
+    scale = params.get("factor")
+    if scale is None:
+        scale = int(raw.get("max_position_embeddings", 2048)) / original
+    attention = params.get("attention_factor")
+    if attention is None:
+        attention = 1.0 if scale <= 1 else math.sqrt(1 + math.log(scale) / math.log(original))
+    return {
+        "short_factor": tuple(float(f) for f in params["short_factor"]),
+        "long_factor": tuple(float(f) for f in params["long_factor"]),
+        "attention_factor": float(attention),
+    }
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,12 @@ Strict means: a checkpoint tensor the model does not know, a parameter the
 checkpoint lacks, or a shape or dtype that does not fit is a
 :class:`~model_shards.checkpoint.CheckpointError` naming the tensor. Tensors
 of other pipeline stages are checked by name but never read.
+
+A checkpoint saved from Hugging Face's *base* model (``GPT2Model`` rather than
+``GPT2LMHeadModel``, as ``openai-community/gpt2`` was) names its tensors without the
+wrapper's prefix (``h.0.ln_1.weight`` for ``transformer.h.0.ln_1.weight``): a model that
+declares ``base_model_prefix`` (HF's attribute of that name) has it added back when no
+checkpoint name carries it; an unexpected tensor is named as the checkpoint spells it.
 """
 
 from __future__ import annotations
@@ -40,16 +46,27 @@ def _to_param_name(model: LoadableModel, name: str) -> tuple[str, str | int | No
     return name, None
 
 
+def _names_in_checkpoint(model: LoadableModel, checkpoint: Checkpoint) -> dict[str, str]:
+    """Each checkpoint tensor by the model's name for it → its name in the checkpoint
+    (the same, unless the checkpoint lacks the model's ``base_model_prefix`` throughout)."""
+    names = list(checkpoint.names())
+    prefix = getattr(model, "base_model_prefix", "")  # optional: most models have none
+    if not prefix or any(n.startswith(f"{prefix}.") for n in names):
+        return {n: n for n in names}
+    return {f"{prefix}.{n}": n for n in names}
+
+
 def load_weights(model: LoadableModel, checkpoint: Checkpoint) -> None:
     """Fill every parameter of ``model`` (this stage, this TP rank) from ``checkpoint``."""
     expected = model.expected_checkpoint_names()
+    stored = _names_in_checkpoint(model, checkpoint)
     present = {
-        n for n in checkpoint.names()
+        n for n in stored
         if not n.endswith(model.ignored_suffixes)
         and not n.startswith(model.ignored_prefixes)
         and n not in model.tied_sources
     }  # fmt: skip
-    unexpected = sorted(present - expected)
+    unexpected = sorted(stored[n] for n in present - expected)
     if unexpected:
         raise CheckpointError(f"unexpected tensor(s) in checkpoint: {unexpected[:8]}")
     missing = sorted(expected - present)
@@ -64,7 +81,7 @@ def load_weights(model: LoadableModel, checkpoint: Checkpoint) -> None:
             continue
         param_name, shard_id = _to_param_name(model, name)
         targets = [param_name, *(p for p, src in tied.items() if src == name)]
-        source = checkpoint.source(name)
+        source = checkpoint.source(stored[name])
         for target in targets:
             param = params.get(target)
             if param is None:

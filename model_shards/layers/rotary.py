@@ -1,9 +1,29 @@
-"""Rotary position embeddings (RoPE), with ``linear`` and ``llama3`` frequency scaling.
+"""Rotary position embeddings (RoPE), with ``linear``, ``llama3`` and ``longrope`` scaling.
 
 Half-split ("NeoX") layout as in Hugging Face Llama: for each head,
 ``x' = x * cos + rotate_half(x) * sin`` with ``rotate_half([a, b]) = [-b, a]``.
 Angles are ``position * inv_freq`` in float32, cached for every position; the
 backend's ``rotary_and_cache`` applies them.
+
+``longrope`` (Phi-3's "su" scaling): ``inv_freq_i = 1 / (f_i * theta^(2i/R))`` with one
+factor ``f_i`` per frequency, ``short_factor`` or ``long_factor``, and both cos and sin
+multiplied by ``rope.attention_factor`` (the "mscale"). Which factors a position uses,
+per position: ``p < original_max_position_embeddings`` the short ones, else the long
+ones. Transformers picks one set per *sequence* (the long one for every position once
+the sequence is longer than the original maximum, recomputing its cache when it
+crosses), so the two agree on every sequence of at most
+``original_max_position_embeddings`` tokens and differ, for longer ones, at the
+positions below it. vLLM picks one set per *deployment* (the long one everywhere when
+``max_model_len > original_max_position_embeddings``; earlier versions chose per step:
+the long one for every token of a step in which any position exceeded the maximum).
+Per position keeps a table per position, the same for every sequence of a step (batch
+invariant) and each cached key rotated once.
+
+Partial rotary (``rotary_dim R < head_dim D``: only the first ``R`` dims of a head turn,
+pairing dim ``i`` with ``i + R/2``): the tables turn the first ``R/2`` dims of each half of
+the head (angle 0, cos 1 and sin 0, on the rest), which is that rotation when the head's
+dims are stored in the order :func:`rotary_head_order` gives (the model's q and k weights
+are loaded in that order; ``q . k`` does not change when both are permuted alike).
 """
 
 from __future__ import annotations
@@ -16,11 +36,20 @@ from torch import nn
 from model_shards.config import RopeConfig
 
 
-def inverse_frequencies(head_dim: int, rope: RopeConfig) -> torch.Tensor:
-    """``[head_dim / 2]`` float32 inverse frequencies after scaling."""
-    inv_freq = 1.0 / (
-        rope.theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim)
-    )
+def inverse_frequencies(head_dim: int, rope: RopeConfig, *, long: bool = False) -> torch.Tensor:
+    """``[head_dim / 2]`` float32 inverse frequencies after scaling (``head_dim``: the
+    rotated dims; ``long``: longrope's long factors instead of its short ones)."""
+    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
+    if rope.rope_type == "longrope":
+        factors = torch.tensor(rope.long_factor if long else rope.short_factor)
+        if factors.shape != exponents.shape:
+            which = "long_factor" if long else "short_factor"
+            raise ValueError(
+                f"config.json rope {which} has {factors.numel()} entries, expected "
+                f"{exponents.numel()} (half the rotary dim {head_dim})"
+            )
+        return 1.0 / (factors * rope.theta**exponents)
+    inv_freq = 1.0 / (rope.theta**exponents)
     if rope.rope_type == "linear":
         return inv_freq / rope.factor
     if rope.rope_type == "llama3":
@@ -37,14 +66,53 @@ def inverse_frequencies(head_dim: int, rope: RopeConfig) -> torch.Tensor:
     return inv_freq
 
 
+def rotary_angles(rotary_dim: int, max_positions: int, rope: RopeConfig) -> torch.Tensor:
+    """``[P, rotary_dim / 2]`` float32 angles ``p * inv_freq`` (longrope: the short factors
+    below ``original_max_position_embeddings``, the long ones from there on)."""
+    positions = torch.arange(max_positions, dtype=torch.float32)
+    freqs = torch.outer(positions, inverse_frequencies(rotary_dim, rope))  # [P, R/2]
+    if rope.rope_type == "longrope":
+        long = torch.outer(positions, inverse_frequencies(rotary_dim, rope, long=True))
+        beyond = positions >= rope.original_max_position_embeddings
+        freqs = torch.where(beyond[:, None], long, freqs)
+    return freqs
+
+
+def rotary_head_order(head_dim: int, rotary_dim: int) -> torch.Tensor:
+    """``[head_dim]`` int64: stored dim ``j`` of a q/k head holds original dim ``order[j]``.
+
+    The halves of the stored head are ``[rot_1, pass_1]`` and ``[rot_2, pass_2]``, where
+    ``rot_1, rot_2`` are the two halves of the ``rotary_dim`` rotated dims and ``pass_1,
+    pass_2`` the two halves of the rest: the half-split rotation over the whole head then
+    pairs the rotated dims as a rotation over the first ``rotary_dim`` dims does. The
+    identity when ``rotary_dim == head_dim``.
+    """
+    r, rest = rotary_dim // 2, (head_dim - rotary_dim) // 2
+    if rotary_dim % 2 or (head_dim - rotary_dim) % 2 or not 0 < rotary_dim <= head_dim:
+        raise ValueError(f"rotary dim {rotary_dim} of head dim {head_dim}: both parts must be even")
+    rot, passed = torch.arange(rotary_dim), torch.arange(rotary_dim, head_dim)
+    return torch.cat((rot[:r], passed[:rest], rot[r:], passed[rest:]))
+
+
 class RotaryEmbedding(nn.Module):
-    def __init__(self, head_dim: int, max_positions: int, rope: RopeConfig) -> None:
+    """``cos_cached, sin_cached: [max_positions, head_dim]`` float32 tables, both halves
+    equal; ``rotary_dim`` (default ``head_dim``): see the module docstring."""
+
+    def __init__(
+        self, head_dim: int, max_positions: int, rope: RopeConfig, rotary_dim: int | None = None
+    ) -> None:
         super().__init__()
-        inv_freq = inverse_frequencies(head_dim, rope)
-        positions = torch.arange(max_positions, dtype=torch.float32)
-        freqs = torch.outer(positions, inv_freq)  # [P, D/2]
-        emb = torch.cat((freqs, freqs), dim=-1)  # [P, D]
+        rotary_dim = head_dim if rotary_dim is None else rotary_dim
+        rotary_head_order(head_dim, rotary_dim)  # checks the split
+        freqs = rotary_angles(rotary_dim, max_positions, rope)  # [P, R/2]
+        cos, sin = freqs.cos(), freqs.sin()
+        if rope.rope_type == "longrope":
+            cos, sin = cos * rope.attention_factor, sin * rope.attention_factor
+        if rotary_dim < head_dim:  # the pass-through dims: angle 0, no scaling
+            rest = (max_positions, (head_dim - rotary_dim) // 2)
+            cos = torch.cat((cos, torch.ones(rest)), dim=-1)  # [P, D/2]
+            sin = torch.cat((sin, torch.zeros(rest)), dim=-1)
         self.cos_cached: torch.Tensor
         self.sin_cached: torch.Tensor
-        self.register_buffer("cos_cached", emb.cos(), persistent=False)
-        self.register_buffer("sin_cached", emb.sin(), persistent=False)
+        self.register_buffer("cos_cached", torch.cat((cos, cos), dim=-1), persistent=False)
+        self.register_buffer("sin_cached", torch.cat((sin, sin), dim=-1), persistent=False)

@@ -11,9 +11,19 @@ from types import MappingProxyType
 
 from model_shards.architectures import DECODER_FAMILIES
 from model_shards.models.decoder import DecoderModel, DecoderModelClass
+from model_shards.models.gpt2 import GPT2LMHeadModel
 from model_shards.models.llama import LlamaForCausalLM
+from model_shards.models.olmo2 import Olmo2ForCausalLM
+from model_shards.models.phi3 import Phi3ForCausalLM
+from model_shards.models.qwen3 import Qwen3ForCausalLM
 
-_FAMILY_CLASSES: Mapping[str, DecoderModelClass] = {"llama": LlamaForCausalLM}
+_FAMILY_CLASSES: Mapping[str, DecoderModelClass] = {
+    "gpt2": GPT2LMHeadModel,
+    "llama": LlamaForCausalLM,
+    "olmo2": Olmo2ForCausalLM,
+    "phi3": Phi3ForCausalLM,
+    "qwen3": Qwen3ForCausalLM,
+}
 
 MODEL_REGISTRY: Mapping[str, DecoderModelClass] = MappingProxyType(
     {arch: _FAMILY_CLASSES[family] for arch, family in DECODER_FAMILIES.items()}

@@ -16,9 +16,12 @@ from model_shards.models.llama import LlamaForCausalLM
 
 def test_registry_covers_exactly_the_supported_architectures() -> None:
     assert tuple(MODEL_REGISTRY) == SUPPORTED_ARCHITECTURES == tuple(DECODER_FAMILIES)
-    assert {MODEL_REGISTRY[a] for a in SUPPORTED_ARCHITECTURES} == {LlamaForCausalLM}
+    for arch, family in DECODER_FAMILIES.items():  # each name's class lives in its family file
+        cls = MODEL_REGISTRY[arch]
+        assert cls.__module__ == f"model_shards.models.{family}", (arch, cls)
+    assert MODEL_REGISTRY["LlamaForCausalLM"] is LlamaForCausalLM
     with pytest.raises(TypeError):
-        MODEL_REGISTRY["GPT2LMHeadModel"] = LlamaForCausalLM  # type: ignore[index]
+        MODEL_REGISTRY["SomeOtherForCausalLM"] = LlamaForCausalLM  # type: ignore[index]
 
 
 def _config_dir(path: Path, architecture: str) -> Path:
@@ -39,5 +42,5 @@ def test_config_accepts_each_supported_architecture(tmp_path: Path, architecture
 
 
 def test_config_refuses_an_unlisted_architecture(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match=r"GPT2LMHeadModel.*not supported"):
-        ModelConfig.from_dir(_config_dir(tmp_path / "m", "GPT2LMHeadModel"))
+    with pytest.raises(ValueError, match=r"GPTNeoXForCausalLM.*not supported"):
+        ModelConfig.from_dir(_config_dir(tmp_path / "m", "GPTNeoXForCausalLM"))

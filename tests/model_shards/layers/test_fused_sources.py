@@ -1,0 +1,106 @@
+"""Fused checkpoint tensors (Phi-3's ``qkv_proj`` and ``gate_up_proj``): every rank loads
+exactly what the split layers load from separate q/k/v (gate/up) tensors, reading only
+its own rows of each part from the safetensors file."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from model_shards.backends import ReferenceBackend
+from model_shards.checkpoint import Checkpoint, CheckpointError
+from model_shards.layers.context import ShardContext
+from model_shards.layers.fused_sources import (
+    FusedMergedColumnParallelLinear,
+    FusedPart,
+    FusedQKVParallelLinear,
+)
+from model_shards.layers.linear import MergedColumnParallelLinear, QKVParallelLinear
+from model_shards.layers.rotary import rotary_head_order
+from model_shards.parallel.comm import Comm
+from model_shards.parallel.state import single_process_state
+from tests.model_shards.layers.test_sharding import FullTensor
+
+HIDDEN = 5
+
+
+def _ctx(rank: int, tp: int) -> ShardContext:
+    ps = replace(single_process_state(), tp_rank=rank, tp_size=tp)
+    return ShardContext(Comm(ps), ReferenceBackend(), torch.float32)
+
+
+def _checkpoint(tmp_path: Path, name: str, tensor: torch.Tensor) -> Checkpoint:
+    save_file({name: tensor.contiguous()}, str(tmp_path / "model.safetensors"))
+    return Checkpoint(tmp_path)
+
+
+@pytest.mark.parametrize(("heads", "kv_heads", "tp"), [(6, 2, 1), (6, 2, 2), (4, 1, 2), (4, 2, 4)])
+def test_fused_qkv_reads_only_this_ranks_rows(
+    tmp_path: Path, heads: int, kv_heads: int, tp: int
+) -> None:
+    d = 4
+    q, k, v = (torch.randn(n * d, HIDDEN) for n in (heads, kv_heads, kv_heads))
+    with _checkpoint(tmp_path, "qkv", torch.cat((q, k, v))) as ckpt:
+        for r in range(tp):
+            fused = FusedQKVParallelLinear(HIDDEN, d, heads, kv_heads, False, _ctx(r, tp))
+            split = QKVParallelLinear(HIDDEN, d, heads, kv_heads, False, _ctx(r, tp))
+            for shard_id, part in (("q", q), ("k", k), ("v", v)):
+                split.weight_loader(split.weight, FullTensor(shard_id, part), shard_id)  # type: ignore[arg-type]
+            before = ckpt.bytes_read
+            fused.weight_loader(fused.weight, ckpt.source("qkv"))
+            assert torch.equal(fused.weight.data, split.weight.data)
+            assert ckpt.bytes_read - before == fused.weight.numel() * 4  # its rows, no more
+
+
+def test_fused_qkv_stores_q_and_k_heads_in_rotary_order(tmp_path: Path) -> None:
+    heads, kv_heads, d, tp = 4, 2, 8, 2
+    q, k, v = (torch.randn(n * d, HIDDEN) for n in (heads, kv_heads, kv_heads))
+    order = rotary_head_order(d, 4)
+    with _checkpoint(tmp_path, "qkv", torch.cat((q, k, v))) as ckpt:
+        for r in range(tp):
+            fused = FusedQKVParallelLinear(
+                HIDDEN, d, heads, kv_heads, False, _ctx(r, tp), head_order=order
+            )
+            fused.weight_loader(fused.weight, ckpt.source("qkv"))
+            plain = FusedQKVParallelLinear(HIDDEN, d, heads, kv_heads, False, _ctx(r, tp))
+            plain.weight_loader(plain.weight, ckpt.source("qkv"))
+            qk_heads = (heads + kv_heads) // tp
+            want = plain.weight.data.clone()
+            want[: qk_heads * d] = (
+                want[: qk_heads * d]
+                .view(qk_heads, d, HIDDEN)[:, order]
+                .reshape(qk_heads * d, HIDDEN)
+            )
+            assert torch.equal(fused.weight.data, want)  # v rows (the rest) unchanged
+            assert not torch.equal(fused.weight.data, plain.weight.data)
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_fused_gate_up_reads_only_this_ranks_rows(tmp_path: Path, tp: int) -> None:
+    inter = 6
+    gate, up = torch.randn(inter, HIDDEN), torch.randn(inter, HIDDEN)
+    with _checkpoint(tmp_path, "gate_up", torch.cat((gate, up))) as ckpt:
+        for r in range(tp):
+            fused = FusedMergedColumnParallelLinear(HIDDEN, [inter, inter], False, _ctx(r, tp))
+            split = MergedColumnParallelLinear(HIDDEN, [inter, inter], False, _ctx(r, tp))
+            split.weight_loader(split.weight, FullTensor("g", gate), 0)  # type: ignore[arg-type]
+            split.weight_loader(split.weight, FullTensor("u", up), 1)  # type: ignore[arg-type]
+            before = ckpt.bytes_read
+            fused.weight_loader(fused.weight, ckpt.source("gate_up"))
+            assert torch.equal(fused.weight.data, split.weight.data)
+            assert ckpt.bytes_read - before == fused.weight.numel() * 4
+
+
+def test_fused_tensor_of_the_wrong_size_is_refused_by_name(tmp_path: Path) -> None:
+    with _checkpoint(tmp_path, "model.layers.0.mlp.gate_up_proj.weight", torch.zeros(11, 5)) as c:
+        layer = FusedMergedColumnParallelLinear(HIDDEN, [6, 6], False, _ctx(0, 1))
+        with pytest.raises(CheckpointError, match=r"gate_up_proj\.weight.*dim 0 == 12"):
+            layer.weight_loader(layer.weight, c.source("model.layers.0.mlp.gate_up_proj.weight"))
+        part = FusedPart(c.source("model.layers.0.mlp.gate_up_proj.weight"), 6, 5)
+        assert part.name.endswith("gate_up_proj.weight[6:11]") and part.shape == (5, 5)
+        with pytest.raises(CheckpointError, match=r"\[6:11\]"):
+            part.read(0, 0, 6)
