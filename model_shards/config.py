@@ -20,7 +20,12 @@ from types import MappingProxyType
 from typing import Any, Literal
 
 from model_shards.architectures import SUPPORTED_ARCHITECTURES
-from model_shards.config_json import CHECKPOINT_DTYPES, checkpoint_dtype, read_json
+from model_shards.config_json import (
+    CHECKPOINT_DTYPES,
+    TransformerShape,
+    checkpoint_dtype,
+    read_json,
+)
 from model_shards.encoder_config import ENCODER_ARCHITECTURES, EncoderConfig
 from model_shards.scheduler.config import check_step_limits
 
@@ -45,15 +50,9 @@ class RopeConfig:
 
 
 @dataclass(frozen=True)
-class ModelConfig:
+class ModelConfig(TransformerShape):
     """The subset of a Hugging Face ``config.json`` a decoder-only Llama-family model needs."""
 
-    architecture: str
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_layers: int
-    num_heads: int
     num_kv_heads: int
     head_dim: int
     rms_norm_eps: float

@@ -4,6 +4,7 @@ file, and the ``torch_dtype`` values shardserve can serve."""
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,3 +30,17 @@ def checkpoint_dtype(raw: dict[str, Any], source: str) -> str:
             f"supported: {', '.join(CHECKPOINT_DTYPES)}"
         )
     return name
+
+
+@dataclass(frozen=True)
+class TransformerShape:
+    """What every served model's ``config.json`` says first: its architecture and sizes.
+    :class:`~model_shards.config.ModelConfig` (decoders) and
+    :class:`~model_shards.encoder_config.EncoderConfig` (encoders) extend it."""
+
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int

@@ -8,21 +8,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from model_shards.config_json import checkpoint_dtype, read_json
+from model_shards.config_json import TransformerShape, checkpoint_dtype, read_json
 
 ENCODER_ARCHITECTURES = ("BertModel",)
 
 
 @dataclass(frozen=True)
-class EncoderConfig:
+class EncoderConfig(TransformerShape):
     """A BERT-family encoder served for embeddings, with its sentence-pooling settings."""
 
-    architecture: str
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_layers: int
-    num_heads: int
     max_position_embeddings: int
     type_vocab_size: int
     layer_norm_eps: float

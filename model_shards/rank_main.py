@@ -171,18 +171,24 @@ def serve_rank(
         )  # fmt: skip
         if rank == 0:
             Coordinator(
-                worker,
-                max_num_seqs=config.max_num_seqs,
-                max_num_batched_tokens=config.max_num_batched_tokens,
-                max_model_len=max_len,
+                worker, **_step_limits(config, max_len),
                 enable_prefix_caching=config.enable_prefix_caching,
                 pipeline_overlap=config.pipeline_overlap,
-            ).serve(address)
+            ).serve(address)  # fmt: skip
         else:
             worker.serve_forever()
         clean = True
     finally:
         destroy_parallel(ps if clean else None, peers.close)
+
+
+def _step_limits(config: ReplicaConfig, max_len: int) -> dict[str, int]:
+    """The step limits both coordinators take, from the replica's flags."""
+    return {
+        "max_num_seqs": config.max_num_seqs,
+        "max_num_batched_tokens": config.max_num_batched_tokens,
+        "max_model_len": max_len,
+    }
 
 
 def _serve_encoder(
@@ -197,11 +203,6 @@ def _serve_encoder(
     log.info("loaded encoder tp %d/%d: %.1f MiB read", peers.ps.tp_rank, peers.ps.tp_size,
              worker.bytes_loaded / 2**20)  # fmt: skip
     if rank == 0:
-        EmbeddingCoordinator(
-            worker,
-            max_num_seqs=config.max_num_seqs,
-            max_num_batched_tokens=config.max_num_batched_tokens,
-            max_model_len=max_len,
-        ).serve(address)
+        EmbeddingCoordinator(worker, **_step_limits(config, max_len)).serve(address)
     else:
         worker.serve_forever()
