@@ -15,6 +15,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from model_shards.default_model import DEFAULT_MODEL_CONFIG
+
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 
 PEAK_BW_BY_NAME: tuple[tuple[str, float], ...] = (
@@ -68,26 +70,17 @@ class LlamaShape:
     def hf_config(self, dtype: str, bos_id: int, eos_id: int) -> dict[str, Any]:
         """``config.json`` of a ``LlamaForCausalLM`` with these sizes."""
         return {
-            "architectures": ["LlamaForCausalLM"],
-            "model_type": "llama",
+            **DEFAULT_MODEL_CONFIG,  # the same Llama config.json, these sizes
             "hidden_size": self.hidden,
             "intermediate_size": self.intermediate,
             "num_hidden_layers": self.layers,
             "num_attention_heads": self.heads,
             "num_key_value_heads": self.kv_heads,
             "head_dim": self.head_dim,
-            "hidden_act": "silu",
             "max_position_embeddings": self.max_positions,
             "rms_norm_eps": self.rms_norm_eps,
             "rope_theta": self.rope_theta,
-            "rope_scaling": None,
-            "attention_bias": False,
-            "attention_dropout": 0.0,
-            "mlp_bias": False,
-            "initializer_range": 0.02,
-            "tie_word_embeddings": False,
             "torch_dtype": dtype,
-            "use_cache": True,
             "vocab_size": self.vocab,
             "bos_token_id": bos_id,
             "eos_token_id": eos_id,
