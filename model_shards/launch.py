@@ -37,6 +37,11 @@ def validate_replica(
     ``local_world_size``: ranks on this machine (default: all ``tp * pp``).
     """
     model = config.validate()
+    if isinstance(model, ModelConfig):  # the family's own config.json fields
+        from model_shards.models import MODEL_REGISTRY
+
+        family = MODEL_REGISTRY[model.architecture]
+        family.check_config(model, config.resolved_max_model_len(model))
     verify_checkpoint(config.model_dir)
     if config.device != "cpu":
         from model_shards.parallel.state import choose_backend

@@ -68,9 +68,17 @@ class DecoderModel(LoadableModel, Protocol):
 
 
 class DecoderModelClass(Protocol):
-    """A family's constructor: build this rank's stage (parameters uninitialised until
-    loaded). ``partition``: layers per pipeline stage (``ModelConfig.layer_partition``)."""
+    """A family's class: its ``config.json`` checks and its constructor."""
+
+    def check_config(self, cfg: ModelConfig, max_model_len: int) -> None:
+        """``ValueError`` naming the ``config.json`` field the family cannot serve at
+        ``max_model_len`` tokens; cheap. The parent calls it before spawning any rank
+        (:func:`model_shards.launch.validate_replica`); the constructor calls it again."""
+        ...
 
     def __call__(
         self, cfg: ModelConfig, ctx: ShardContext, max_positions: int, partition: str = "even"
-    ) -> DecoderModel: ...
+    ) -> DecoderModel:
+        """Build this rank's stage (parameters uninitialised until loaded). ``partition``:
+        layers per pipeline stage (``ModelConfig.layer_partition``)."""
+        ...

@@ -33,9 +33,9 @@ from model_shards.layers.conv1d import (
 )
 from model_shards.layers.norm import LayerNorm
 from model_shards.layers.rotary import RotaryEmbedding
-from model_shards.layers.vocab import ParallelLMHead, ReplicatedEmbedding, VocabParallelEmbedding
-from model_shards.models.naming import checkpoint_names_of
-from model_shards.models.stages import MissingLayer, stage_layer_range
+from model_shards.layers.vocab import ReplicatedEmbedding, VocabParallelEmbedding
+from model_shards.models.causal_lm import CausalLM
+from model_shards.models.stages import stage_layers
 
 # HF activation name -> F.gelu's ``approximate`` (gelu_new is the tanh formula; F.gelu's
 # tanh form equals it up to an ulp in float32)
@@ -139,18 +139,17 @@ class GPT2Model(nn.Module):
     ) -> None:  # fmt: skip
         super().__init__()
         ps = ctx.ps
-        counts = cfg.layer_partition(ps.pp_size, partition)
-        self.start, self.end = stage_layer_range(counts, ps.pp_rank)
+
+        def block(cfg: ModelConfig, layer_idx: int, ctx: ShardContext) -> GPT2Block:
+            return GPT2Block(cfg, opts, layer_idx, ctx)
+
+        self.start, self.end, self.h = stage_layers(cfg, ctx, partition, block)
         self.wte: VocabParallelEmbedding | None = None
         self.wpe: ReplicatedEmbedding | None = None
         if ps.is_first_stage:
             self.wte = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, ctx)
             self.wpe = ReplicatedEmbedding(cfg.max_position_embeddings, cfg.hidden_size, ctx)
         self.rotary = NoRotary(cfg.head_dim, max_positions)
-        self.h = nn.ModuleList(
-            GPT2Block(cfg, opts, i, ctx) if self.start <= i < self.end else MissingLayer()
-            for i in range(cfg.num_layers)
-        )
         self.ln_f: LayerNorm | None = None
         if ps.is_last_stage:
             self.ln_f = LayerNorm(cfg.hidden_size, opts.layer_norm_eps, ctx)
@@ -166,74 +165,45 @@ class GPT2Model(nn.Module):
         return x
 
 
-class GPT2LMHeadModel(nn.Module):
-    """HF ``GPT2LMHeadModel``: one pipeline stage on one TP rank."""
+class GPT2LMHeadModel(CausalLM):
+    """HF ``GPT2LMHeadModel``: one pipeline stage on one TP rank. ``c_attn`` is one
+    checkpoint tensor, split by its own loader: nothing is fused by name."""
 
-    # c_attn is one checkpoint tensor, split by its own loader: nothing is fused by name
-    packed_modules_mapping: ClassVar[dict[str, tuple[str, str | int]]] = {}
+    layers_prefix = "transformer.h"
+    embedding_name = "transformer.wte.weight"
+    first_stage_names: ClassVar[tuple[str, ...]] = ("transformer.wpe.weight",)
+    last_stage_names: ClassVar[tuple[str, ...]] = (
+        "transformer.ln_f.weight",
+        "transformer.ln_f.bias",
+    )
     # the causal-mask buffers older HF exports saved (leading dot: not c_attn.bias)
     ignored_suffixes: ClassVar[tuple[str, ...]] = (".attn.bias", ".attn.masked_bias")
-    ignored_prefixes: ClassVar[tuple[str, ...]] = ()
     # openai-community/gpt2 was saved from GPT2Model: its names lack "transformer." (loader.py)
     base_model_prefix: ClassVar[str] = "transformer"
 
     def __init__(
         self, cfg: ModelConfig, ctx: ShardContext, max_positions: int, partition: str = "even"
     ) -> None:
-        """``partition``: layers per pipeline stage, see ``ModelConfig.layer_partition``."""
-        super().__init__()
-        self.config = cfg
-        self.ps = ctx.ps
+        """``partition``: layers per pipeline stage, see ``ModelConfig.layer_partition``.
+        ``ValueError`` naming the ``config.json`` field this model cannot serve."""
+        super().__init__(cfg, ctx)
         opts = GPT2Options.from_config(cfg)
         self.transformer = GPT2Model(cfg, opts, ctx, max_positions, partition)
-        self.lm_head: ParallelLMHead | None = None
-        if self.ps.is_last_stage:
-            self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size, ctx)
-            if cfg.tie_word_embeddings and self.transformer.wte is not None:
-                self.lm_head.weight = self.transformer.wte.weight
+        self.lm_head = self.build_lm_head(ctx, self.transformer.wte)
+
+    @staticmethod
+    def check_config(cfg: ModelConfig, max_model_len: int) -> None:
+        """``ValueError`` naming the ``config.json`` field this model cannot serve
+        (:meth:`GPT2Options.from_config`); the parent calls it before spawning."""
+        GPT2Options.from_config(cfg)
 
     @property
     def model(self) -> GPT2Model:
         """The layer stack (the DecoderModel protocol's name for ``transformer``)."""
         return self.transformer
 
-    @property
-    def tied_sources(self) -> dict[str, str]:
-        """Parameters read from another checkpoint tensor (tied LM head); a checkpoint
-        tensor of that name, if any, is ignored."""
-        if self.config.tie_word_embeddings:
-            return {"lm_head.weight": "transformer.wte.weight"}
-        return {}
-
-    def expected_checkpoint_names(self) -> set[str]:
-        """Every tensor name the *whole* model (all stages) reads from a checkpoint."""
-        suffixes = checkpoint_names_of(self.transformer.h[self.transformer.start], {})
-        names = {f"transformer.h.{i}.{s}" for i in range(self.config.num_layers) for s in suffixes}
-        names |= {"transformer.wte.weight", "transformer.wpe.weight"}
-        names |= {"transformer.ln_f.weight", "transformer.ln_f.bias"}
-        if not self.config.tie_word_embeddings:
-            names.add("lm_head.weight")
-        return names
-
-    def layer_index(self, name: str) -> int | None:
-        """The block a checkpoint name belongs to (``transformer.h.{i}.…``), or ``None``."""
-        parts = name.split(".")
-        if len(parts) > 2 and parts[0] == "transformer" and parts[1] == "h":
-            return int(parts[2])
-        return None
-
-    def owns(self, name: str) -> bool:
-        """Whether this stage holds the checkpoint tensor ``name``."""
-        layer = self.layer_index(name)
-        if layer is not None:
-            return self.transformer.start <= layer < self.transformer.end
-        if name.startswith("transformer.wte."):
-            return self.ps.is_first_stage or (self.ps.is_last_stage and bool(self.tied_sources))
-        if name.startswith("transformer.wpe."):
-            return self.ps.is_first_stage
-        if name.startswith(("transformer.ln_f.", "lm_head.")):
-            return self.ps.is_last_stage
-        return True
+    def stage_layers(self) -> range:
+        return range(self.transformer.start, self.transformer.end)
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         return self.transformer(x, batch)

@@ -4,6 +4,10 @@ Reads like the Hugging Face model; sharding lives in the layers. A stage builds
 only its layers ``[start, end)``; others are :class:`MissingLayer` placeholders
 so parameter names still match the checkpoint's (``model.layers.{i}.…``).
 The first stage owns the embedding, the last the final norm and LM head.
+
+Qwen3, Phi-3 and OLMo 2 keep this stack and its checkpoint names and change the layer:
+their classes subclass :class:`LlamaForCausalLM` and set ``decoder_layer`` (and, where
+they differ, the rotary tables and the ``config.json`` checks).
 """
 
 from __future__ import annotations
@@ -23,19 +27,25 @@ from model_shards.layers.linear import (
 )
 from model_shards.layers.norm import RMSNorm
 from model_shards.layers.rotary import RotaryEmbedding
-from model_shards.layers.vocab import ParallelLMHead, VocabParallelEmbedding
-from model_shards.models.naming import checkpoint_names_of
-from model_shards.models.stages import MissingLayer, stage_layer_range
+from model_shards.layers.vocab import VocabParallelEmbedding
+from model_shards.models.causal_lm import CausalLM
+from model_shards.models.stages import LayerFactory, stage_layers
 
 
 class LlamaAttention(nn.Module):
+    """QKV column-parallel → RoPE + K/V write → attention → o row-parallel.
+
+    q/k/v carry a bias when ``attention_bias`` says so, and so does o, except in Qwen2
+    (whose config forces the q/k/v bias; its o has none)."""
+
     def __init__(self, cfg: ModelConfig, layer_idx: int, ctx: ShardContext) -> None:
         super().__init__()
         self.qkv_proj = QKVParallelLinear(
             cfg.hidden_size, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads, cfg.attention_bias,
             ctx,
         )  # fmt: skip
-        self.o_proj = RowParallelLinear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, False, ctx)
+        o_bias = cfg.attention_bias and cfg.architecture != "Qwen2ForCausalLM"
+        self.o_proj = RowParallelLinear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, o_bias, ctx)
         self.num_heads = self.qkv_proj.num_heads  # per rank
         self.num_kv_heads = self.qkv_proj.num_kv_heads
         self.head_dim = cfg.head_dim
@@ -48,11 +58,14 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaMLP(nn.Module):
-    """``down(silu(gate(x)) * up(x))``: gate/up column-parallel (fused), down row-parallel."""
+    """``down(silu(gate(x)) * up(x))``: gate/up column-parallel (fused), down row-parallel.
+    ``gate_up_class``: how gate/up are read from the checkpoint (two tensors here)."""
+
+    gate_up_class: ClassVar[type[MergedColumnParallelLinear]] = MergedColumnParallelLinear
 
     def __init__(self, cfg: ModelConfig, ctx: ShardContext) -> None:
         super().__init__()
-        self.gate_up_proj = MergedColumnParallelLinear(
+        self.gate_up_proj = self.gate_up_class(
             cfg.hidden_size, [cfg.intermediate_size] * 2, False, ctx
         )
         self.down_proj = RowParallelLinear(cfg.intermediate_size, cfg.hidden_size, False, ctx)
@@ -64,12 +77,18 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
+    """Pre-norm block: ``h = x + attn(norm(x))``, ``out = h + mlp(norm(h))``. A family that
+    changes only the attention or the MLP subclasses it and sets the class here."""
+
+    attention_class: ClassVar[LayerFactory] = LlamaAttention
+    mlp_class: ClassVar[type[LlamaMLP]] = LlamaMLP
+
     def __init__(self, cfg: ModelConfig, layer_idx: int, ctx: ShardContext) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ctx)
-        self.self_attn = LlamaAttention(cfg, layer_idx, ctx)
+        self.self_attn = self.attention_class(cfg, layer_idx, ctx)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ctx)
-        self.mlp = LlamaMLP(cfg, ctx)
+        self.mlp = self.mlp_class(cfg, ctx)
 
     def forward(
         self, x: torch.Tensor, residual: torch.Tensor | None, batch: ForwardBatch
@@ -85,23 +104,22 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
+    """This stage's layers ``[start, end)`` of ``layer`` (any ``(x, residual, batch) ->
+    (x, residual)`` module; a layer that adds its own residual returns ``(out, None)``),
+    the embedding on the first stage, the final norm on the last; ``rotary``: the tables
+    every layer's attention reads from the batch."""
+
     def __init__(
-        self, cfg: ModelConfig, ctx: ShardContext, max_positions: int, partition: str = "even"
-    ) -> None:
+        self, cfg: ModelConfig, ctx: ShardContext, layer: LayerFactory, rotary: RotaryEmbedding,
+        partition: str = "even",
+    ) -> None:  # fmt: skip
         super().__init__()
         ps = ctx.ps
-        counts = cfg.layer_partition(ps.pp_size, partition)
-        self.start, self.end = stage_layer_range(counts, ps.pp_rank)
-        self.ps = ps
+        self.start, self.end, self.layers = stage_layers(cfg, ctx, partition, layer)
         self.embed_tokens: VocabParallelEmbedding | None = None
         if ps.is_first_stage:
             self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, ctx)
-        self.rotary = RotaryEmbedding(cfg.head_dim, max_positions, cfg.rope)
-        self.layers = nn.ModuleList(
-            LlamaDecoderLayer(cfg, i, ctx) if self.start <= i < self.end
-            else MissingLayer()
-            for i in range(cfg.num_layers)
-        )  # fmt: skip
+        self.rotary = rotary
         self.norm: RMSNorm | None = None
         if ps.is_last_stage:
             self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ctx)
@@ -117,10 +135,10 @@ class LlamaModel(nn.Module):
         return x if residual is None else x + residual
 
 
-class LlamaForCausalLM(nn.Module):
+class LlamaForCausalLM(CausalLM):
     """HF ``LlamaForCausalLM`` / ``MistralForCausalLM`` / ``Qwen2ForCausalLM``."""
 
-    # checkpoint name part -> (fused parameter part, shard id)
+    decoder_layer: ClassVar[LayerFactory] = LlamaDecoderLayer
     packed_modules_mapping: ClassVar[dict[str, tuple[str, str | int]]] = {
         "q_proj": ("qkv_proj", "q"),
         "k_proj": ("qkv_proj", "k"),
@@ -130,57 +148,36 @@ class LlamaForCausalLM(nn.Module):
     }
     # checkpoint tensors that carry no weights (older HF exports)
     ignored_suffixes: ClassVar[tuple[str, ...]] = ("rotary_emb.inv_freq",)
-    ignored_prefixes: ClassVar[tuple[str, ...]] = ()
 
     def __init__(
         self, cfg: ModelConfig, ctx: ShardContext, max_positions: int, partition: str = "even"
     ) -> None:
-        """``partition``: layers per pipeline stage, see ``ModelConfig.layer_partition``."""
-        super().__init__()
-        self.config = cfg
-        self.ps = ctx.ps
-        self.model = LlamaModel(cfg, ctx, max_positions, partition)
-        self.lm_head: ParallelLMHead | None = None
-        if self.ps.is_last_stage:
-            self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size, ctx)
-            if cfg.tie_word_embeddings and self.model.embed_tokens is not None:
-                self.lm_head.weight = self.model.embed_tokens.weight
+        """``partition``: layers per pipeline stage, see ``ModelConfig.layer_partition``.
+        ``ValueError`` naming the ``config.json`` field this model cannot serve."""
+        self.check_config(cfg, max_positions)
+        super().__init__(cfg, ctx)
+        rotary = self.rotary_tables(cfg, max_positions)
+        self.model = LlamaModel(cfg, ctx, self.decoder_layer, rotary, partition)
+        self.lm_head = self.build_lm_head(ctx, self.model.embed_tokens)
 
-    @property
-    def tied_sources(self) -> dict[str, str]:
-        """Parameters read from another checkpoint tensor (tied LM head); a checkpoint
-        tensor of that name, if any, is ignored."""
-        if self.config.tie_word_embeddings:
-            return {"lm_head.weight": "model.embed_tokens.weight"}
-        return {}
+    @classmethod
+    def check_config(cls, cfg: ModelConfig, max_model_len: int) -> None:
+        """``ValueError`` naming the ``config.json`` field this model cannot serve at
+        ``max_model_len`` tokens. The parent calls it before spawning any rank
+        (``launch.validate_replica``); the constructor again."""
+        act = str(cfg.extra.get("hidden_act", "silu"))
+        if act != "silu":
+            raise ValueError(
+                f"config.json: hidden_act {act!r} not supported for {cfg.architecture} (silu)"
+            )
 
-    def expected_checkpoint_names(self) -> set[str]:
-        """Every tensor name the *whole* model (all stages) reads from a checkpoint."""
-        first_local = self.model.layers[self.model.start]
-        suffixes = checkpoint_names_of(first_local, self.packed_modules_mapping)
-        names = {f"model.layers.{i}.{s}" for i in range(self.config.num_layers) for s in suffixes}
-        names |= {"model.embed_tokens.weight", "model.norm.weight"}
-        if not self.config.tie_word_embeddings:
-            names.add("lm_head.weight")
-        return names
+    @staticmethod
+    def rotary_tables(cfg: ModelConfig, max_positions: int) -> RotaryEmbedding:
+        """The RoPE tables of every layer, positions ``0 .. max_positions - 1``."""
+        return RotaryEmbedding(cfg.head_dim, max_positions, cfg.rope)
 
-    def layer_index(self, name: str) -> int | None:
-        """The decoder layer a checkpoint name belongs to, or ``None``."""
-        parts = name.split(".")
-        if len(parts) > 2 and parts[0] == "model" and parts[1] == "layers":
-            return int(parts[2])
-        return None
-
-    def owns(self, name: str) -> bool:
-        """Whether this stage holds the checkpoint tensor ``name``."""
-        layer = self.layer_index(name)
-        if layer is not None:
-            return self.model.start <= layer < self.model.end
-        if name.startswith("model.embed_tokens."):
-            return self.ps.is_first_stage or (self.ps.is_last_stage and bool(self.tied_sources))
-        if name.startswith(("model.norm.", "lm_head.")):
-            return self.ps.is_last_stage
-        return True
+    def stage_layers(self) -> range:
+        return range(self.model.start, self.model.end)
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         return self.model(x, batch)

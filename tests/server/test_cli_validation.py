@@ -54,17 +54,34 @@ BERT_CONFIG = {
     "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
     "max_position_embeddings": 128,
 }  # fmt: skip
+GPT2_CONFIG = {
+    "architectures": ["GPT2LMHeadModel"], "vocab_size": 400, "n_embd": 64, "n_layer": 2,
+    "n_head": 4, "n_positions": 128,
+}  # fmt: skip
+# each family's tiny config (the Llama one renamed, GPT-2's own spelling), then one field
+# of it the family refuses (checked by the family class before spawning)
+FAMILIES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
+    "qwen3": ({"architectures": ["Qwen3ForCausalLM"]}, {"use_sliding_window": True}),
+    "phi3": ({"architectures": ["Phi3ForCausalLM"]}, {"sliding_window": 64}),
+    "olmo2": ({"architectures": ["Olmo2ForCausalLM"]}, {"hidden_act": "gelu"}),
+    "gpt2": ({}, {"scale_attn_by_inverse_layer_idx": True}),
+}
 
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("models")
-    return {
+    found = {
         "llama": _model(root / "llama"),
         "llama-float64": _model(root / "llama-float64", torch_dtype="float64"),
         "bert": _model(root / "bert", BERT_CONFIG),
         "bert-int8": _model(root / "bert-int8", BERT_CONFIG, torch_dtype="int8"),
     }
+    for family, (fields, refused) in FAMILIES.items():
+        base = GPT2_CONFIG if family == "gpt2" else None
+        found[family] = _model(root / family, base, **fields)
+        found[f"{family}-refused"] = _model(root / f"{family}-refused", base, **fields, **refused)
+    return found
 
 
 @pytest.fixture
@@ -151,6 +168,12 @@ CASES: list[tuple[list[str], str | None, list[str], tuple[str, ...]]] = [
     (SERVE, "llama-float64", [], ("torch_dtype", "float64", "float32, bfloat16, float16")),
     (ENGINE, "bert-int8", [], ("torch_dtype", "int8", "float32, bfloat16, float16")),
     (SERVE, "llama", ["--dtype", "float64"], ("--dtype",)),
+    # a family's own config.json fields, refused by its class (check_config)
+    (SERVE, "qwen3-refused", [], ("config.json", "use_sliding_window")),
+    (SERVE, "phi3-refused", [], ("sliding_window 64", "--max-model-len 64")),
+    (SERVE, "olmo2-refused", [], ("config.json", "hidden_act 'gelu'")),
+    (SERVE, "gpt2-refused", [], ("config.json", "scale_attn_by_inverse_layer_idx")),
+    (ENGINE, "olmo2-refused", [], ("hidden_act 'gelu'",)),
     (SERVE, "llama", ["--device", "tpu"], ("--device",)),
     # data parallelism and --engine
     (SERVE, "llama", ["-dp", "0"], ("--data-parallel-size",)),
@@ -279,6 +302,21 @@ def test_the_same_flags_corrected_reach_spawning(
     """The controls: the checks above refuse the mistake, not the directory or the base flags."""
     with pytest.raises(Spawned):
         run([*SERVE, "--model", str(models["llama"]), *extra])
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    ("model", "extra"),
+    [("qwen3", []), ("phi3", []), ("phi3-refused", ["--max-model-len", "64"]), ("olmo2", []),
+     ("gpt2", [])],
+)  # fmt: skip
+def test_family_configs_without_the_refused_field_reach_spawning(
+    models: dict[str, Path], no_spawning: None, model: str, extra: list[str]
+) -> None:
+    """The controls of the family cases: each family's config, and Phi-3's window served
+    no longer than itself, pass every check."""
+    with pytest.raises(Spawned):
+        run([*SERVE, "--model", str(models[model]), *extra])
 
 
 @pytest.mark.timeout(60)

@@ -1,5 +1,6 @@
 """Single-process checks of what the TP×PP parity suite does not cover: Mistral,
-``linear`` rope scaling, and reduced-precision dtypes, each against transformers."""
+``linear`` rope scaling, reduced-precision dtypes and Llama's ``attention_bias``, each
+against transformers."""
 
 from __future__ import annotations
 
@@ -7,13 +8,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import MistralConfig, MistralForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
 
 from model_shards.config import ModelConfig, ReplicaConfig
 from model_shards.coordinator import Coordinator
 from model_shards.parallel.comm import Comm
 from model_shards.parallel.state import single_process_state
 from model_shards.worker import Worker
+from tests.checkpoints import hf_prompt_logits
 from tests.logits import prompt_logits, record_logits
 
 
@@ -54,3 +56,23 @@ def test_mistral_linear_rope_matches_transformers(
         ref = ref_model(torch.tensor([prompt])).logits[0, -1].float()
     rel = ((ours - ref).abs().max() / ref.abs().max()).item()
     assert rel < tolerance, f"{dtype}: relative error {rel:.2e}"
+
+
+def test_llama_attention_bias_covers_o_proj(tmp_path: Path) -> None:
+    """HF Llama's ``attention_bias`` biases q, k, v *and* o (Qwen2's only q, k, v)."""
+    torch.manual_seed(0)
+    cfg = LlamaConfig(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=503, max_position_embeddings=128,
+        attention_bias=True, initializer_range=0.2,
+    )  # fmt: skip
+    model = LlamaForCausalLM(cfg)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("_proj.bias"):
+                param.normal_(0.0, 0.5)  # transformers initialises biases to zero
+    model.save_pretrained(tmp_path / "llama")
+    prompt = [5, 77, 300, 2, 499, 18, 64, 9]
+    ours = _logits(tmp_path / "llama", "float32", prompt)
+    ref = hf_prompt_logits(tmp_path / "llama", prompt)[-1]
+    assert ((ours - ref).abs().max() / ref.abs().max()).item() < 1e-4

@@ -65,7 +65,16 @@ def test_window_shorter_than_the_served_length_is_refused_naming_it() -> None:
     assert Phi3Options.parse(cfg, max_positions=2047).sliding_window == 2047
     assert Phi3Options.parse(ModelConfig.from_dict(_raw(sliding_window=None)), 4096).rotary_dim
     with pytest.raises(ValueError, match=r"hidden_act 'gelu'"):
-        Phi3Options.parse(ModelConfig.from_dict(_raw(hidden_act="gelu")), 64)
+        Phi3ForCausalLM.check_config(ModelConfig.from_dict(_raw(hidden_act="gelu")), 64)
+
+
+def test_longrope_factors_not_one_per_rotated_frequency_are_refused() -> None:
+    raw = _raw()
+    raw["rope_parameters"] = dict(raw["rope_parameters"])
+    raw["rope_parameters"]["long_factor"] = raw["rope_parameters"]["long_factor"][:-1]
+    cfg = ModelConfig.from_dict(raw)
+    with pytest.raises(ValueError, match=r"long_factor has \d+ entries"):
+        Phi3ForCausalLM.check_config(cfg, 64)
 
 
 def test_older_config_spellings() -> None:

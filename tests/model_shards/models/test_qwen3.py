@@ -13,7 +13,7 @@ from model_shards.backends import ReferenceBackend
 from model_shards.config import ModelConfig, ReplicaConfig
 from model_shards.coordinator import Coordinator
 from model_shards.layers.context import ShardContext
-from model_shards.models.qwen3 import Qwen3ForCausalLM
+from model_shards.models.qwen3 import Qwen3ForCausalLM, Qwen3Options
 from model_shards.parallel.comm import Comm
 from model_shards.parallel.state import single_process_state
 from model_shards.worker import Worker
@@ -62,8 +62,9 @@ def test_unsupported_config_is_refused_naming_the_field(fields: dict[str, Any], 
 def test_full_attention_config_builds() -> None:
     cfg = ModelConfig.from_dict(_raw_config())
     model = Qwen3ForCausalLM(cfg, ShardContext.single_process(ReferenceBackend()), 64)
-    assert not model.options.use_sliding_window
-    assert model.options.layer_types == ("full_attention",) * 3
+    options = Qwen3Options.parse(cfg)
+    assert not options.use_sliding_window
+    assert options.layer_types == ("full_attention",) * 3
     names = model.expected_checkpoint_names()
     assert "model.layers.2.self_attn.q_norm.weight" in names
     assert "model.layers.0.self_attn.k_norm.weight" in names
