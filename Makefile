@@ -31,6 +31,7 @@ test: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check server model_shards tests benchmarks deploy
+	$(BIN)/ruff format --check server model_shards tests benchmarks deploy
 	$(BIN)/mypy
 
 BENCH_DEPS := benchmarks/.cache/pydeps

@@ -74,8 +74,15 @@ from benchmarks.gpu.settings import SMOKE_OVERRIDES, WORK_DIR, Budget, Deadline,
 from benchmarks.gpu.shapes import default_peak_bw
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
-EXPECTED = ("parity.bfloat16", "parity.float32", "ours.startup", "ours.c1", "ours.c32",
-            "hf.b1", "hf.b32")  # fmt: skip
+EXPECTED = (
+    "parity.bfloat16",
+    "parity.float32",
+    "ours.startup",
+    "ours.c1",
+    "ours.c32",
+    "hf.b1",
+    "hf.b32",
+)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

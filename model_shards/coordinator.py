@@ -60,10 +60,16 @@ class _InFlight:
 
 class Coordinator:
     def __init__(
-        self, worker: Worker, *, max_num_seqs: int, max_num_batched_tokens: int,
-        max_model_len: int, enable_prefix_caching: bool = True, pipeline_overlap: bool = True,
+        self,
+        worker: Worker,
+        *,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        max_model_len: int,
+        enable_prefix_caching: bool = True,
+        pipeline_overlap: bool = True,
         keepalive_s: float = 10.0,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.worker = worker
         self.ps = worker.ps
         cfg = worker.model.config
@@ -138,8 +144,9 @@ class Coordinator:
     def _launch(self) -> _InFlight | None:
         """Schedule a step, send its plan, run stage 0; ``None`` when it ran no chunk."""
         scheduled = self.scheduler.schedule(self.max_in_flight)
-        sampled = [seq for seq, c in zip(scheduled.sequences, scheduled.chunks, strict=True)
-                   if c.sample]  # fmt: skip
+        sampled = [
+            seq for seq, c in zip(scheduled.sequences, scheduled.chunks, strict=True) if c.sample
+        ]
         plan = StepPlan(
             step_id=self._next_step_id(),
             chunks=scheduled.chunks,
@@ -161,11 +168,13 @@ class Coordinator:
             return updates
         by_seq = {id(seq): lp for seq, lp in zip(step.sampled, result.logprobs, strict=True)}
         return [
-            SeqUpdate(u.sequence, msgspec.structs.replace(
-                u.output, logprobs=[by_seq[id(u.sequence)]]
-            )) if u.sequence.request.sampling.logprobs is not None else u
+            SeqUpdate(
+                u.sequence, msgspec.structs.replace(u.output, logprobs=[by_seq[id(u.sequence)]])
+            )
+            if u.sequence.request.sampling.logprobs is not None
+            else u
             for u in updates
-        ]  # fmt: skip
+        ]
 
     def _with_stop_ids(self, scheduled: ScheduledStep) -> list[NewSequence]:
         """Tell the sampler which tokens to mask while ``min_tokens`` are not yet out."""
@@ -193,7 +202,8 @@ class Coordinator:
         while self._in_flight:
             self._finish(self._in_flight.popleft())
         broadcast_plan(
-            StepPlan(step_id=self._next_step_id(), shutdown=True), self.worker.comm,
+            StepPlan(step_id=self._next_step_id(), shutdown=True),
+            self.worker.comm,
             self.worker.pending,
         )
         self.worker.pending.wait_all()

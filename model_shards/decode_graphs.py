@@ -29,9 +29,15 @@ from model_shards.models import DecoderModel
 
 class DecodeGraphs:
     def __init__(
-        self, model: DecoderModel, kv: PagedKVCache, max_num_seqs: int, max_model_len: int,
-        graph_backend: GraphBackend, *, enforce_eager: bool = False,
-    ) -> None:  # fmt: skip
+        self,
+        model: DecoderModel,
+        kv: PagedKVCache,
+        max_num_seqs: int,
+        max_model_len: int,
+        graph_backend: GraphBackend,
+        *,
+        enforce_eager: bool = False,
+    ) -> None:
         self.model, self.kv = model, kv
         ps = model.ps
         buckets = decode_buckets(max_num_seqs)
@@ -52,11 +58,15 @@ class DecodeGraphs:
     def _forward(self, inputs: DecodeInputs) -> torch.Tensor:
         n = int(inputs.positions.shape[0])
         batch = ForwardBatch(
-            positions=inputs.positions, slot_mapping=inputs.slot_mapping,
-            decode_rows=self.rows[:n], decode_tables=inputs.block_tables,
-            decode_lens=inputs.context_lens, prefill=None, kv=self.kv,
+            positions=inputs.positions,
+            slot_mapping=inputs.slot_mapping,
+            decode_rows=self.rows[:n],
+            decode_tables=inputs.block_tables,
+            decode_lens=inputs.context_lens,
+            prefill=None,
+            kv=self.kv,
             max_decode_len=self.max_blocks * self.kv.block_size,
-        )  # fmt: skip
+        )
         x = inputs.token_ids if inputs.hidden is None else inputs.hidden
         hidden = self.model(x, batch)  # [n, H]
         if self.model.lm_head is None:
@@ -77,6 +87,6 @@ class DecodeGraphs:
             context_lens=ends,
             token_ids=None if hidden is not None else [c.token_ids[0] for c in chunks],
             hidden=hidden,
-        )  # fmt: skip
+        )
         out = self.runner.run(step)
         return out if self.model.lm_head is not None else out.clone()

@@ -31,9 +31,14 @@ from model_shards.worker import broadcast_plan
 
 class EmbeddingCoordinator:
     def __init__(
-        self, worker: EncoderWorker, *, max_num_seqs: int, max_num_batched_tokens: int,
-        max_model_len: int, keepalive_s: float = 10.0,
-    ) -> None:  # fmt: skip
+        self,
+        worker: EncoderWorker,
+        *,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        max_model_len: int,
+        keepalive_s: float = 10.0,
+    ) -> None:
         self.worker = worker
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens

@@ -80,9 +80,10 @@ class EncoderConfig(TransformerShape):
 
     def valid_tp_sizes(self) -> list[int]:
         return [
-            t for t in range(1, self.num_heads + 1)
+            t
+            for t in range(1, self.num_heads + 1)
             if self.num_heads % t == 0 and self.intermediate_size % t == 0
-        ]  # fmt: skip
+        ]
 
     def check_layout(self, tp: int, pp: int) -> None:
         if tp not in self.valid_tp_sizes():

@@ -64,9 +64,14 @@ def forward_peak_bytes(
         ]
     dtype = next(model.parameters()).dtype
     kv = PagedKVCache(
-        range(model.model.start, model.model.end), blocks, block_size,
-        max(1, cfg.num_kv_heads // ps.tp_size), cfg.head_dim, dtype, device,
-    )  # fmt: skip
+        range(model.model.start, model.model.end),
+        blocks,
+        block_size,
+        max(1, cfg.num_kv_heads // ps.tp_size),
+        cfg.head_dim,
+        dtype,
+        device,
+    )
     kv.extend_tables(chunks)
     torch.cuda.synchronize(device)
     base = torch.cuda.memory_allocated(device)

@@ -16,9 +16,15 @@ from model_shards.messages import SeqChunk
 
 class PagedKVCache:
     def __init__(
-        self, layers: range, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
-        dtype: torch.dtype, device: torch.device,
-    ) -> None:  # fmt: skip
+        self,
+        layers: range,
+        num_blocks: int,
+        block_size: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
         self.block_size = block_size
         self.num_blocks = num_blocks
         shape = (num_blocks * block_size, num_kv_heads, head_dim)

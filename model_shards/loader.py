@@ -61,11 +61,12 @@ def load_weights(model: LoadableModel, checkpoint: Checkpoint) -> None:
     expected = model.expected_checkpoint_names()
     stored = _names_in_checkpoint(model, checkpoint)
     present = {
-        n for n in stored
+        n
+        for n in stored
         if not n.endswith(model.ignored_suffixes)
         and not n.startswith(model.ignored_prefixes)
         and n not in model.tied_sources
-    }  # fmt: skip
+    }
     unexpected = sorted(stored[n] for n in present - expected)
     if unexpected:
         raise CheckpointError(f"unexpected tensor(s) in checkpoint: {unexpected[:8]}")
@@ -93,8 +94,7 @@ def load_weights(model: LoadableModel, checkpoint: Checkpoint) -> None:
                 loader(param, source, shard_id)
             loaded.add(target if shard_id is None else f"{target}[{shard_id}]")
     not_loaded = [
-        n for n in params
-        if n not in loaded and not any(k.startswith(f"{n}[") for k in loaded)
-    ]  # fmt: skip
+        n for n in params if n not in loaded and not any(k.startswith(f"{n}[") for k in loaded)
+    ]
     if not_loaded:
         raise CheckpointError(f"parameter(s) not filled by the checkpoint: {not_loaded[:8]}")

@@ -52,9 +52,13 @@ def _log_as(rank: int) -> None:
 
 
 def run_rank(
-    rank: int, config: ReplicaConfig, master_addr: str, master_port: int, address: str,
+    rank: int,
+    config: ReplicaConfig,
+    master_addr: str,
+    master_port: int,
+    address: str,
     visible_devices: str | None = None,
-) -> None:  # fmt: skip
+) -> None:
     """Entry point of a rank process spawned by :func:`model_shards.launch.start_replica`."""
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the frontend, which stops us
@@ -64,12 +68,20 @@ def run_rank(
     from model_shards.parallel.state import init_parallel
 
     serve_rank(
-        rank, config, address,
+        rank,
+        config,
+        address,
         lambda: init_parallel(
-            rank, config.tp, config.pp, master_addr=master_addr, master_port=master_port,
-            device=config.device, timeout_s=config.collective_timeout_s, cuda_index=rank,
+            rank,
+            config.tp,
+            config.pp,
+            master_addr=master_addr,
+            master_port=master_port,
+            device=config.device,
+            timeout_s=config.collective_timeout_s,
+            cuda_index=rank,
         ),
-    )  # fmt: skip
+    )
 
 
 @dataclass(frozen=True)
@@ -96,8 +108,11 @@ class TorchrunRank:
 
         ``ValueError`` when a variable is missing or the world is not ``world_size``.
         """
-        missing = [k for k in ("RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
-                               "MASTER_PORT") if k not in env]  # fmt: skip
+        missing = [
+            k
+            for k in ("RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+            if k not in env
+        ]
         if missing:
             raise ValueError(f"not started by torchrun: {', '.join(missing)} unset")
         torchrun_rank, world = int(env["RANK"]), int(env["WORLD_SIZE"])
@@ -125,13 +140,21 @@ def run_torchrun_rank(config: ReplicaConfig, address: str, node_rank: int) -> No
     from model_shards.parallel.state import init_parallel
 
     serve_rank(
-        me.rank, config, address,
+        me.rank,
+        config,
+        address,
         lambda: init_parallel(
-            me.rank, config.tp, config.pp, master_addr=None, master_port=None,
-            device=config.device, timeout_s=config.collective_timeout_s,
-            cuda_index=me.rank % me.nproc_per_node, local_world_size=me.nproc_per_node,
+            me.rank,
+            config.tp,
+            config.pp,
+            master_addr=None,
+            master_port=None,
+            device=config.device,
+            timeout_s=config.collective_timeout_s,
+            cuda_index=me.rank % me.nproc_per_node,
+            local_world_size=me.nproc_per_node,
         ),
-    )  # fmt: skip
+    )
 
 
 def serve_rank(
@@ -165,16 +188,25 @@ def serve_rank(
         log.info(
             "loaded stage %d/%d tp %d/%d on %s (%s backend, %s): %.1f MiB read; KV cache %d "
             "blocks x %d = %d tokens",
-            ps.pp_rank, ps.pp_size, ps.tp_rank, ps.tp_size, ps.device, worker.ops.name,
-            str(worker.dtype).removeprefix("torch."), worker.bytes_loaded / 2**20,
-            worker.kv.num_blocks, worker.kv.block_size, worker.kv.num_blocks * worker.kv.block_size,
-        )  # fmt: skip
+            ps.pp_rank,
+            ps.pp_size,
+            ps.tp_rank,
+            ps.tp_size,
+            ps.device,
+            worker.ops.name,
+            str(worker.dtype).removeprefix("torch."),
+            worker.bytes_loaded / 2**20,
+            worker.kv.num_blocks,
+            worker.kv.block_size,
+            worker.kv.num_blocks * worker.kv.block_size,
+        )
         if rank == 0:
             Coordinator(
-                worker, **_step_limits(config, max_len),
+                worker,
+                **_step_limits(config, max_len),
                 enable_prefix_caching=config.enable_prefix_caching,
                 pipeline_overlap=config.pipeline_overlap,
-            ).serve(address)  # fmt: skip
+            ).serve(address)
         else:
             worker.serve_forever()
         clean = True
@@ -192,16 +224,24 @@ def _step_limits(config: ReplicaConfig, max_len: int) -> dict[str, int]:
 
 
 def _serve_encoder(
-    rank: int, config: ReplicaConfig, model: EncoderConfig, peers: Comm, address: str,
+    rank: int,
+    config: ReplicaConfig,
+    model: EncoderConfig,
+    peers: Comm,
+    address: str,
     max_len: int,
-) -> None:  # fmt: skip
+) -> None:
     """An embedding replica: rank 0 batches inputs, every rank runs its encoder shard."""
     from model_shards.embedding_coordinator import EmbeddingCoordinator
     from model_shards.encoder_worker import EncoderWorker
 
     worker = EncoderWorker.build(config, model, peers)
-    log.info("loaded encoder tp %d/%d: %.1f MiB read", peers.ps.tp_rank, peers.ps.tp_size,
-             worker.bytes_loaded / 2**20)  # fmt: skip
+    log.info(
+        "loaded encoder tp %d/%d: %.1f MiB read",
+        peers.ps.tp_rank,
+        peers.ps.tp_size,
+        worker.bytes_loaded / 2**20,
+    )
     if rank == 0:
         EmbeddingCoordinator(worker, **_step_limits(config, max_len)).serve(address)
     else:

@@ -36,9 +36,13 @@ def _sampling_problem(s: SamplingParams) -> str | None:
         ("top_k", s.top_k, s.top_k >= 0, ">= 0 (0: off)"),
         ("min_p", s.min_p, 0 <= s.min_p <= 1, "in [0, 1]"),
         ("repetition_penalty", s.repetition_penalty, s.repetition_penalty > 0, "> 0"),
-        ("logprobs", s.logprobs, s.logprobs is None or 0 <= s.logprobs <= MAX_LOGPROBS,
-         f"in 0..{MAX_LOGPROBS}"),
-    )  # fmt: skip
+        (
+            "logprobs",
+            s.logprobs,
+            s.logprobs is None or 0 <= s.logprobs <= MAX_LOGPROBS,
+            f"in 0..{MAX_LOGPROBS}",
+        ),
+    )
     for name, value, ok, rule in checks:
         if not ok:
             return f"sampling parameters out of range: {name} = {value!r} must be {rule}"

@@ -198,9 +198,12 @@ class Sampler:
             return SampleOutput(tokens.cpu())
         out = _with_logprobs(tokens, logits.float(), k)
         return SampleOutput(
-            out.tokens.cpu(), *(None if x is None else x.cpu() for x in
-                                (out.logprobs, out.top_ids, out.top_logprobs)),
-        )  # fmt: skip
+            out.tokens.cpu(),
+            *(
+                None if x is None else x.cpu()
+                for x in (out.logprobs, out.top_ids, out.top_logprobs)
+            ),
+        )
 
 
 def _with_logprobs(tokens: torch.Tensor, logits: torch.Tensor, k: int | None) -> SampleOutput:

@@ -103,33 +103,44 @@ class SamplingTensors:
         greedy = [int(p.temperature <= 0) for p in params]
         ints = _to_device([top_k, [int(s) for s in seeds], greedy], torch.int64, device, pin)
         tensors = cls(
-            temperature=floats[0], top_p=floats[1], min_p=floats[2],
-            repetition_penalty=floats[3], presence_penalty=floats[4],
-            frequency_penalty=floats[5], top_k=ints[0], seeds=ints[1], greedy=ints[2].bool(),
+            temperature=floats[0],
+            top_p=floats[1],
+            min_p=floats[2],
+            repetition_penalty=floats[3],
+            presence_penalty=floats[4],
+            frequency_penalty=floats[5],
+            top_k=ints[0],
+            seeds=ints[1],
+            greedy=ints[2].bool(),
             max_top_k=max(top_k, default=0),
             any_top_p=any(p.top_p < 1.0 for p in params),
             any_min_p=any(p.min_p > 0.0 for p in params),
             all_greedy=all(greedy),
-        )  # fmt: skip
+        )
         penalised = [r for r, p in enumerate(params) if has_penalties(p)]
         stops = [] if stop_ids is None else [r for r in range(rows) if stop_ids[r]]
         if penalised or stops:
             prompt_idx, output_idx = _history_indices(
                 penalised, histories, num_prompt_tokens, vocab_size
             )
-            stop_idx = [
-                torch.tensor(list(stop_ids[r]), dtype=torch.int64) + r * vocab_size
-                for r in stops
-            ] if stop_ids is not None else []  # fmt: skip
+            stop_idx = (
+                [torch.tensor(list(stop_ids[r]), dtype=torch.int64) + r * vocab_size for r in stops]
+                if stop_ids is not None
+                else []
+            )
             tensors._add_dense(
                 (prompt_idx, output_idx, stop_idx), bool(penalised), vocab_size, device, pin
             )
         return tensors
 
     def _add_dense(
-        self, groups: tuple[list[torch.Tensor], ...], penalised: bool, vocab_size: int,
-        device: torch.device, pin: bool,
-    ) -> None:  # fmt: skip
+        self,
+        groups: tuple[list[torch.Tensor], ...],
+        penalised: bool,
+        vocab_size: int,
+        device: torch.device,
+        pin: bool,
+    ) -> None:
         """The ``[S, V]`` inputs from flat ``row * V + token`` indices (prompt tokens,
         output tokens, stop tokens). The output is counted on the host (unique indices
         and their counts), everything travels in one copy and is written on the device
@@ -175,9 +186,11 @@ def _float_rows(params: Sequence[SamplingParams]) -> list[list[float]]:
 
 
 def _to_device(
-    data: list[list[float]] | list[list[int]] | torch.Tensor, dtype: torch.dtype,
-    device: torch.device, pin: bool,
-) -> torch.Tensor:  # fmt: skip
+    data: list[list[float]] | list[list[int]] | torch.Tensor,
+    dtype: torch.dtype,
+    device: torch.device,
+    pin: bool,
+) -> torch.Tensor:
     """One host → device copy (from pinned memory when ``pin``, then asynchronous)."""
     host = data if isinstance(data, torch.Tensor) else torch.tensor(data, dtype=dtype)
     if device.type == "cpu":
@@ -188,9 +201,11 @@ def _to_device(
 
 
 def _history_indices(
-    rows: Sequence[int], histories: Sequence[Sequence[int] | None] | None,
-    num_prompt_tokens: Sequence[int] | None, vocab_size: int,
-) -> tuple[list[torch.Tensor], list[torch.Tensor]]:  # fmt: skip
+    rows: Sequence[int],
+    histories: Sequence[Sequence[int] | None] | None,
+    num_prompt_tokens: Sequence[int] | None,
+    vocab_size: int,
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """Flat ``row * V + token`` indices of the prompt and of the output tokens of
     ``rows``' histories (duplicates kept: the output ones are counted)."""
     prompt: list[torch.Tensor] = []

@@ -59,16 +59,40 @@ def torchrun_command(
 ) -> list[str]:
     """The ``torchrun`` command line that runs this node's ranks of the replica."""
     nproc = layout.nproc_per_node(config.world_size)
-    command = [python, "-m", "torch.distributed.run", "--nnodes", str(layout.nnodes),
-               "--nproc-per-node", str(nproc), "--max-restarts", "0"]  # fmt: skip
+    command = [
+        python,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        str(layout.nnodes),
+        "--nproc-per-node",
+        str(nproc),
+        "--max-restarts",
+        "0",
+    ]
     if layout.rdzv_endpoint:
-        command += ["--rdzv-backend", "c10d", "--rdzv-endpoint", layout.rdzv_endpoint,
-                    "--rdzv-id", layout.rdzv_id]  # fmt: skip
+        command += [
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            layout.rdzv_endpoint,
+            "--rdzv-id",
+            layout.rdzv_id,
+        ]
     else:
         command += ["--standalone"]
     config_json = json.dumps(dataclasses.asdict(config))
-    return [*command, "-m", "model_shards.torchrun_worker", "--config-json", config_json,
-            "--address", address, "--node-rank", str(layout.node_rank)]  # fmt: skip
+    return [
+        *command,
+        "-m",
+        "model_shards.torchrun_worker",
+        "--config-json",
+        config_json,
+        "--address",
+        address,
+        "--node-rank",
+        str(layout.node_rank),
+    ]
 
 
 def main(argv: list[str] | None = None) -> None:

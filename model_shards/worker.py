@@ -75,9 +75,15 @@ def receive_plan(peers: Comm) -> StepPlan:
 
 
 def kv_cache_blocks(
-    cfg: ModelConfig, replica: ReplicaConfig, peers: Comm, model: DecoderModel,
-    dtype: torch.dtype, max_model_len: int, *, graphs: bool,
-) -> int:  # fmt: skip
+    cfg: ModelConfig,
+    replica: ReplicaConfig,
+    peers: Comm,
+    model: DecoderModel,
+    dtype: torch.dtype,
+    max_model_len: int,
+    *,
+    graphs: bool,
+) -> int:
     """Blocks this rank's memory budget allows, agreed (minimum) over the whole replica.
 
     Budget: ``--kv-cache-memory``; else on GPU what :mod:`model_shards.gpu_memory`
@@ -121,9 +127,13 @@ def _gpu_kv_budget(
     log.info(
         "GPU memory: %.2f GiB total, %.2f GiB in use after loading, forward peak %.2f GiB "
         "(%d tokens), graph pool %.2f GiB: %.2f GiB for the KV cache",
-        total / 2**30, (total - free) / 2**30, peak / 2**30, tokens, pool / 2**30,
+        total / 2**30,
+        (total - free) / 2**30,
+        peak / 2**30,
+        tokens,
+        pool / 2**30,
         budget / 2**30,
-    )  # fmt: skip
+    )
     return budget
 
 
@@ -139,9 +149,14 @@ class Worker:
         self.dtype = dtype = ctx.dtype
         cfg = model.config
         self.kv = PagedKVCache(
-            range(model.model.start, model.model.end), num_blocks, block_size,
-            max(1, cfg.num_kv_heads // ps.tp_size), cfg.head_dim, dtype, ps.device,
-        )  # fmt: skip
+            range(model.model.start, model.model.end),
+            num_blocks,
+            block_size,
+            max(1, cfg.num_kv_heads // ps.tp_size),
+            cfg.head_dim,
+            dtype,
+            ps.device,
+        )
         self.sampler = Sampler(ctx.ops)
         self.graphs: DecodeGraphs | None = None  # set by build() on a backend with graphs
         self.bytes_loaded = 0
@@ -149,9 +164,12 @@ class Worker:
 
     @staticmethod
     def build(
-        replica: ReplicaConfig, cfg: ModelConfig, peers: Comm, max_model_len: int,
+        replica: ReplicaConfig,
+        cfg: ModelConfig,
+        peers: Comm,
+        max_model_len: int,
         ops: Backend | None = None,
-    ) -> Worker:  # fmt: skip
+    ) -> Worker:
         """Build this rank's stage, load its slices of the checkpoint, size the KV pool.
 
         ``ops``: the backend (default: :func:`select_backend` for the rank's device)."""
@@ -169,9 +187,14 @@ class Worker:
         prepare_weights(model)
         graph_backend = None if replica.enforce_eager else ops.graph_backend()
         blocks = kv_cache_blocks(
-            cfg, replica, peers, model.eval(), dtype, max_model_len,
+            cfg,
+            replica,
+            peers,
+            model.eval(),
+            dtype,
+            max_model_len,
             graphs=graph_backend is not None,
-        )  # fmt: skip
+        )
         worker = Worker(model, ctx, blocks, replica.block_size)
         if graph_backend is not None:
             worker.graphs = DecodeGraphs(

@@ -280,9 +280,7 @@ def _add_completion_route(
 ) -> None:
     """``POST /v1/completions``: JSON or SSE."""
 
-    @app.post(
-        "/v1/completions", response_model=None, openapi_extra=schemas.body(CompletionRequest)
-    )
+    @app.post("/v1/completions", response_model=None, openapi_extra=schemas.body(CompletionRequest))
     async def create_completion(request: Request) -> Response:
         body = await _parse(request, CompletionRequest)
         work: Plan = completions.prepare(serving, body, new_id("cmpl"))

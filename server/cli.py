@@ -249,9 +249,13 @@ def _start_replicas(config: ReplicaConfig, dp: int) -> Sequence[ReplicaHandle]:
     handles = start_replicas(config, dp)
     for i, handle in enumerate(handles):
         logger.info(
-            "started replica %d tp=%d pp=%d at %s; rank pids %s", i, config.tp, config.pp,
-            handle.address, handle.pids(),
-        )  # fmt: skip
+            "started replica %d tp=%d pp=%d at %s; rank pids %s",
+            i,
+            config.tp,
+            config.pp,
+            handle.address,
+            handle.pids(),
+        )
     return handles
 
 
@@ -303,33 +307,47 @@ def _replica_clients(
     def spawned_client(replica: int) -> Callable[[SpawnedReplica], EngineClient]:
         def make(handle: SpawnedReplica) -> EngineClient:
             return EngineClient(
-                handle.address, is_alive=handle.is_alive, describe_death=handle.death,
-                batch_window_s=window_s, on_stats=board.reporter(replica),
-            )  # fmt: skip
+                handle.address,
+                is_alive=handle.is_alive,
+                describe_death=handle.death,
+                batch_window_s=window_s,
+                on_stats=board.reporter(replica),
+            )
 
         return make
 
     if handles:
         return [
             ReplicaSupervisor(
-                h, spawned_client(i), name=f"replica {i}", max_restarts=args.max_restarts,
-                ready_timeout_s=READY_TIMEOUT_S, on_down=lambda i=i: board.forget(i),  # type: ignore[misc]
+                h,
+                spawned_client(i),
+                name=f"replica {i}",
+                max_restarts=args.max_restarts,
+                ready_timeout_s=READY_TIMEOUT_S,
+                on_down=lambda i=i: board.forget(i),  # type: ignore[misc]
             )
             for i, h in enumerate(handles)
-        ]  # fmt: skip
+        ]
     return [
         EngineClient(
-            address, batch_window_s=window_s, heartbeat_s=HEARTBEAT_S,
-            heartbeat_timeout_s=HEARTBEAT_TIMEOUT_S, on_stats=board.reporter(i),
+            address,
+            batch_window_s=window_s,
+            heartbeat_s=HEARTBEAT_S,
+            heartbeat_timeout_s=HEARTBEAT_TIMEOUT_S,
+            on_stats=board.reporter(i),
         )
         for i, address in enumerate(args.engine)
-    ]  # fmt: skip
+    ]
 
 
 def _http_server(
-    args: argparse.Namespace, router: Router, tokenizer: Tokenizer, name: str,
-    max_model_len: int, metrics: Metrics,
-) -> DrainingServer:  # fmt: skip
+    args: argparse.Namespace,
+    router: Router,
+    tokenizer: Tokenizer,
+    name: str,
+    max_model_len: int,
+    metrics: Metrics,
+) -> DrainingServer:
     """The OpenAI-compatible app over ``router`` with the flags' limits, in a uvicorn
     server that drains requests in flight on the first signal."""
     import uvicorn

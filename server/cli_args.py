@@ -31,9 +31,10 @@ ENGINE_ADDRESS_FORMS = "tcp://HOST:PORT or ipc://PATH"
 def add_replica_flags(command: argparse.ArgumentParser) -> None:
     """Flags that describe one replica (both ``serve`` and ``engine`` take them)."""
     command.add_argument(
-        "--model", default=os.environ.get(MODEL_ENV) or None,
+        "--model",
+        default=os.environ.get(MODEL_ENV) or None,
         help=f"checkpoint directory (default: ${MODEL_ENV}, else the built-in tiny Llama)",
-    )  # fmt: skip
+    )
     command.add_argument("--tensor-parallel-size", "-tp", type=int, default=1, metavar="N")
     command.add_argument("--pipeline-parallel-size", "-pp", type=int, default=1, metavar="M")
     command.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto")
@@ -45,32 +46,43 @@ def add_replica_flags(command: argparse.ArgumentParser) -> None:
     engine.add_argument("--max-num-batched-tokens", type=int, default=8192, metavar="T")
     engine.add_argument("--block-size", type=int, default=16, help="KV cache block size (tokens)")
     engine.add_argument(
-        "--kv-cache-memory", type=_size, default=None, metavar="SIZE",
+        "--kv-cache-memory",
+        type=_size,
+        default=None,
+        metavar="SIZE",
         help="KV cache bytes per rank, e.g. 2GiB (default: GPU memory utilization, or 1GiB on CPU)",
-    )  # fmt: skip
+    )
     engine.add_argument("--gpu-memory-utilization", type=float, default=0.9, metavar="F")
     engine.add_argument(
-        "--no-prefix-caching", dest="prefix_caching", action="store_false",
+        "--no-prefix-caching",
+        dest="prefix_caching",
+        action="store_false",
         help="turn off automatic prefix caching",
-    )  # fmt: skip
+    )
     engine.add_argument(
-        "--no-pipeline-overlap", dest="pipeline_overlap", action="store_false",
+        "--no-pipeline-overlap",
+        dest="pipeline_overlap",
+        action="store_false",
         help="with -pp > 1, run one micro-batch at a time (for comparison)",
-    )  # fmt: skip
+    )
     engine.add_argument(
-        "--enforce-eager", action="store_true",
+        "--enforce-eager",
+        action="store_true",
         help="CUDA: run every step eagerly (no CUDA graphs for decode-only steps)",
-    )  # fmt: skip
+    )
     engine.add_argument(
-        "--batch-invariant", action="store_true",
+        "--batch-invariant",
+        action="store_true",
         help="CUDA: GEMM, attention and RMSNorm with a fixed reduction order, so a row's "
         "output does not depend on its batch (CPU backends always are)",
-    )  # fmt: skip
+    )
     engine.add_argument(
-        "--pp-layer-partition", default="even", metavar="SPEC",
+        "--pp-layer-partition",
+        default="even",
+        metavar="SPEC",
         help="layers per pipeline stage: 'even' (default), 'balanced' (equal compute, the LM "
         "head counted on the last stage) or counts such as 19,11",
-    )  # fmt: skip
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -80,9 +92,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser(  # handled in server.cli.main before parsing: the load generator's flags
-        "bench", help="load-test an OpenAI-compatible server (see `shardserve bench --help`)",
+        "bench",
+        help="load-test an OpenAI-compatible server (see `shardserve bench --help`)",
         add_help=False,
-    )  # fmt: skip
+    )
     _add_serve_parser(commands)
     _add_engine_parser(commands)
     _add_ping_parser(commands)
@@ -93,31 +106,44 @@ def _add_serve_parser(commands: Any) -> None:
     serve = commands.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API")
     add_replica_flags(serve)
     serve.add_argument(
-        "--data-parallel-size", "-dp", type=_positive_int, default=1, metavar="D",
+        "--data-parallel-size",
+        "-dp",
+        type=_positive_int,
+        default=1,
+        metavar="D",
         help="replicas to start behind this frontend (least-loaded routing)",
-    )  # fmt: skip
+    )
     serve.add_argument(
-        "--engine", action="append", default=[], metavar="tcp://HOST:PORT",
+        "--engine",
+        action="append",
+        default=[],
+        metavar="tcp://HOST:PORT",
         help="serve a replica started by 'shardserve engine' instead of starting one "
         "(repeat for several replicas); the tokenizer still comes from --model",
-    )  # fmt: skip
+    )
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=_port, default=8000, help="0 picks a free port")
     serve.add_argument(
         "--served-model-name", type=_non_empty, help="model name in the API (default: dir name)"
     )
     serve.add_argument(
-        "--batch-window-ms", type=_non_negative_float, default=2.0,
+        "--batch-window-ms",
+        type=_non_negative_float,
+        default=2.0,
         help="how long the frontend gathers requests into one batch",
-    )  # fmt: skip
+    )
     serve.add_argument(
-        "--api-key", type=_non_empty, default=os.environ.get(API_KEY_ENV) or None,
+        "--api-key",
+        type=_non_empty,
+        default=os.environ.get(API_KEY_ENV) or None,
         help=f"require 'Authorization: Bearer KEY' on /v1/* (default: ${API_KEY_ENV})",
-    )  # fmt: skip
+    )
     serve.add_argument(
-        "--max-request-bytes", type=_positive_int, default=DEFAULT_MAX_REQUEST_BYTES,
+        "--max-request-bytes",
+        type=_positive_int,
+        default=DEFAULT_MAX_REQUEST_BYTES,
         help="larger request bodies get a 413 (default: 8 MiB)",
-    )  # fmt: skip
+    )
     _add_resilience_flags(serve)
 
 
@@ -125,26 +151,41 @@ def _add_resilience_flags(serve: argparse.ArgumentParser) -> None:
     """Recovery, load shedding, timeouts and draining (``serve`` only)."""
     group = serve.add_argument_group("resilience")
     group.add_argument(
-        "--max-restarts", type=_non_negative_int, default=3, metavar="N",
+        "--max-restarts",
+        type=_non_negative_int,
+        default=3,
+        metavar="N",
         help="restart a replica whose rank died at most N times in a row (default 3)",
-    )  # fmt: skip
+    )
     group.add_argument(
-        "--max-queued-requests", type=_positive_int, default=None, metavar="N",
+        "--max-queued-requests",
+        type=_positive_int,
+        default=None,
+        metavar="N",
         help="refuse new requests with 429 while N are outstanding (default: no limit)",
-    )  # fmt: skip
+    )
     group.add_argument(
-        "--max-queued-tokens", type=_positive_int, default=None, metavar="T",
+        "--max-queued-tokens",
+        type=_positive_int,
+        default=None,
+        metavar="T",
         help="refuse new requests with 429 while their prompt + max_tokens (embeddings: their "
         "input tokens) would take the outstanding tokens past T (default: no limit)",
-    )  # fmt: skip
+    )
     group.add_argument(
-        "--request-timeout", type=_positive_float, default=None, metavar="SECONDS",
+        "--request-timeout",
+        type=_positive_float,
+        default=None,
+        metavar="SECONDS",
         help="end a request after SECONDS with a 504 (or an SSE error event) and abort it",
-    )  # fmt: skip
+    )
     group.add_argument(
-        "--shutdown-timeout", type=_non_negative_float, default=30.0, metavar="SECONDS",
+        "--shutdown-timeout",
+        type=_non_negative_float,
+        default=30.0,
+        metavar="SECONDS",
         help="on SIGTERM, let requests in flight finish for up to SECONDS (default 30)",
-    )  # fmt: skip
+    )
 
 
 def _add_engine_parser(commands: Any) -> None:
@@ -154,18 +195,22 @@ def _add_engine_parser(commands: Any) -> None:
     add_replica_flags(engine)
     net = engine.add_argument_group("where frontends connect (rank 0's ZMQ ROUTER)")
     net.add_argument(
-        "--engine-host", type=_non_empty, default="0.0.0.0",
+        "--engine-host",
+        type=_non_empty,
+        default="0.0.0.0",
         help="interface rank 0 binds (default 0.0.0.0: reachable from other hosts; the "
         "protocol has no authentication, keep it on a private network)",
-    )  # fmt: skip
+    )
     net.add_argument("--engine-port", type=_listen_port, default=DEFAULT_ENGINE_PORT)
     nodes = engine.add_argument_group("several nodes (torchrun, c10d rendezvous)")
     nodes.add_argument("--nnodes", type=int, default=1, help="nodes this replica spans")
     nodes.add_argument("--node-rank", type=int, default=0, help="0 runs the coordinator")
     nodes.add_argument(
-        "--rdzv-endpoint", type=_host_port, metavar="HOST:PORT",
+        "--rdzv-endpoint",
+        type=_host_port,
+        metavar="HOST:PORT",
         help="c10d rendezvous, the same on every node (default with one node: --standalone)",
-    )  # fmt: skip
+    )
     nodes.add_argument(
         "--rdzv-id", type=_non_empty, default="shardserve", help="names this replica's rendezvous"
     )

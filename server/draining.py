@@ -44,8 +44,10 @@ class DrainingServer(uvicorn.Server):
         self.lifecycle.start_draining()
         logger.info(
             "%s: draining %d request(s) in flight for up to %g s (--shutdown-timeout)",
-            signal.Signals(sig).name, self.lifecycle.in_flight, self.shutdown_timeout_s,
-        )  # fmt: skip
+            signal.Signals(sig).name,
+            self.lifecycle.in_flight,
+            self.shutdown_timeout_s,
+        )
         self._loop.call_soon_threadsafe(self._start_drain)
 
     def _start_drain(self) -> None:
@@ -55,6 +57,7 @@ class DrainingServer(uvicorn.Server):
         if not await self.lifecycle.wait_idle(self.shutdown_timeout_s):
             logger.warning(
                 "%d request(s) still in flight after %g s; stopping anyway",
-                self.lifecycle.in_flight, self.shutdown_timeout_s,
-            )  # fmt: skip
+                self.lifecycle.in_flight,
+                self.shutdown_timeout_s,
+            )
         self.should_exit = True

@@ -47,8 +47,13 @@ def run_engine(args: argparse.Namespace) -> int:
     command = torchrun_command(config, address, layout)
     logger.info(
         "node %d/%d: %d rank(s) of tp=%d pp=%d; rank 0 serves %s",
-        layout.node_rank, layout.nnodes, nproc, config.tp, config.pp, address,
-    )  # fmt: skip
+        layout.node_rank,
+        layout.nnodes,
+        nproc,
+        config.tp,
+        config.pp,
+        address,
+    )
     sys.stdout.flush()
     sys.stderr.flush()
     os.execv(command[0], command)

@@ -80,17 +80,19 @@ class Admission:
 
 def _overloaded(message: str) -> APIError:
     return APIError(
-        429, message, type="server_error", code="server_overloaded",
+        429,
+        message,
+        type="server_error",
+        code="server_overloaded",
         headers={"Retry-After": str(RETRY_AFTER_S)},
-    )  # fmt: skip
+    )
 
 
 def timeout_error(timeout_s: float) -> APIError:
     """The 504 of a request that ran past ``--request-timeout``."""
     return APIError(
         504,
-        f"the request did not finish within {timeout_s:g} s (--request-timeout); "
-        "it was cancelled",
+        f"the request did not finish within {timeout_s:g} s (--request-timeout); it was cancelled",
         type="server_error",
         code="request_timeout",
     )

@@ -170,9 +170,11 @@ class FrontDoor:
 
 def _shutting_down() -> APIError:
     return APIError(
-        503, "the server is shutting down; retry on another instance",
-        type="server_error", code="shutting_down",
-    )  # fmt: skip
+        503,
+        "the server is shutting down; retry on another instance",
+        type="server_error",
+        code="shutting_down",
+    )
 
 
 def _replay(messages: list[Message], receive: Receive) -> Receive:

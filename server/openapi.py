@@ -29,9 +29,7 @@ class BodySchemas:
         self._components.update(schema.pop("$defs", {}))
         self._components[model.__name__] = schema
         ref = {"$ref": _REF.format(model=model.__name__)}
-        return {
-            "requestBody": {"required": True, "content": {"application/json": {"schema": ref}}}
-        }
+        return {"requestBody": {"required": True, "content": {"application/json": {"schema": ref}}}}
 
     def install(self, app: FastAPI) -> None:
         """Make ``app.openapi()`` include every collected schema."""

@@ -64,12 +64,16 @@ class Router:
         self.clients = list(clients)
         # per replica: routed requests and outstanding tokens, their label looked up once
         # (the gauge is set on every streamed token)
-        self._routed = [] if metrics is None else [
-            metrics.replica_requests.labels(replica=str(r)) for r in range(len(clients))
-        ]  # fmt: skip  # a replica's counter shows 0 before its first request
-        self._outstanding_gauges = [] if metrics is None else [
-            metrics.replica_outstanding.labels(replica=str(r)) for r in range(len(clients))
-        ]  # fmt: skip
+        self._routed = (
+            []
+            if metrics is None
+            else [metrics.replica_requests.labels(replica=str(r)) for r in range(len(clients))]
+        )  # a replica's counter shows 0 before its first request
+        self._outstanding_gauges = (
+            []
+            if metrics is None
+            else [metrics.replica_outstanding.labels(replica=str(r)) for r in range(len(clients))]
+        )
         self._info: EngineReady | None = None
         self._outstanding = [0] * len(clients)
         self._where: dict[str, int] = {}  # request id -> replica

@@ -177,8 +177,10 @@ class ReplicaSupervisor:
                     replay = msgspec.structs.replace(request, resume_output_ids=resumed)
                     logger.warning(
                         "%s: replaying request %s after %d token(s)",
-                        self.name, request.request_id, len(produced),
-                    )  # fmt: skip
+                        self.name,
+                        request.request_id,
+                        len(produced),
+                    )
                 try:
                     source = client.generate(replay)
                     async with contextlib.aclosing(source):
@@ -246,8 +248,12 @@ class ReplicaSupervisor:
         self._notify()
         if time.monotonic() - self._up_since >= self._stable_s:
             self._attempts = 0
-        logger.error("%s failed: %s; restarting it (--max-restarts %d)",
-                     self.name, reason, self._max_restarts)  # fmt: skip
+        logger.error(
+            "%s failed: %s; restarting it (--max-restarts %d)",
+            self.name,
+            reason,
+            self._max_restarts,
+        )
         if self._on_down is not None:
             self._on_down()
         await self._client.close()
@@ -273,9 +279,14 @@ class ReplicaSupervisor:
             self._recovering = None
             self._up_since = time.monotonic()
             self.restarts += 1
-            logger.info("%s recovered (restart %d, attempt %d); rank pids %s at %s",
-                        self.name, self.restarts, self._attempts, self.handle.pids(),
-                        self.handle.address)  # fmt: skip
+            logger.info(
+                "%s recovered (restart %d, attempt %d); rank pids %s at %s",
+                self.name,
+                self.restarts,
+                self._attempts,
+                self.handle.pids(),
+                self.handle.address,
+            )
             self._notify()
             return
 

@@ -42,8 +42,16 @@ def live_server(
     log_path = tmp_path / "serve.log"
     env = {**os.environ, "SHARDSERVE_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": str(REPO)}
     command = [
-        sys.executable, "-m", "server.cli", "serve", "--port", "0", "--device", TEST_DEVICE, *args
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "server.cli",
+        "serve",
+        "--port",
+        "0",
+        "--device",
+        TEST_DEVICE,
+        *args,
+    ]
     with log_path.open("w") as log:
         proc = subprocess.Popen(command, cwd=REPO, env=env, stderr=log, stdout=log)
     children: list[psutil.Process] = []

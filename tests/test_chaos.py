@@ -35,9 +35,11 @@ PROMPTS = ["Hello world", "The quick brown fox", "Once upon a time", "1 2 3 4"]
 
 def _body(i: int) -> dict[str, object]:
     body: dict[str, object] = {
-        "prompt": PROMPTS[i % len(PROMPTS)], "max_tokens": NEW_TOKENS, "ignore_eos": True,
+        "prompt": PROMPTS[i % len(PROMPTS)],
+        "max_tokens": NEW_TOKENS,
+        "ignore_eos": True,
         "stream": i % 2 == 1,
-    }  # fmt: skip
+    }
     if i % 4 < 2:
         body["temperature"] = 0
     else:
@@ -72,8 +74,9 @@ async def _all(url: str) -> list[str]:
 
 
 def _running(http: httpx.Client) -> float:
-    match = re.search(r"^shardserve_generation_tokens_total (\S+)$", http.get("/metrics").text,
-                      re.MULTILINE)  # fmt: skip
+    match = re.search(
+        r"^shardserve_generation_tokens_total (\S+)$", http.get("/metrics").text, re.MULTILINE
+    )
     return float(match.group(1)) if match else 0.0
 
 
@@ -91,8 +94,10 @@ def _kill_and_check(server: LiveServer, rank: int, expected: list[str]) -> None:
         wait_until(
             lambda: _running(http) >= before + 2 * NUM_REQUESTS,
             "some tokens out: the requests are mid-generation",
-            timeout=120, interval=0.05, explain=server.log,
-        )  # fmt: skip
+            timeout=120,
+            interval=0.05,
+            explain=server.log,
+        )
         pid = _rank_pids(server.log())[rank]
         os.kill(pid, signal.SIGKILL)
         killed_at = time.monotonic()

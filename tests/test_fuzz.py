@@ -30,8 +30,9 @@ from tests.waiting import async_wait_until
 def base_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     directory = tmp_path_factory.mktemp("fuzz")
     tokenizer = Tokenizer.from_dir(write_tiny_tokenizer(Path(directory) / "tok"))
-    engine = FakeEngine(f"ipc://{directory}/engine.sock", tokenizer.vocab_size, [EOS_ID],
-                        special_ids={0}).start()  # fmt: skip
+    engine = FakeEngine(
+        f"ipc://{directory}/engine.sock", tokenizer.vocab_size, [EOS_ID], special_ids={0}
+    ).start()
     sock = free_socket()
     loop = asyncio.new_event_loop()
     started = threading.Event()
@@ -71,8 +72,12 @@ def test_no_5xx_on_any_route(base_url: str) -> None:
     for operation in operations:
 
         @given(case=operation.as_strategy())
-        @settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck),
-                  derandomize=True)  # fmt: skip
+        @settings(
+            max_examples=30,
+            deadline=None,
+            suppress_health_check=list(HealthCheck),
+            derandomize=True,
+        )
         def check(case: schemathesis.Case) -> None:
             response = case.call(base_url=base_url, timeout=30)
             assert response.status_code < 500, (case.path, case.body, response.text)

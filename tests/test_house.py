@@ -19,9 +19,11 @@ _HEAD_END = re.compile(r"\)\s*(const\s*)?(noexcept\s*)?(->\s*[\w:<>,\s*&]+)?\s*\
 
 def _sources(suffixes: tuple[str, ...]) -> list[Path]:
     return sorted(
-        p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*")
+        p
+        for pkg in PACKAGES
+        for p in (ROOT / pkg).rglob("*")
         if p.suffix in suffixes and ".cache" not in p.parts and "__pycache__" not in p.parts
-    )  # fmt: skip
+    )
 
 
 def _python_functions(path: Path) -> list[tuple[str, int, int]]:
@@ -47,8 +49,12 @@ def cpp_functions(text: str) -> list[tuple[str, int, int]]:
     while i < len(lines):
         head = lines[i]
         before_paren = head.split("(")[0]
-        if not _HEAD_END.search(head) or _CONTROL.match(head) or any(
-            c in before_paren for c in "=[") or "(" not in "".join(lines[max(0, i - 8) : i + 1]):
+        if (
+            not _HEAD_END.search(head)
+            or _CONTROL.match(head)
+            or any(c in before_paren for c in "=[")
+            or "(" not in "".join(lines[max(0, i - 8) : i + 1])
+        ):
             i += 1
             continue
         start = i

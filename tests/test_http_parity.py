@@ -85,8 +85,18 @@ def test_tp2_pp2_server_matches_transformers(tmp_path: Path) -> None:
         expected.append(
             tokenizer.decode(hf_greedy(model_dir, ids, NEW_TOKENS), skip_special_tokens=True)
         )
-    args = ["--model", str(model_dir), "-tp", "2", "-pp", "2", "--served-model-name", "tiny",
-            "--dtype", "float32"]  # fmt: skip
+    args = [
+        "--model",
+        str(model_dir),
+        "-tp",
+        "2",
+        "-pp",
+        "2",
+        "--served-model-name",
+        "tiny",
+        "--dtype",
+        "float32",
+    ]
     with live_server(args, tmp_path) as server:
         assert asyncio.run(_run_all(server.url, prompts, stream=False)) == expected
         assert asyncio.run(_run_all(server.url, prompts, stream=True)) == expected

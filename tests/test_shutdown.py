@@ -35,22 +35,31 @@ async def _until_in_flight(url: str, count: int) -> None:
 
         async def all_in_flight() -> bool:
             text = (await http.get("/metrics")).text
-            in_flight = sum(_metric(text, f"shardserve_num_requests_{state}")
-                            for state in ("running", "waiting"))  # fmt: skip
+            in_flight = sum(
+                _metric(text, f"shardserve_num_requests_{state}")
+                for state in ("running", "waiting")
+            )
             return in_flight == count
 
-        await async_wait_until(all_in_flight, f"{count} requests in flight", timeout=60,
-                               interval=0.05)  # fmt: skip
+        await async_wait_until(
+            all_in_flight, f"{count} requests in flight", timeout=60, interval=0.05
+        )
 
 
 async def _stream_text(url: str, max_tokens: int) -> tuple[str, int]:
-    body = {"prompt": "Once upon a time", "max_tokens": max_tokens, "ignore_eos": True,
-            "temperature": 0, "stream": True,
-            "stream_options": {"include_usage": True}}  # fmt: skip
+    body = {
+        "prompt": "Once upon a time",
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     tokens = 0
-    async with httpx.AsyncClient(base_url=url, timeout=120) as client, client.stream(
-        "POST", "/v1/completions", json=body
-    ) as r:
+    async with (
+        httpx.AsyncClient(base_url=url, timeout=120) as client,
+        client.stream("POST", "/v1/completions", json=body) as r,
+    ):
         assert r.status_code == 200
         lines = [line async for line in r.aiter_lines() if line.startswith("data: ")]
     assert lines[-1] == "data: [DONE]"
@@ -96,11 +105,11 @@ def test_sigterm_drains_in_flight_requests(tmp_path: Path) -> None:
 @pytest.mark.timeout(240)
 def test_disconnect_frees_kv_blocks(tmp_path: Path) -> None:
     model_dir = build_tiny_llama(tmp_path / "llama")
-    with live_server(["--model", str(model_dir)], tmp_path) as server, httpx.Client(
-        base_url=server.url, timeout=30
-    ) as http:
-        body = {"prompt": "Hello world", "max_tokens": 400, "ignore_eos": True,
-                "stream": True}  # fmt: skip
+    with (
+        live_server(["--model", str(model_dir)], tmp_path) as server,
+        httpx.Client(base_url=server.url, timeout=30) as http,
+    ):
+        body = {"prompt": "Hello world", "max_tokens": 400, "ignore_eos": True, "stream": True}
         with http.stream("POST", "/v1/completions", json=body) as r:
             for _ in r.iter_lines():
                 if _kv_usage(http) > 0:

@@ -40,9 +40,15 @@ def _entry(
     torch.set_num_threads(1)
     try:
         ps = init_parallel(
-            rank, tp, pp, master_addr="127.0.0.1", master_port=port, device=TEST_DEVICE,
-            timeout_s=60, cuda_index=rank,
-        )  # fmt: skip
+            rank,
+            tp,
+            pp,
+            master_addr="127.0.0.1",
+            master_port=port,
+            device=TEST_DEVICE,
+            timeout_s=60,
+            cuda_index=rank,
+        )
         peers = Comm.open(ps)
         fn(peers, *args)
         destroy_parallel(ps, peers.close)

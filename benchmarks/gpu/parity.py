@@ -30,8 +30,13 @@ _SUMMARY = re.compile(r"^(?P<body>.+?)\s+in\s+(?P<secs>\d+(?:\.\d+)?)s\b")
 _ITEM = re.compile(r"^(\d+) ([a-z]+)$")
 _PROGRESS = re.compile(r"^([.FEsxX]+)\s*(?:\[\s*\d+%\])?$")
 _PROGRESS_CHARS = {
-    ".": "passed", "F": "failed", "E": "errors", "s": "skipped", "x": "xfailed", "X": "xpassed"
-}  # fmt: skip
+    ".": "passed",
+    "F": "failed",
+    "E": "errors",
+    "s": "skipped",
+    "x": "xfailed",
+    "X": "xpassed",
+}
 
 
 def _counts(body: str) -> dict[str, int] | None:

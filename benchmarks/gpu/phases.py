@@ -78,9 +78,17 @@ def phase(run: Run, key: str) -> Iterator[None]:
 def start_build(run: Run) -> Proc:
     s = run.settings
     command = [
-        sys.executable, "-m", "benchmarks.gpu.build_model", str(s.model_dir),
-        "--shape", s.shape_name, "--device", s.device, "--dtype", s.dtype,
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "benchmarks.gpu.build_model",
+        str(s.model_dir),
+        "--shape",
+        s.shape_name,
+        "--device",
+        s.device,
+        "--dtype",
+        s.dtype,
+    ]
     return run.procs.start(command, s.logs_dir / "build.log")
 
 

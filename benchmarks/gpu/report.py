@@ -172,8 +172,15 @@ def throughput_rows(results: dict[str, Any]) -> list[Row]:
     for name, path, unit in plain:
         value = measured(results, path)
         out.append((name, _fmt(value, unit), "", _status(value, None)))
-    out.insert(1, ("ours c=1 % of HBM roofline", _fmt(roof, " %", 1, 100.0), "≥ 75 %",
-                   _status(roof, roof_ok)))  # fmt: skip
+    out.insert(
+        1,
+        (
+            "ours c=1 % of HBM roofline",
+            _fmt(roof, " %", 1, 100.0),
+            "≥ 75 %",
+            _status(roof, roof_ok),
+        ),
+    )
     out.append(("ours c=32 / HF batch 32", _fmt(big, "×", 2), "≥ 5×", _status(big, big_ok)))
     out.append(("ours c=1 / HF batch 1", _fmt(small, "×", 2), "", _status(small, None)))
     return out

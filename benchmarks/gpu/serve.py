@@ -45,15 +45,25 @@ def serve_command(
 ) -> list[str]:
     """``shardserve serve`` (as ``python -m server.cli``, so no install is needed)."""
     return [
-        sys.executable, "-m", "server.cli", "serve",
-        "--model", str(model_dir),
-        "--device", device,
-        "--dtype", dtype,
-        "--host", "127.0.0.1",
-        "--port", str(port),
-        "--max-num-seqs", str(max_num_seqs),
-        "--max-model-len", str(max_model_len),
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "server.cli",
+        "serve",
+        "--model",
+        str(model_dir),
+        "--device",
+        device,
+        "--dtype",
+        dtype,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--max-num-seqs",
+        str(max_num_seqs),
+        "--max-model-len",
+        str(max_model_len),
+    ]
 
 
 def _stamp(text: str, at: int, launch_wall: float | None) -> float | None:

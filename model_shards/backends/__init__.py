@@ -51,9 +51,12 @@ def _cuda_backend(batch_invariant: bool) -> Backend:
 
 
 def select_backend(
-    device: torch.device, dtype: torch.dtype, *, batch_invariant: bool = False,
+    device: torch.device,
+    dtype: torch.dtype,
+    *,
+    batch_invariant: bool = False,
     environ: Mapping[str, str] | None = None,
-) -> Backend:  # fmt: skip
+) -> Backend:
     """The backend of a worker whose tensors live on ``device`` in ``dtype``.
 
     ``ValueError`` for an unknown ``SHARDSERVE_BACKEND``, a ``cpu`` backend asked for on

@@ -86,10 +86,17 @@ class Backend(ABC):
     # ---- attention -------------------------------------------------------------------
     @abstractmethod
     def rotary_and_cache(
-        self, qkv: torch.Tensor, positions: torch.Tensor, cos_cached: torch.Tensor,
-        sin_cached: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
-        slot_mapping: torch.Tensor, num_heads: int, num_kv_heads: int,
-    ) -> torch.Tensor:  # fmt: skip
+        self,
+        qkv: torch.Tensor,
+        positions: torch.Tensor,
+        cos_cached: torch.Tensor,
+        sin_cached: torch.Tensor,
+        k_pool: torch.Tensor,
+        v_pool: torch.Tensor,
+        slot_mapping: torch.Tensor,
+        num_heads: int,
+        num_kv_heads: int,
+    ) -> torch.Tensor:
         """``qkv: [T, (nh + 2 nkv) * D]`` → rotated ``q: [T, nh, D]``.
 
         RoPE (half-split layout, ``cos/sin_cached: [P, D]`` float32 indexed by
@@ -99,10 +106,16 @@ class Backend(ABC):
 
     @abstractmethod
     def decode_attention(
-        self, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
-        block_tables: torch.Tensor, context_lens: torch.Tensor, block_size: int, scale: float,
+        self,
+        q: torch.Tensor,
+        k_pool: torch.Tensor,
+        v_pool: torch.Tensor,
+        block_tables: torch.Tensor,
+        context_lens: torch.Tensor,
+        block_size: int,
+        scale: float,
         max_context_len: int | None = None,
-    ) -> torch.Tensor:  # fmt: skip
+    ) -> torch.Tensor:
         """Single-token queries ``q: [B, nh, D]`` over their whole context → ``[B, nh, D]``.
 
         Row ``b`` attends to positions ``0 .. context_lens[b] - 1`` through
@@ -113,9 +126,14 @@ class Backend(ABC):
 
     @abstractmethod
     def prefill_attention(
-        self, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, meta: PrefillMeta,
-        scale: float, out: torch.Tensor,
-    ) -> None:  # fmt: skip
+        self,
+        q: torch.Tensor,
+        k_pool: torch.Tensor,
+        v_pool: torch.Tensor,
+        meta: PrefillMeta,
+        scale: float,
+        out: torch.Tensor,
+    ) -> None:
         """Causal attention of every prefill chunk of a step (:class:`PrefillMeta`): reads
         ``q: [T, nh, D]`` at the chunks' rows and writes those rows of ``out: [T, nh, D]``
         (other rows untouched)."""
@@ -128,9 +146,12 @@ class Backend(ABC):
 
     @abstractmethod
     def linear(
-        self, x: torch.Tensor, weight: torch.Tensor, packed: object | None,
+        self,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        packed: object | None,
         bias: torch.Tensor | None,
-    ) -> torch.Tensor:  # fmt: skip
+    ) -> torch.Tensor:
         """``x [T, in]`` → ``x W^T + b: [T, out]``; ``packed`` is what :meth:`pack_linear`
         returned for ``weight``."""
 

@@ -59,22 +59,42 @@ class CpuBackend(ReferenceBackend):
         return self._ops.silu_and_mul(x)
 
     def rotary_and_cache(
-        self, qkv: torch.Tensor, positions: torch.Tensor, cos_cached: torch.Tensor,
-        sin_cached: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
-        slot_mapping: torch.Tensor, num_heads: int, num_kv_heads: int,
-    ) -> torch.Tensor:  # fmt: skip
+        self,
+        qkv: torch.Tensor,
+        positions: torch.Tensor,
+        cos_cached: torch.Tensor,
+        sin_cached: torch.Tensor,
+        k_pool: torch.Tensor,
+        v_pool: torch.Tensor,
+        slot_mapping: torch.Tensor,
+        num_heads: int,
+        num_kv_heads: int,
+    ) -> torch.Tensor:
         qkv = qkv.contiguous()
         self._ops.rotary_and_cache(
-            qkv, positions, cos_cached, sin_cached, k_pool, v_pool, slot_mapping, num_heads,
+            qkv,
+            positions,
+            cos_cached,
+            sin_cached,
+            k_pool,
+            v_pool,
+            slot_mapping,
+            num_heads,
             num_kv_heads,
-        )  # fmt: skip  # in place
+        )  # in place
         return qkv.view(qkv.shape[0], -1, k_pool.shape[-1])[:, :num_heads]
 
     def decode_attention(
-        self, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
-        block_tables: torch.Tensor, context_lens: torch.Tensor, block_size: int, scale: float,
+        self,
+        q: torch.Tensor,
+        k_pool: torch.Tensor,
+        v_pool: torch.Tensor,
+        block_tables: torch.Tensor,
+        context_lens: torch.Tensor,
+        block_size: int,
+        scale: float,
         max_context_len: int | None = None,
-    ) -> torch.Tensor:  # fmt: skip
+    ) -> torch.Tensor:
         return self._ops.decode_attention(
             q, k_pool, v_pool, block_tables, context_lens, block_size, scale
         )
@@ -88,9 +108,12 @@ class CpuBackend(ReferenceBackend):
         return None
 
     def linear(
-        self, x: torch.Tensor, weight: torch.Tensor, packed: object | None,
+        self,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        packed: object | None,
         bias: torch.Tensor | None,
-    ) -> torch.Tensor:  # fmt: skip
+    ) -> torch.Tensor:
         if not isinstance(packed, PackedGemm):
             return super().linear(x, weight, packed, bias)
         if packed.out_features:

@@ -62,9 +62,10 @@ def _cpu_tag() -> str:
     on a machine that lacks its instructions."""
     try:
         flags = next(
-            line for line in Path("/proc/cpuinfo").read_text().splitlines()
+            line
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
             if line.startswith("flags")
-        )  # fmt: skip
+        )
     except (OSError, StopIteration):
         flags = platform.processor()
     return hashlib.sha256(f"{platform.machine()} {flags}".encode()).hexdigest()[:10]

@@ -47,35 +47,70 @@ class CudaBackend(ReferenceBackend):
         return activation.silu_and_mul(x)
 
     def rotary_and_cache(
-        self, qkv: torch.Tensor, positions: torch.Tensor, cos_cached: torch.Tensor,
-        sin_cached: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
-        slot_mapping: torch.Tensor, num_heads: int, num_kv_heads: int,
-    ) -> torch.Tensor:  # fmt: skip
+        self,
+        qkv: torch.Tensor,
+        positions: torch.Tensor,
+        cos_cached: torch.Tensor,
+        sin_cached: torch.Tensor,
+        k_pool: torch.Tensor,
+        v_pool: torch.Tensor,
+        slot_mapping: torch.Tensor,
+        num_heads: int,
+        num_kv_heads: int,
+    ) -> torch.Tensor:
         return rotary.rotary_and_cache(
-            qkv, positions, cos_cached, sin_cached, k_pool, v_pool, slot_mapping, num_heads,
+            qkv,
+            positions,
+            cos_cached,
+            sin_cached,
+            k_pool,
+            v_pool,
+            slot_mapping,
+            num_heads,
             num_kv_heads,
-        )  # fmt: skip
+        )
 
     def decode_attention(
-        self, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
-        block_tables: torch.Tensor, context_lens: torch.Tensor, block_size: int, scale: float,
+        self,
+        q: torch.Tensor,
+        k_pool: torch.Tensor,
+        v_pool: torch.Tensor,
+        block_tables: torch.Tensor,
+        context_lens: torch.Tensor,
+        block_size: int,
+        scale: float,
         max_context_len: int | None = None,
-    ) -> torch.Tensor:  # fmt: skip
+    ) -> torch.Tensor:
         return attention_decode.decode_attention(
-            q, k_pool, v_pool, block_tables, context_lens, block_size, scale,
-            max_context_len=max_context_len, batch_invariant=self.batch_invariant,
-        )  # fmt: skip
+            q,
+            k_pool,
+            v_pool,
+            block_tables,
+            context_lens,
+            block_size,
+            scale,
+            max_context_len=max_context_len,
+            batch_invariant=self.batch_invariant,
+        )
 
     def prefill_attention(
-        self, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, meta: PrefillMeta,
-        scale: float, out: torch.Tensor,
-    ) -> None:  # fmt: skip
+        self,
+        q: torch.Tensor,
+        k_pool: torch.Tensor,
+        v_pool: torch.Tensor,
+        meta: PrefillMeta,
+        scale: float,
+        out: torch.Tensor,
+    ) -> None:
         attention_prefill.prefill_attention(q, k_pool, v_pool, meta, scale, out)
 
     def linear(
-        self, x: torch.Tensor, weight: torch.Tensor, packed: object | None,
+        self,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        packed: object | None,
         bias: torch.Tensor | None,
-    ) -> torch.Tensor:  # fmt: skip
+    ) -> torch.Tensor:
         if self.batch_invariant:
             return gemm.linear(x, weight, bias)
         return super().linear(x, weight, packed, bias)

@@ -173,19 +173,21 @@ class StaticDecodeInputs:
     and fences each copy with an event; decided here, once."""
 
     def __init__(
-        self, max_rows: int, max_blocks: int, device: torch.device,
-        hidden_size: int | None = None, hidden_dtype: torch.dtype = torch.bfloat16,
+        self,
+        max_rows: int,
+        max_blocks: int,
+        device: torch.device,
+        hidden_size: int | None = None,
+        hidden_dtype: torch.dtype = torch.bfloat16,
         pin_memory: bool | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         if max_rows < 1 or max_blocks < 1:
             raise ValueError(f"max_rows and max_blocks must be >= 1: {max_rows}, {max_blocks}")
         self.max_rows, self.max_blocks, self.device = max_rows, max_blocks, device
         pin = device.type == "cuda" if pin_memory is None else pin_memory
         size = packed_size(max_rows, max_blocks)
         self._device_buf = torch.zeros(size, dtype=torch.int64, device=device)
-        self._host = [
-            torch.zeros(size, dtype=torch.int64, pin_memory=pin) for _ in range(1 + pin)
-        ]
+        self._host = [torch.zeros(size, dtype=torch.int64, pin_memory=pin) for _ in range(1 + pin)]
         self._host_np = [h.numpy() for h in self._host]
         self._fences = [torch.cuda.Event() for _ in self._host] if pin else []
         self._turn = 0
@@ -299,9 +301,13 @@ class GraphRunner:
     overwrite it, so consume (or clone) it first, on the same stream."""
 
     def __init__(
-        self, forward: DecodeForward, static: StaticDecodeInputs, buckets: Sequence[int],
-        graph_backend: GraphBackend, enforce_eager: bool = False,
-    ) -> None:  # fmt: skip
+        self,
+        forward: DecodeForward,
+        static: StaticDecodeInputs,
+        buckets: Sequence[int],
+        graph_backend: GraphBackend,
+        enforce_eager: bool = False,
+    ) -> None:
         if list(buckets) != sorted(set(buckets)) or not buckets or buckets[0] < 1:
             raise ValueError(f"buckets must be distinct, ascending and >= 1: {list(buckets)}")
         if buckets[-1] > static.max_rows:
@@ -327,9 +333,11 @@ class GraphRunner:
         self._captured = list(self.buckets)
         seconds = time.perf_counter() - start
         log.info(
-            "captured %d CUDA graphs (batch %s) in %.1f s", len(self._captured),
-            ", ".join(map(str, self._captured)), seconds,
-        )  # fmt: skip
+            "captured %d CUDA graphs (batch %s) in %.1f s",
+            len(self._captured),
+            ", ".join(map(str, self._captured)),
+            seconds,
+        )
         return seconds
 
     def run(self, step: DecodeStep) -> torch.Tensor:

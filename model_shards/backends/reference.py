@@ -59,10 +59,17 @@ class ReferenceBackend(Backend):
         return F.silu(gate) * up
 
     def rotary_and_cache(
-        self, qkv: torch.Tensor, positions: torch.Tensor, cos_cached: torch.Tensor,
-        sin_cached: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
-        slot_mapping: torch.Tensor, num_heads: int, num_kv_heads: int,
-    ) -> torch.Tensor:  # fmt: skip
+        self,
+        qkv: torch.Tensor,
+        positions: torch.Tensor,
+        cos_cached: torch.Tensor,
+        sin_cached: torch.Tensor,
+        k_pool: torch.Tensor,
+        v_pool: torch.Tensor,
+        slot_mapping: torch.Tensor,
+        num_heads: int,
+        num_kv_heads: int,
+    ) -> torch.Tensor:
         t, d = qkv.shape[0], k_pool.shape[-1]
         q, k, v = qkv.view(t, -1, d).split([num_heads, num_kv_heads, num_kv_heads], dim=1)
         cos = cos_cached[positions].unsqueeze(1).to(qkv.dtype)  # [T, 1, D]
@@ -77,10 +84,16 @@ class ReferenceBackend(Backend):
         return q
 
     def decode_attention(
-        self, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
-        block_tables: torch.Tensor, context_lens: torch.Tensor, block_size: int, scale: float,
+        self,
+        q: torch.Tensor,
+        k_pool: torch.Tensor,
+        v_pool: torch.Tensor,
+        block_tables: torch.Tensor,
+        context_lens: torch.Tensor,
+        block_size: int,
+        scale: float,
         max_context_len: int | None = None,
-    ) -> torch.Tensor:  # fmt: skip
+    ) -> torch.Tensor:
         """The whole blocks of every row gathered and padded, one masked SDPA."""
         b, nh, d = q.shape
         nkv, bs = k_pool.shape[1], block_size
@@ -102,9 +115,14 @@ class ReferenceBackend(Backend):
         return od.squeeze(2).to(q.dtype)
 
     def prefill_attention(
-        self, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, meta: PrefillMeta,
-        scale: float, out: torch.Tensor,
-    ) -> None:  # fmt: skip
+        self,
+        q: torch.Tensor,
+        k_pool: torch.Tensor,
+        v_pool: torch.Tensor,
+        meta: PrefillMeta,
+        scale: float,
+        out: torch.Tensor,
+    ) -> None:
         """One causal SDPA per chunk over its gathered context."""
         nh, nkv = q.shape[1], k_pool.shape[1]
         for n in range(meta.num_chunks):
@@ -119,15 +137,23 @@ class ReferenceBackend(Backend):
                 qpos = torch.arange(length, device=q.device).unsqueeze(1) + start
                 mask = torch.arange(start + length, device=q.device).unsqueeze(0) <= qpos
             op = F.scaled_dot_product_attention(
-                qp, kp, vp, attn_mask=mask, is_causal=start == 0, scale=scale,
+                qp,
+                kp,
+                vp,
+                attn_mask=mask,
+                is_causal=start == 0,
+                scale=scale,
                 enable_gqa=nh != nkv,
-            )  # fmt: skip  # (1, nh, L, D)
+            )  # (1, nh, L, D)
             out[row : row + length] = op[0].transpose(0, 1)
 
     def linear(
-        self, x: torch.Tensor, weight: torch.Tensor, packed: object | None,
+        self,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        packed: object | None,
         bias: torch.Tensor | None,
-    ) -> torch.Tensor:  # fmt: skip
+    ) -> torch.Tensor:
         return F.linear(x, weight, bias)
 
     def argmax(self, x: torch.Tensor) -> torch.Tensor:

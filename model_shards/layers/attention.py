@@ -93,9 +93,11 @@ class ForwardBatch:
                 q_lens=torch.tensor(prefill_lens, dtype=torch.int64, device=dev),
                 start_positions=torch.tensor(prefill_starts, dtype=torch.int64, device=dev),
                 block_tables=_padded(prefill_tables).to(dev),
-                q_starts_list=prefill_rows, q_lens_list=prefill_lens,
-                start_positions_list=prefill_starts, block_size=bs,
-            )  # fmt: skip
+                q_starts_list=prefill_rows,
+                q_lens_list=prefill_lens,
+                start_positions_list=prefill_starts,
+                block_size=bs,
+            )
         return ForwardBatch(
             positions=torch.tensor(positions, dtype=torch.int64, device=dev),
             slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
@@ -127,21 +129,40 @@ class Attention(nn.Module):
         rotary = batch.rotary
         assert rotary is not None, "the model sets the batch's rotary tables"
         q = self.ops.rotary_and_cache(
-            qkv, batch.positions, rotary.cos_cached, rotary.sin_cached, k_pool, v_pool,
-            batch.slot_mapping, self.num_heads, self.num_kv_heads,
-        )  # fmt: skip  # [T, nh, D]
+            qkv,
+            batch.positions,
+            rotary.cos_cached,
+            rotary.sin_cached,
+            k_pool,
+            v_pool,
+            batch.slot_mapping,
+            self.num_heads,
+            self.num_kv_heads,
+        )  # [T, nh, D]
         bs = batch.kv.block_size
         if batch.prefill is None:
             out = self.ops.decode_attention(
-                q, k_pool, v_pool, batch.decode_tables, batch.decode_lens, bs, self.scale,
+                q,
+                k_pool,
+                v_pool,
+                batch.decode_tables,
+                batch.decode_lens,
+                bs,
+                self.scale,
                 max_context_len=batch.max_decode_len,
             )  # [T, nh, D]
         else:
             out = torch.empty_like(q)
             if batch.decode_rows.numel():
                 out[batch.decode_rows] = self.ops.decode_attention(
-                    q[batch.decode_rows], k_pool, v_pool, batch.decode_tables,
-                    batch.decode_lens, bs, self.scale, max_context_len=batch.max_decode_len,
-                )  # fmt: skip
+                    q[batch.decode_rows],
+                    k_pool,
+                    v_pool,
+                    batch.decode_tables,
+                    batch.decode_lens,
+                    bs,
+                    self.scale,
+                    max_context_len=batch.max_decode_len,
+                )
             self.ops.prefill_attention(q, k_pool, v_pool, batch.prefill, self.scale, out)
         return out.reshape(out.shape[0], self.num_heads * self.head_dim)

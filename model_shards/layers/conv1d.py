@@ -75,9 +75,10 @@ class Conv1DQKVParallelLinear(QKVParallelLinear):
         ]
         for offset, start, size in parts:
             copy_checked(
-                param.data.narrow(0, offset, size), _out_slice(source, start, start + size),
+                param.data.narrow(0, offset, size),
+                _out_slice(source, start, start + size),
                 source.name,
-            )  # fmt: skip
+            )
 
 
 class Conv1DRowParallelLinear(RowParallelLinear):

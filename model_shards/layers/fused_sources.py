@@ -65,10 +65,17 @@ class FusedQKVParallelLinear(QKVParallelLinear):
     """
 
     def __init__(
-        self, hidden_size: int, head_dim: int, num_heads: int, num_kv_heads: int, bias: bool,
-        ctx: ShardContext, head_order: torch.Tensor | None = None,
-    ) -> None:  # fmt: skip
-        super().__init__(hidden_size, head_dim, num_heads, num_kv_heads, bias, ctx)
+        self,
+        hidden_size: int,
+        head_dim: int,
+        num_heads: int,
+        num_kv_heads: int,
+        *,
+        bias: bool,
+        ctx: ShardContext,
+        head_order: torch.Tensor | None = None,
+    ) -> None:
+        super().__init__(hidden_size, head_dim, num_heads, num_kv_heads, bias=bias, ctx=ctx)
         # rows of the fused tensor (all heads); the base class hands the parameters this
         # class's weight_loader
         self.q_rows, self.kv_rows = num_heads * head_dim, num_kv_heads * head_dim

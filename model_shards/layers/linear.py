@@ -87,7 +87,7 @@ def prepare_weights(model: HasModules) -> int:
 class ReplicatedLinear(LinearBase):
     """The full matrix on every rank."""
 
-    def __init__(self, in_features: int, out_features: int, bias: bool, ctx: ShardContext):
+    def __init__(self, in_features: int, out_features: int, *, bias: bool, ctx: ShardContext):
         super().__init__()
         self.ctx, dtype = ctx, ctx.dtype
         self.weight = nn.Parameter(torch.empty(out_features, in_features, dtype=dtype), False)
@@ -107,7 +107,7 @@ class ReplicatedLinear(LinearBase):
 class ColumnParallelLinear(LinearBase):
     """``[in] -> [out / tp]``: this rank's rows of ``W`` (output features)."""
 
-    def __init__(self, in_features: int, out_features: int, bias: bool, ctx: ShardContext):
+    def __init__(self, in_features: int, out_features: int, *, bias: bool, ctx: ShardContext):
         super().__init__()
         self.ctx, ps, dtype = ctx, ctx.ps, ctx.dtype
         if out_features % ps.tp_size:
@@ -138,9 +138,9 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
     """
 
     def __init__(
-        self, in_features: int, out_sizes: Sequence[int], bias: bool, ctx: ShardContext
+        self, in_features: int, out_sizes: Sequence[int], *, bias: bool, ctx: ShardContext
     ) -> None:
-        super().__init__(in_features, sum(out_sizes), bias, ctx)
+        super().__init__(in_features, sum(out_sizes), bias=bias, ctx=ctx)
         self.out_sizes = list(out_sizes)
 
     def weight_loader(  # type: ignore[override]
@@ -166,9 +166,15 @@ class QKVParallelLinear(ColumnParallelLinear):
     """
 
     def __init__(
-        self, hidden_size: int, head_dim: int, num_heads: int, num_kv_heads: int, bias: bool,
+        self,
+        hidden_size: int,
+        head_dim: int,
+        num_heads: int,
+        num_kv_heads: int,
+        *,
+        bias: bool,
         ctx: ShardContext,
-    ) -> None:  # fmt: skip
+    ) -> None:
         tp = ctx.ps.tp_size
         if num_heads % tp or (num_kv_heads % tp and tp % num_kv_heads):
             raise ValueError(f"heads {num_heads}/{num_kv_heads} cannot be split over tp={tp}")
@@ -177,7 +183,7 @@ class QKVParallelLinear(ColumnParallelLinear):
         self.num_kv_heads = max(1, num_kv_heads // tp)
         self.kv_replicas = max(1, tp // num_kv_heads)
         out_local = (self.num_heads + 2 * self.num_kv_heads) * head_dim
-        super().__init__(hidden_size, out_local * tp, bias, ctx)
+        super().__init__(hidden_size, out_local * tp, bias=bias, ctx=ctx)
 
     def weight_loader(  # type: ignore[override]
         self, param: nn.Parameter, source: TensorSource, shard_id: str
@@ -200,7 +206,7 @@ class QKVParallelLinear(ColumnParallelLinear):
 class RowParallelLinear(LinearBase):
     """``[in / tp] -> [out]``: this rank's columns of ``W``; outputs all-reduced."""
 
-    def __init__(self, in_features: int, out_features: int, bias: bool, ctx: ShardContext):
+    def __init__(self, in_features: int, out_features: int, *, bias: bool, ctx: ShardContext):
         super().__init__()
         self.ctx, ps, dtype = ctx, ctx.ps, ctx.dtype
         if in_features % ps.tp_size:

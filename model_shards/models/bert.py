@@ -31,9 +31,7 @@ class BertEmbeddings(nn.Module):
         self.position_embeddings = ReplicatedEmbedding(
             cfg.max_position_embeddings, cfg.hidden_size, ctx
         )
-        self.token_type_embeddings = ReplicatedEmbedding(
-            cfg.type_vocab_size, cfg.hidden_size, ctx
-        )
+        self.token_type_embeddings = ReplicatedEmbedding(cfg.type_vocab_size, cfg.hidden_size, ctx)
         self.LayerNorm = LayerNorm(cfg.hidden_size, cfg.layer_norm_eps, ctx)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -48,7 +46,7 @@ class BertSelfAttention(nn.Module):
     def __init__(self, cfg: EncoderConfig, ctx: ShardContext) -> None:
         super().__init__()
         self.qkv_proj = QKVParallelLinear(
-            cfg.hidden_size, cfg.head_dim, cfg.num_heads, cfg.num_heads, True, ctx
+            cfg.hidden_size, cfg.head_dim, cfg.num_heads, cfg.num_heads, bias=True, ctx=ctx
         )
         self.num_heads = self.qkv_proj.num_heads  # per rank
         self.head_dim = cfg.head_dim
@@ -67,7 +65,7 @@ class BertSelfAttention(nn.Module):
 class BertSelfOutput(nn.Module):
     def __init__(self, cfg: EncoderConfig, ctx: ShardContext) -> None:
         super().__init__()
-        self.dense = RowParallelLinear(cfg.hidden_size, cfg.hidden_size, True, ctx)
+        self.dense = RowParallelLinear(cfg.hidden_size, cfg.hidden_size, bias=True, ctx=ctx)
         self.LayerNorm = LayerNorm(cfg.hidden_size, cfg.layer_norm_eps, ctx)
 
 
@@ -84,13 +82,15 @@ class BertAttention(nn.Module):
 class BertIntermediate(nn.Module):
     def __init__(self, cfg: EncoderConfig, ctx: ShardContext) -> None:
         super().__init__()
-        self.dense = ColumnParallelLinear(cfg.hidden_size, cfg.intermediate_size, True, ctx)
+        self.dense = ColumnParallelLinear(
+            cfg.hidden_size, cfg.intermediate_size, bias=True, ctx=ctx
+        )
 
 
 class BertOutput(nn.Module):
     def __init__(self, cfg: EncoderConfig, ctx: ShardContext) -> None:
         super().__init__()
-        self.dense = RowParallelLinear(cfg.intermediate_size, cfg.hidden_size, True, ctx)
+        self.dense = RowParallelLinear(cfg.intermediate_size, cfg.hidden_size, bias=True, ctx=ctx)
         self.LayerNorm = LayerNorm(cfg.hidden_size, cfg.layer_norm_eps, ctx)
 
 

@@ -41,8 +41,11 @@ from model_shards.models.stages import stage_layers
 # tanh form equals it up to an ulp in float32)
 _GELU_APPROXIMATION = {"gelu_new": "tanh", "gelu_pytorch_tanh": "tanh", "gelu": "none"}
 # config.json switches transformers honours that this file does not implement
-_REFUSED_SWITCHES = ("scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn",
-                     "add_cross_attention")  # fmt: skip
+_REFUSED_SWITCHES = (
+    "scale_attn_by_inverse_layer_idx",
+    "reorder_and_upcast_attn",
+    "add_cross_attention",
+)
 
 
 @dataclass(frozen=True)
@@ -90,8 +93,10 @@ class GPT2Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_idx: int, ctx: ShardContext) -> None:
         super().__init__()
         h, d = cfg.hidden_size, cfg.head_dim
-        self.c_attn = Conv1DQKVParallelLinear(h, d, cfg.num_heads, cfg.num_kv_heads, True, ctx)
-        self.c_proj = Conv1DRowParallelLinear(cfg.num_heads * d, h, True, ctx)
+        self.c_attn = Conv1DQKVParallelLinear(
+            h, d, cfg.num_heads, cfg.num_kv_heads, bias=True, ctx=ctx
+        )
+        self.c_proj = Conv1DRowParallelLinear(cfg.num_heads * d, h, bias=True, ctx=ctx)
         nh, nkv = self.c_attn.num_heads, self.c_attn.num_kv_heads  # per rank
         self.attn = Attention(layer_idx, nh, nkv, d, ctx.ops)  # scale 1/sqrt(D)
 
@@ -106,8 +111,12 @@ class GPT2MLP(nn.Module):
 
     def __init__(self, cfg: ModelConfig, opts: GPT2Options, ctx: ShardContext) -> None:
         super().__init__()
-        self.c_fc = Conv1DColumnParallelLinear(cfg.hidden_size, cfg.intermediate_size, True, ctx)
-        self.c_proj = Conv1DRowParallelLinear(cfg.intermediate_size, cfg.hidden_size, True, ctx)
+        self.c_fc = Conv1DColumnParallelLinear(
+            cfg.hidden_size, cfg.intermediate_size, bias=True, ctx=ctx
+        )
+        self.c_proj = Conv1DRowParallelLinear(
+            cfg.intermediate_size, cfg.hidden_size, bias=True, ctx=ctx
+        )
         self.approximate = opts.gelu_approximate
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -134,9 +143,13 @@ class GPT2Model(nn.Module):
     """HF ``GPT2Model`` (``transformer.*``), this stage's part of it."""
 
     def __init__(
-        self, cfg: ModelConfig, opts: GPT2Options, ctx: ShardContext, max_positions: int,
+        self,
+        cfg: ModelConfig,
+        opts: GPT2Options,
+        ctx: ShardContext,
+        max_positions: int,
         partition: str,
-    ) -> None:  # fmt: skip
+    ) -> None:
         super().__init__()
         ps = ctx.ps
 

@@ -41,11 +41,17 @@ class LlamaAttention(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_idx: int, ctx: ShardContext) -> None:
         super().__init__()
         self.qkv_proj = QKVParallelLinear(
-            cfg.hidden_size, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads, cfg.attention_bias,
-            ctx,
-        )  # fmt: skip
+            cfg.hidden_size,
+            cfg.head_dim,
+            cfg.num_heads,
+            cfg.num_kv_heads,
+            bias=cfg.attention_bias,
+            ctx=ctx,
+        )
         o_bias = cfg.attention_bias and cfg.architecture != "Qwen2ForCausalLM"
-        self.o_proj = RowParallelLinear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, o_bias, ctx)
+        self.o_proj = RowParallelLinear(
+            cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=o_bias, ctx=ctx
+        )
         self.num_heads = self.qkv_proj.num_heads  # per rank
         self.num_kv_heads = self.qkv_proj.num_kv_heads
         self.head_dim = cfg.head_dim
@@ -66,9 +72,11 @@ class LlamaMLP(nn.Module):
     def __init__(self, cfg: ModelConfig, ctx: ShardContext) -> None:
         super().__init__()
         self.gate_up_proj = self.gate_up_class(
-            cfg.hidden_size, [cfg.intermediate_size] * 2, False, ctx
+            cfg.hidden_size, [cfg.intermediate_size] * 2, bias=False, ctx=ctx
         )
-        self.down_proj = RowParallelLinear(cfg.intermediate_size, cfg.hidden_size, False, ctx)
+        self.down_proj = RowParallelLinear(
+            cfg.intermediate_size, cfg.hidden_size, bias=False, ctx=ctx
+        )
         self.ops = ctx.ops
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -110,9 +118,13 @@ class LlamaModel(nn.Module):
     every layer's attention reads from the batch."""
 
     def __init__(
-        self, cfg: ModelConfig, ctx: ShardContext, layer: LayerFactory, rotary: RotaryEmbedding,
+        self,
+        cfg: ModelConfig,
+        ctx: ShardContext,
+        layer: LayerFactory,
+        rotary: RotaryEmbedding,
         partition: str = "even",
-    ) -> None:  # fmt: skip
+    ) -> None:
         super().__init__()
         ps = ctx.ps
         self.start, self.end, self.layers = stage_layers(cfg, ctx, partition, layer)

@@ -100,9 +100,15 @@ class Phi3Attention(nn.Module):
         d, r = cfg.head_dim, rotary_dim(cfg)
         order = rotary_head_order(d, r) if r < d else None
         self.qkv_proj = FusedQKVParallelLinear(
-            cfg.hidden_size, d, cfg.num_heads, cfg.num_kv_heads, False, ctx, head_order=order
+            cfg.hidden_size,
+            d,
+            cfg.num_heads,
+            cfg.num_kv_heads,
+            bias=False,
+            ctx=ctx,
+            head_order=order,
         )
-        self.o_proj = RowParallelLinear(cfg.num_heads * d, cfg.hidden_size, False, ctx)
+        self.o_proj = RowParallelLinear(cfg.num_heads * d, cfg.hidden_size, bias=False, ctx=ctx)
         nh, nkv = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads  # per rank
         self.attn = Attention(layer_idx, nh, nkv, d, ctx.ops)
 

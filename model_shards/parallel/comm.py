@@ -105,9 +105,7 @@ def send_to_next_stage(x: torch.Tensor, comm: Comm, pending: Pending) -> None:
     pending.add(dist.isend(buf, dst=comm.ps.next_stage_rank, group=comm.ps.tensor_group), buf)
 
 
-def recv_from_prev_stage(
-    shape: tuple[int, ...], dtype: torch.dtype, comm: Comm
-) -> torch.Tensor:
+def recv_from_prev_stage(shape: tuple[int, ...], dtype: torch.dtype, comm: Comm) -> torch.Tensor:
     """Receive activations of a known shape from the previous stage."""
     out = torch.empty(shape, dtype=dtype, device=comm.ps.device)
     if comm.host.links is not None:
@@ -168,9 +166,7 @@ def send_cpu(x: torch.Tensor, dst: int, comm: Comm, pending: Pending) -> None:
     pending.add(dist.isend(buf, dst=dst, group=comm.ps.cpu_group), buf)
 
 
-def recv_cpu(
-    shape: tuple[int, ...], dtype: torch.dtype, src: int, comm: Comm
-) -> torch.Tensor:
+def recv_cpu(shape: tuple[int, ...], dtype: torch.dtype, src: int, comm: Comm) -> torch.Tensor:
     out = torch.empty(shape, dtype=dtype)
     if comm.host.links is not None:
         return comm.host.links.recv_into(src, out)

@@ -142,8 +142,11 @@ def _create_segment(size: int) -> tuple[str, mmap.mmap] | None:
         os.unlink(path)
         log.warning(
             "shm all-reduce: %s has no room for %.1f MiB (%s); TP uses gloo (raise the "
-            "container's shm size)", SHM_DIR, size / 2**20, e,
-        )  # fmt: skip
+            "container's shm size)",
+            SHM_DIR,
+            size / 2**20,
+            e,
+        )
         return None
     finally:
         os.close(fd)
@@ -168,9 +171,14 @@ class ShmAllReduce:
     """One TP group's shared segment; :meth:`all_reduce` sums in place (protocol: module doc)."""
 
     def __init__(
-        self, mm: mmap.mmap, name: str, ranks: list[int], index: int, slot_bytes: int,
+        self,
+        mm: mmap.mmap,
+        name: str,
+        ranks: list[int],
+        index: int,
+        slot_bytes: int,
         timeout_s: float,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.name = name  # already unlinked once every rank has mapped it
         self.ranks = ranks  # global ranks, in TP-rank order
         self.index = index  # my TP rank
@@ -196,9 +204,13 @@ class ShmAllReduce:
 
     @classmethod
     def create(
-        cls, group: dist.ProcessGroup, ranks: list[int], index: int, timeout_s: float,
+        cls,
+        group: dist.ProcessGroup,
+        ranks: list[int],
+        index: int,
+        timeout_s: float,
         slot_bytes: int = DEFAULT_SLOT_BYTES,
-    ) -> ShmAllReduce | None:  # fmt: skip
+    ) -> ShmAllReduce | None:
         """Set up the segment of the TP group ``ranks`` (every member calls this, collectively).
 
         Three collectives over ``group`` (gloo), tensors only: gather (willing,
@@ -251,9 +263,11 @@ class ShmAllReduce:
             raise RuntimeError(f"shm all-reduce unusable after an earlier failure: {self._broken}")
         nbytes = x.numel() * x.element_size()
         if (
-            x.device.type != "cpu" or x.dtype not in _SUPPORTED or not x.is_contiguous()
+            x.device.type != "cpu"
+            or x.dtype not in _SUPPORTED
+            or not x.is_contiguous()
             or nbytes > self.slot_bytes
-        ):  # fmt: skip
+        ):
             return False
         if nbytes == 0:
             return True

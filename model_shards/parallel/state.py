@@ -74,10 +74,17 @@ class ParallelState:
 def single_process_state(device: torch.device | None = None) -> ParallelState:
     """A world of one, with no process groups: every collective is a no-op."""
     return ParallelState(
-        rank=0, tp_rank=0, tp_size=1, pp_rank=0, pp_size=1,
-        device=device or torch.device("cpu"), tp_group=None, tensor_group=None, cpu_group=None,
+        rank=0,
+        tp_rank=0,
+        tp_size=1,
+        pp_rank=0,
+        pp_size=1,
+        device=device or torch.device("cpu"),
+        tp_group=None,
+        tensor_group=None,
+        cpu_group=None,
         timeout_s=0.0,
-    )  # fmt: skip
+    )
 
 
 def choose_backend(world_size: int, device: str) -> str:
@@ -101,10 +108,17 @@ def choose_backend(world_size: int, device: str) -> str:
 
 
 def init_parallel(
-    rank: int, tp: int, pp: int, *, master_addr: str | None, master_port: int | None,
-    device: str, timeout_s: float, cuda_index: int | None = None,
+    rank: int,
+    tp: int,
+    pp: int,
+    *,
+    master_addr: str | None,
+    master_port: int | None,
+    device: str,
+    timeout_s: float,
+    cuda_index: int | None = None,
     local_world_size: int | None = None,
-) -> ParallelState:  # fmt: skip
+) -> ParallelState:
     """Join the replica's world and build its groups (every rank calls this).
 
     ``master_addr``/``master_port`` ``None``: join with ``init_method="env://"``
@@ -121,30 +135,45 @@ def init_parallel(
     dist.init_process_group(
         backend="gloo",
         init_method="env://" if master_addr is None else f"tcp://{master_addr}:{master_port}",
-        rank=rank, world_size=world, timeout=timeout,
-    )  # fmt: skip
+        rank=rank,
+        world_size=world,
+        timeout=timeout,
+    )
     use_cuda = agree_on_cuda(backend == "nccl", device, rank)
     local_device = torch.device("cpu")
     if use_cuda:
         local_device = torch.device("cuda", rank if cuda_index is None else cuda_index)
         torch.cuda.set_device(local_device)
-    tensor_backend = "nccl" if use_cuda else "gloo"
     tp_rank, pp_rank = rank % tp, rank // tp
-    # Every rank must create every group, in the same order.
-    tp_group = None
-    for stage in range(pp):
-        ranks = [stage * tp + t for t in range(tp)]
-        group = dist.new_group(ranks, timeout=timeout, backend=tensor_backend) if tp > 1 else None
-        if stage == pp_rank:
-            tp_group = group
+    tp_group = _tp_groups(tp, pp, "nccl" if use_cuda else "gloo", timeout)[pp_rank]
     tensor_group = None
     if use_cuda and world > 1:
         tensor_group = dist.new_group(timeout=timeout, backend="nccl")
     return ParallelState(
-        rank=rank, tp_rank=tp_rank, tp_size=tp, pp_rank=pp_rank, pp_size=pp,
-        device=local_device, tp_group=tp_group, tensor_group=tensor_group,
-        cpu_group=dist.group.WORLD, timeout_s=timeout_s,
-    )  # fmt: skip
+        rank=rank,
+        tp_rank=tp_rank,
+        tp_size=tp,
+        pp_rank=pp_rank,
+        pp_size=pp,
+        device=local_device,
+        tp_group=tp_group,
+        tensor_group=tensor_group,
+        cpu_group=dist.group.WORLD,
+        timeout_s=timeout_s,
+    )
+
+
+def _tp_groups(
+    tp: int, pp: int, backend: str, timeout: timedelta
+) -> list[dist.ProcessGroup | None]:
+    """Every stage's TP group (``None`` at ``tp == 1``); every rank creates every group,
+    in the same order, as torch.distributed requires."""
+    if tp == 1:
+        return [None] * pp
+    return [
+        dist.new_group([stage * tp + t for t in range(tp)], timeout=timeout, backend=backend)
+        for stage in range(pp)
+    ]
 
 
 def agree_on_cuda(local_cuda: bool, device: str, rank: int) -> bool:

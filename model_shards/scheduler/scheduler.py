@@ -108,9 +108,12 @@ class Scheduler:
         if sampling.seed is None:
             sampling = msgspec.structs.replace(sampling, seed=self._rng.getrandbits(63))
         seq = Sequence(
-            self._next_seq_id, request, sampling, client,
+            self._next_seq_id,
+            request,
+            sampling,
+            client,
             output_ids=list(request.resume_output_ids),
-        )  # fmt: skip
+        )
         self._next_seq_id += 1
         self.waiting.append(seq)
         self._by_request[request.request_id] = seq

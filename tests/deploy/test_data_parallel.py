@@ -22,9 +22,15 @@ from tests.live_server import live_server
 
 NEW_TOKENS = 16
 PROMPTS: list[str | list[int]] = [
-    "Hello world", "The quick brown fox", "Once upon a time", "1 2 3 4",
-    [5, 6, 7], [300, 12, 9, 77, 1000], [42], [8, 8, 8, 8, 8, 8],
-]  # fmt: skip
+    "Hello world",
+    "The quick brown fox",
+    "Once upon a time",
+    "1 2 3 4",
+    [5, 6, 7],
+    [300, 12, 9, 77, 1000],
+    [42],
+    [8, 8, 8, 8, 8, 8],
+]
 
 
 async def _complete(client: httpx.AsyncClient, prompt: str | list[int]) -> str:
@@ -55,8 +61,11 @@ def test_dp2_spreads_requests_and_matches_transformers(tmp_path: Path) -> None:
             tokenizer.decode(hf_greedy(model_dir, ids, NEW_TOKENS), skip_special_tokens=True)
         )
     with live_server(["--model", str(model_dir), "-dp", "2"], tmp_path) as server:
-        ranks = [c for c in psutil.Process(server.process.pid).children()
-                 if "spawn_main" in " ".join(c.cmdline())]  # fmt: skip
+        ranks = [
+            c
+            for c in psutil.Process(server.process.pid).children()
+            if "spawn_main" in " ".join(c.cmdline())
+        ]
         assert len(ranks) == 2  # one rank per replica
         assert "started replica 1" in server.log()
         assert asyncio.run(_complete_all(server.url)) == expected

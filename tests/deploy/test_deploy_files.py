@@ -32,15 +32,25 @@ def tool(name: str) -> str:
 def test_dockerfile_passes_hadolint() -> None:
     result = subprocess.run(
         [tool("hadolint"), "--no-color", "Dockerfile"],
-        cwd=REPO, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_dockerfile_contract() -> None:
     text = (REPO / "Dockerfile").read_text()
-    needles = ["ARG DEVICE=cuda", "FROM base-${DEVICE} AS runtime", "USER 10001",
-               "EXPOSE 8000", "HEALTHCHECK", "/health", 'ENTRYPOINT ["shardserve"]']  # fmt: skip
+    needles = [
+        "ARG DEVICE=cuda",
+        "FROM base-${DEVICE} AS runtime",
+        "USER 10001",
+        "EXPOSE 8000",
+        "HEALTHCHECK",
+        "/health",
+        'ENTRYPOINT ["shardserve"]',
+    ]
     for needle in needles:
         assert needle in text, needle
     lines = text.splitlines()
@@ -74,10 +84,24 @@ def test_compose_config_is_valid(compose: Path, profiles: list[str]) -> None:
 def _compose(compose: str) -> dict[str, Any]:
     env = {**os.environ, "MODEL_PATH": "/models/checkpoint", "TP": "2", "DP": "2"}
     result = subprocess.run(
-        [tool("docker-compose"), "-f", str(DEPLOY / compose), "--profile", "cpu",
-         "--profile", "loadtest", "config", "--format", "json"],
-        capture_output=True, text=True, timeout=60, env=env, check=True,
-    )  # fmt: skip
+        [
+            tool("docker-compose"),
+            "-f",
+            str(DEPLOY / compose),
+            "--profile",
+            "cpu",
+            "--profile",
+            "loadtest",
+            "config",
+            "--format",
+            "json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        check=True,
+    )
     return dict(yaml.safe_load(result.stdout))
 
 
@@ -108,8 +132,12 @@ def test_multinode_compose_runs_two_engine_nodes_and_a_frontend() -> None:
 
 
 def test_k8s_manifests_probe_health() -> None:
-    docs = [d for f in sorted((DEPLOY / "k8s").glob("*.yaml")) for d in yaml.safe_load_all(
-        f.read_text()) if d]  # fmt: skip
+    docs = [
+        d
+        for f in sorted((DEPLOY / "k8s").glob("*.yaml"))
+        for d in yaml.safe_load_all(f.read_text())
+        if d
+    ]
     kinds = {d["kind"]: d for d in docs}
     assert set(kinds) >= {"LeaderWorkerSet", "Service"}
     template = kinds["LeaderWorkerSet"]["spec"]["leaderWorkerTemplate"]

@@ -48,8 +48,13 @@ def test_bad_node_layouts_name_the_flag(layout: NodeLayout, needle: str) -> None
 
 
 def _env(rank: int, world: int = 4, local: int = 2) -> dict[str, str]:
-    return {"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(local),
-            "MASTER_ADDR": "h", "MASTER_PORT": "1"}  # fmt: skip
+    return {
+        "RANK": str(rank),
+        "WORLD_SIZE": str(world),
+        "LOCAL_WORLD_SIZE": str(local),
+        "MASTER_ADDR": "h",
+        "MASTER_PORT": "1",
+    }
 
 
 def test_replica_rank_follows_node_rank_not_rendezvous_order() -> None:

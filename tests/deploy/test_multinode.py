@@ -57,10 +57,25 @@ def test_two_torchrun_nodes_serve_like_one(tmp_path: Path, tp: int, pp: int) -> 
     expected = _expected(model_dir)
     rdzv, engine_port = free_port(), free_port()
     common = [
-        "--model", str(model_dir), "-tp", str(tp), "-pp", str(pp), "--device", "cpu",
-        "--nnodes", "2", "--rdzv-endpoint", f"127.0.0.1:{rdzv}", "--rdzv-id", "test",
-        "--engine-host", "127.0.0.1", "--engine-port", str(engine_port),
-    ]  # fmt: skip
+        "--model",
+        str(model_dir),
+        "-tp",
+        str(tp),
+        "-pp",
+        str(pp),
+        "--device",
+        "cpu",
+        "--nnodes",
+        "2",
+        "--rdzv-endpoint",
+        f"127.0.0.1:{rdzv}",
+        "--rdzv-id",
+        "test",
+        "--engine-host",
+        "127.0.0.1",
+        "--engine-port",
+        str(engine_port),
+    ]
     nodes = [[*common, "--node-rank", str(r)] for r in range(2)]
     with engine_nodes(nodes, tmp_path) as procs:
         args = ["--model", str(model_dir), "--engine", f"tcp://127.0.0.1:{engine_port}"]

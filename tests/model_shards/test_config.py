@@ -103,9 +103,15 @@ def test_balanced_partition_gives_the_lm_head_stage_fewer_layers(llama_dir: Path
     # The benchmark's 135M shape: the 49152 x 576 LM head costs as much as 5.3 layers
     # (8 layers' parameters, but one efficient GEMM against a layer's 1.5 times its GEMMs).
     cfg = replace(
-        ModelConfig.from_dir(llama_dir), num_layers=30, hidden_size=576, num_heads=9,
-        num_kv_heads=3, head_dim=64, intermediate_size=1536, vocab_size=49152,
-    )  # fmt: skip
+        ModelConfig.from_dir(llama_dir),
+        num_layers=30,
+        hidden_size=576,
+        num_heads=9,
+        num_kv_heads=3,
+        head_dim=64,
+        intermediate_size=1536,
+        vocab_size=49152,
+    )
     assert cfg.layer_partition(2, "balanced") == [18, 12]
     assert cfg.layer_partition(2, "19,11") == [19, 11]
     assert cfg.layer_partition(2) == [15, 15]

@@ -68,9 +68,12 @@ def _worker(peers: Comm, model_dir: str, blocks: int | None) -> Worker:
     memory = None
     if blocks is not None:
         per_block = PagedKVCache.bytes_per_block(
-            cfg.num_layers // ps.pp_size, BLOCK, max(1, cfg.num_kv_heads // ps.tp_size),
-            cfg.head_dim, resolve_dtype("float32", cfg),
-        )  # fmt: skip
+            cfg.num_layers // ps.pp_size,
+            BLOCK,
+            max(1, cfg.num_kv_heads // ps.tp_size),
+            cfg.head_dim,
+            resolve_dtype("float32", cfg),
+        )
         memory = blocks * per_block
     replica = ReplicaConfig(
         model_dir, dtype="float32", block_size=BLOCK, max_num_seqs=32, kv_cache_memory=memory
@@ -105,9 +108,17 @@ def _batching_rank(peers: Comm, model_dir: str, out_dir: str) -> None:
             results["prefill_a"] = mid - before
             results["prefill_b"] = coord.stats.prefill_tokens_computed - mid
             # Replay after a failure: resuming from 5 produced tokens continues identically.
-            seeded = msgspec.structs.replace(reqs[0], sampling=SamplingParams(
-                0.8, top_k=50, seed=7, frequency_penalty=0.5, presence_penalty=0.3,
-            ), max_tokens=12)  # fmt: skip
+            seeded = msgspec.structs.replace(
+                reqs[0],
+                sampling=SamplingParams(
+                    0.8,
+                    top_k=50,
+                    seed=7,
+                    frequency_penalty=0.5,
+                    presence_penalty=0.3,
+                ),
+                max_tokens=12,
+            )
             full = _run(coord, [seeded])[seeded.request_id]
             resumed = msgspec.structs.replace(seeded, resume_output_ids=full[:5])
             results["resume"] = [full, _run(coord, [resumed])[seeded.request_id]]

@@ -78,11 +78,17 @@ def test_top_p_keeps_the_smallest_prefix_reaching_p() -> None:
     probs = torch.tensor([0.1, 0.4, 0.3, 0.2])
     logits = probs.log()
     assert filter_logits(logits, SamplingParams(top_p=0.7)).isfinite().tolist() == [
-        False, True, True, False,
-    ]  # fmt: skip
+        False,
+        True,
+        True,
+        False,
+    ]
     assert filter_logits(logits, SamplingParams(top_p=0.75)).isfinite().tolist() == [
-        False, True, True, True,
-    ]  # fmt: skip
+        False,
+        True,
+        True,
+        True,
+    ]
     only_top = filter_logits(logits, SamplingParams(top_p=0.01)).isfinite()
     assert only_top.tolist() == [False, True, False, False]  # the top token always stays
 

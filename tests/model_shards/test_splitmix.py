@@ -37,9 +37,12 @@ def _stream(seed: int, count: int) -> list[int]:
 def test_the_reference_generator_gives_the_published_outputs() -> None:
     assert _stream(0, 1) == [0xE220A8397B1DCDAF]
     assert _stream(1234567, 5) == [
-        6457827717110365317, 3203168211198807973, 9817491932198370423,
-        4593380528125082431, 16408922859458223821,
-    ]  # fmt: skip
+        6457827717110365317,
+        3203168211198807973,
+        9817491932198370423,
+        4593380528125082431,
+        16408922859458223821,
+    ]
 
 
 def test_splitmix64_is_the_reference_stream() -> None:

@@ -50,14 +50,22 @@ def _model(directory: Path, base: dict[str, Any] | None = None, **updates: Any) 
 
 
 BERT_CONFIG = {
-    "architectures": ["BertModel"], "vocab_size": 400, "hidden_size": 64,
-    "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+    "architectures": ["BertModel"],
+    "vocab_size": 400,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
     "max_position_embeddings": 128,
-}  # fmt: skip
+}
 GPT2_CONFIG = {
-    "architectures": ["GPT2LMHeadModel"], "vocab_size": 400, "n_embd": 64, "n_layer": 2,
-    "n_head": 4, "n_positions": 128,
-}  # fmt: skip
+    "architectures": ["GPT2LMHeadModel"],
+    "vocab_size": 400,
+    "n_embd": 64,
+    "n_layer": 2,
+    "n_head": 4,
+    "n_positions": 128,
+}
 # each family's tiny config (the Llama one renamed, GPT-2's own spelling), then one field
 # of it the family refuses (checked by the family class before spawning)
 FAMILIES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
@@ -134,10 +142,18 @@ ENGINE = ["engine", "--device", "cpu", "--engine-host", "127.0.0.1"]
 # (command, model, extra flags, words the error line must hold); model None: no --model
 CASES: list[tuple[list[str], str | None, list[str], tuple[str, ...]]] = [
     # the scheduler's rules, before spawning
-    (SERVE, "llama", ["--max-num-seqs", "64", "--max-num-batched-tokens", "32"],
-     ("--max-num-batched-tokens 32", "--max-num-seqs 64")),
-    (ENGINE, "llama", ["--max-num-seqs", "16", "--max-num-batched-tokens", "8"],
-     ("--max-num-batched-tokens 8", "--max-num-seqs 16")),
+    (
+        SERVE,
+        "llama",
+        ["--max-num-seqs", "64", "--max-num-batched-tokens", "32"],
+        ("--max-num-batched-tokens 32", "--max-num-seqs 64"),
+    ),
+    (
+        ENGINE,
+        "llama",
+        ["--max-num-seqs", "16", "--max-num-batched-tokens", "8"],
+        ("--max-num-batched-tokens 8", "--max-num-seqs 16"),
+    ),
     (SERVE, "llama", ["--max-num-seqs", "0"], ("--max-num-seqs",)),
     (SERVE, "llama", ["--max-num-seqs", "-3"], ("--max-num-seqs",)),
     (SERVE, "llama", ["--max-num-batched-tokens", "0"], ("--max-num-batched-tokens",)),
@@ -221,7 +237,7 @@ CASES: list[tuple[list[str], str | None, list[str], tuple[str, ...]]] = [
     (["ping", "ipc:///tmp/x", "--timeout", "0"], None, [], ("--timeout",)),
     (["ping", "ipc:///tmp/x", "--timeout", "-1"], None, [], ("--timeout",)),
     (["ping", "ipc:///tmp/x", "--log-level", "loud"], None, [], ("--log-level",)),
-]  # fmt: skip
+]
 
 
 def _argv(
@@ -307,9 +323,14 @@ def test_the_same_flags_corrected_reach_spawning(
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize(
     ("model", "extra"),
-    [("qwen3", []), ("phi3", []), ("phi3-refused", ["--max-model-len", "64"]), ("olmo2", []),
-     ("gpt2", [])],
-)  # fmt: skip
+    [
+        ("qwen3", []),
+        ("phi3", []),
+        ("phi3-refused", ["--max-model-len", "64"]),
+        ("olmo2", []),
+        ("gpt2", []),
+    ],
+)
 def test_family_configs_without_the_refused_field_reach_spawning(
     models: dict[str, Path], no_spawning: None, model: str, extra: list[str]
 ) -> None:

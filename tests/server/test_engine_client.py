@@ -102,9 +102,11 @@ async def test_healthy_is_pure_and_check_liveness_notices_death(
         return "rank 0 (pid 1) killed by SIGKILL"
 
     client = EngineClient(
-        engine.address, is_alive=engine.is_alive, describe_death=describe,
+        engine.address,
+        is_alive=engine.is_alive,
+        describe_death=describe,
         liveness_interval_s=3600,  # the watchdog stays asleep: only this test checks
-    )  # fmt: skip
+    )
     try:
         await client.connect(timeout_s=10)
         assert client.check_liveness() and deaths == []
@@ -125,9 +127,11 @@ async def test_fatal_error_after_a_rank_died_names_the_dead_rank(
     engine = make_engine(vocab_size=50, eos_token_ids=[1], step_s=0.05)
     ranks_alive = [True]
     client = EngineClient(
-        engine.address, is_alive=lambda: ranks_alive[0] and engine.is_alive(),
-        describe_death=lambda: "rank 3 (pid 7) killed by SIGKILL", liveness_interval_s=3600,
-    )  # fmt: skip
+        engine.address,
+        is_alive=lambda: ranks_alive[0] and engine.is_alive(),
+        describe_death=lambda: "rank 3 (pid 7) killed by SIGKILL",
+        liveness_interval_s=3600,
+    )
     try:
         await client.connect(timeout_s=10)
 

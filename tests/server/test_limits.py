@@ -13,8 +13,7 @@ from tests.waiting import async_wait_until
 async def test_queue_limits_refuse_with_429_and_retry_after(serve: ServeFactory) -> None:
     served = await serve(step_s=0.05, app_options={"admission": Admission(max_requests=2)})
     body = {"prompt": "Hello world", "max_tokens": 20, "ignore_eos": True}
-    slow = [asyncio.ensure_future(served.http.post("/v1/completions", json=body))
-            for _ in range(2)]  # fmt: skip
+    slow = [asyncio.ensure_future(served.http.post("/v1/completions", json=body)) for _ in range(2)]
     await async_wait_until(lambda: len(served.engine.active_ids) == 2, "both to be generating")
     refused = await served.http.post("/v1/completions", json=body)
     assert refused.status_code == 429, refused.text

@@ -23,9 +23,13 @@ _MAX_BLOCK = 1024
 
 @triton.jit
 def _silu_and_mul_kernel(
-    x_ptr: tl.tensor, y_ptr: tl.tensor, stride_x: int, stride_y: int, inter: int,
+    x_ptr: tl.tensor,
+    y_ptr: tl.tensor,
+    stride_x: int,
+    stride_y: int,
+    inter: int,
     BLOCK: tl.constexpr,
-) -> None:  # fmt: skip
+) -> None:
     """One program: columns ``program_id(1) * BLOCK ..`` of row ``program_id(0)``."""
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)  # [BLOCK]

@@ -82,7 +82,7 @@ def _attend_range(
     stride_ks, stride_kh, stride_kd, stride_vs, stride_vh, stride_vd, D,
     BLOCK_SIZE: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, F32_DOT: tl.constexpr,
-):  # fmt: skip
+):
     """Online softmax of ``q [BLOCK_G, BLOCK_D]`` over positions ``lo .. hi - 1`` read
     through one block table row → ``(m [BLOCK_G], l [BLOCK_G], acc [BLOCK_G, BLOCK_D])``
     (base 2, unnormalised; ``l == 0`` when the range is empty)."""
@@ -107,7 +107,7 @@ def _attend_range(
 def _load_group_q(
     q_ptr, b, kv_head, stride_qb, stride_qh, stride_qd, GROUP, D,
     BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
-):  # fmt: skip
+):
     """The ``GROUP`` query heads of one KV head, zero-padded → ``[BLOCK_G, BLOCK_D]``."""
     offs_g = tl.arange(0, BLOCK_G)
     offs_d = tl.arange(0, BLOCK_D)
@@ -124,7 +124,7 @@ def _decode_kernel(
     stride_vs, stride_vh, stride_vd, stride_btb, stride_ob, stride_oh, stride_od, GROUP, D,
     BLOCK_SIZE: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, F32_DOT: tl.constexpr,
-):  # fmt: skip
+):
     """Grid ``(B, nkv)``: the whole context of one row for one query-head group."""
     b = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -136,7 +136,7 @@ def _decode_kernel(
         q, k_ptr, v_ptr, bt_ptr + b * stride_btb, kv_head, 0, ctx, qk_scale,
         stride_ks, stride_kh, stride_kd, stride_vs, stride_vh, stride_vd, D,
         BLOCK_SIZE, BLOCK_G, BLOCK_N, BLOCK_D, F32_DOT,
-    )  # fmt: skip
+    )
     o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # padding rows: acc == 0
     offs_g = tl.arange(0, BLOCK_G)
     offs_d = tl.arange(0, BLOCK_D)
@@ -153,7 +153,7 @@ def _decode_split_kernel(
     stride_vs, stride_vh, stride_vd, stride_btb, nh, num_parts, split, GROUP, D,
     BLOCK_SIZE: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, F32_DOT: tl.constexpr,
-):  # fmt: skip
+):
     """Grid ``(B, nkv, P)``: partition ``j`` (positions ``j*split ..``) of one row and
     group → partials ``m, l: [B, nh, P]``, ``acc: [B, nh, P, D]`` (float32). A partition
     past the row's context writes nothing (the reduce never reads it)."""
@@ -170,7 +170,7 @@ def _decode_split_kernel(
         q, k_ptr, v_ptr, bt_ptr + b * stride_btb, kv_head, lo, hi, qk_scale,
         stride_ks, stride_kh, stride_kd, stride_vs, stride_vh, stride_vd, D,
         BLOCK_SIZE, BLOCK_G, BLOCK_N, BLOCK_D, F32_DOT,
-    )  # fmt: skip
+    )
     offs_g = tl.arange(0, BLOCK_G)
     offs_d = tl.arange(0, BLOCK_D)
     heads = kv_head * GROUP + offs_g
@@ -186,7 +186,7 @@ def _decode_split_kernel(
 def _decode_reduce_kernel(
     m_ptr, l_ptr, acc_ptr, ctx_ptr, out_ptr, stride_ob, stride_oh, stride_od,
     nh, num_parts, split, D, BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr,
-):  # fmt: skip
+):
     """Grid ``(B, nh)``: combine the partitions ``0 .. ceil(ctx / split) - 1`` of one row
     and head, ``BLOCK_P`` at a time with the same running-max rescaling."""
     b = tl.program_id(0)
@@ -228,12 +228,12 @@ def f32_dots(t: torch.Tensor) -> bool:
 def choose_split(
     batch: int, num_kv_heads: int, max_context_len: int, split_kv: int | None,
     batch_invariant: bool,
-) -> int | None:  # fmt: skip
+) -> int | None:
     """The partition size of the split-K path, or ``None`` for the single pass."""
     if split_kv is not None:
         if batch_invariant:
             raise ValueError("split_kv and batch_invariant=True exclude each other: "
-                             "the batch-invariant path is the single-pass kernel")  # fmt: skip
+                             "the batch-invariant path is the single-pass kernel")
         if split_kv <= 0:
             raise ValueError(f"split_kv must be a positive token count, got {split_kv}")
         return split_kv
@@ -249,14 +249,14 @@ def _check(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor) -> None:
         raise ValueError(f"want q [B, nh, D] and equal pools [slots, nkv, D], got {shapes}")
     if q.shape[2] != k_pool.shape[2] or q.shape[1] % k_pool.shape[1] != 0:
         raise ValueError(f"head dims must match and nh ({q.shape[1]}) be a multiple of "
-                         f"nkv ({k_pool.shape[1]})")  # fmt: skip
+                         f"nkv ({k_pool.shape[1]})")
 
 
 def decode_attention(
     q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, block_tables: torch.Tensor,
     context_lens: torch.Tensor, block_size: int, scale: float, *, split_kv: int | None = None,
     batch_invariant: bool = False, max_context_len: int | None = None,
-) -> torch.Tensor:  # fmt: skip
+) -> torch.Tensor:
     """``q: [B, nh, D]`` → ``[B, nh, D]`` in q's dtype (contract of
     ``Backend.decode_attention``); ``block_tables [B, nblk]`` int32/int64.
 
@@ -279,13 +279,13 @@ def decode_attention(
     common = dict(
         BLOCK_SIZE=block_size, BLOCK_G=block_g, BLOCK_D=block_d, F32_DOT=f32_dots(q),
         num_warps=4,
-    )  # fmt: skip
+    )
     qk_scale = scale * _LOG2E
     if split is None:
         _decode_kernel[(b, nkv)](
             q, k_pool, v_pool, block_tables, context_lens, out, qk_scale, *q.stride(), *pools,
             block_tables.stride(0), *out.stride(), group, d, BLOCK_N=BLOCK_N, **common,
-        )  # fmt: skip
+        )
         return out
     parts = max(1, triton.cdiv(bound, split))
     m_part = torch.empty((b, nh, parts), dtype=torch.float32, device=q.device)
@@ -296,9 +296,9 @@ def decode_attention(
         q, k_pool, v_pool, block_tables, context_lens, m_part, l_part, acc_part, qk_scale,
         *q.stride(), *pools, block_tables.stride(0), nh, parts, split, group, d,
         BLOCK_N=block_n, **common,
-    )  # fmt: skip
+    )
     _decode_reduce_kernel[(b, nh)](
         m_part, l_part, acc_part, context_lens, out, *out.stride(), nh, parts, split, d,
         BLOCK_P=_REDUCE_BLOCK_P, BLOCK_D=block_d, num_warps=4,
-    )  # fmt: skip
+    )
     return out

@@ -46,7 +46,7 @@ def _prefill_kernel(
     stride_vs, stride_vh, stride_vd, stride_ot, stride_oh, stride_od, stride_btn,
     tiles, group, D, BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, F32_DOT: tl.constexpr,
-):  # fmt: skip
+):
     """One query tile of one chunk for one query head (see the module docstring)."""
     n = tl.program_id(0) // tiles
     first = (tl.program_id(0) % tiles) * BLOCK_M
@@ -64,7 +64,7 @@ def _prefill_kernel(
     q = tl.load(
         q_ptr + rows[:, None] * stride_qt + h * stride_qh + offs_d[None, :] * stride_qd,
         mask=q_mask, other=0.0,
-    )  # fmt: skip  # [BLOCK_M, BLOCK_D]
+    )  # [BLOCK_M, BLOCK_D]
     if F32_DOT:  # see attention_decode.f32_dots
         q = q.to(tl.float32)
     q_pos = start + offs_m  # [BLOCK_M]
@@ -91,13 +91,13 @@ def _prefill_kernel(
 def prefill_attention(
     q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, meta: PrefillMeta,
     scale: float, out: torch.Tensor,
-) -> None:  # fmt: skip
+) -> None:
     """Write the chunks' rows of ``out: [T, nh, D]`` from ``q: [T, nh, D]`` (contract of
     ``Backend.prefill_attention``); ``meta``'s tensors on q's device, int32 or int64."""
     if q.dim() != 3 or out.shape != q.shape or k_pool.dim() != 3 or v_pool.shape != k_pool.shape:
         raise ValueError(f"want q, out [T, nh, D] and equal pools [slots, nkv, D], got "
                          f"{tuple(q.shape)}, {tuple(out.shape)}, {tuple(k_pool.shape)}, "
-                         f"{tuple(v_pool.shape)}")  # fmt: skip
+                         f"{tuple(v_pool.shape)}")
     _, nh, d = q.shape
     nkv = k_pool.shape[1]
     if k_pool.shape[2] != d or nh % nkv != 0:
@@ -112,4 +112,4 @@ def prefill_attention(
         *out.stride(), meta.block_tables.stride(0), tiles, nh // nkv, d,
         BLOCK_SIZE=meta.block_size, BLOCK_M=block_m, BLOCK_N=BLOCK_N,
         BLOCK_D=max(16, triton.next_power_of_2(d)), F32_DOT=f32_dots(q), num_warps=4,
-    )  # fmt: skip
+    )

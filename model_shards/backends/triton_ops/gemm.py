@@ -55,9 +55,7 @@ class GemmConfig:
 
 
 _FP32_CONFIG = GemmConfig(block_m=64, block_n=64, block_k=32, group_m=8, num_warps=4, num_stages=3)
-_HALF_CONFIG = GemmConfig(
-    block_m=64, block_n=128, block_k=32, group_m=8, num_warps=4, num_stages=4
-)
+_HALF_CONFIG = GemmConfig(block_m=64, block_n=128, block_k=32, group_m=8, num_warps=4, num_stages=4)
 
 
 def gemm_config(in_features: int, out_features: int, dtype: torch.dtype) -> GemmConfig:
@@ -71,13 +69,26 @@ def gemm_config(in_features: int, out_features: int, dtype: torch.dtype) -> Gemm
 
 @triton.jit(do_not_specialize=["M"])
 def _linear_kernel(
-    x_ptr: tl.tensor, w_ptr: tl.tensor, b_ptr: tl.tensor, y_ptr: tl.tensor,
-    M: int, N: int, K: tl.constexpr,
-    stride_xm: int, stride_xk: int, stride_wn: int, stride_wk: int, stride_ym: int,
-    HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    x_ptr: tl.tensor,
+    w_ptr: tl.tensor,
+    b_ptr: tl.tensor,
+    y_ptr: tl.tensor,
+    M: int,
+    N: int,
+    K: tl.constexpr,
+    stride_xm: int,
+    stride_xk: int,
+    stride_wn: int,
+    stride_wk: int,
+    stride_ym: int,
+    HAS_BIAS: tl.constexpr,
+    PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
-) -> None:  # fmt: skip
+) -> None:
     """One program: the ``[BLOCK_M, BLOCK_N]`` output tile ``pid`` (grouped order)."""
     pid = tl.program_id(0)
     num_m = tl.cdiv(M, BLOCK_M)
@@ -122,18 +133,23 @@ _INTERPRETED = not isinstance(_linear_kernel, triton.runtime.JITFunction)
 def _check(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
     """Raise ``ValueError`` naming the argument when shapes, dtypes or devices disagree."""
     if x.dim() != 2 or weight.dim() != 2:
-        raise ValueError(f"linear: x must be [T, in] and weight [out, in], got "
-                         f"x {tuple(x.shape)}, weight {tuple(weight.shape)}")  # fmt: skip
+        raise ValueError(
+            f"linear: x must be [T, in] and weight [out, in], got "
+            f"x {tuple(x.shape)}, weight {tuple(weight.shape)}"
+        )
     if x.shape[1] != weight.shape[1]:
         raise ValueError(f"linear: x has in={x.shape[1]} but weight {tuple(weight.shape)}")
     if x.dtype not in _SUPPORTED or weight.dtype != x.dtype:
-        raise ValueError(f"linear: x and weight must share one of {_SUPPORTED}, got "
-                         f"{x.dtype} and {weight.dtype}")  # fmt: skip
+        raise ValueError(
+            f"linear: x and weight must share one of {_SUPPORTED}, got {x.dtype} and {weight.dtype}"
+        )
     if weight.device != x.device:
         raise ValueError(f"linear: x on {x.device} but weight on {weight.device}")
     if bias is not None and (bias.shape != (weight.shape[0],) or bias.device != x.device):
-        raise ValueError(f"linear: bias must be [{weight.shape[0]}] on {x.device}, got "
-                         f"{tuple(bias.shape)} on {bias.device}")  # fmt: skip
+        raise ValueError(
+            f"linear: bias must be [{weight.shape[0]}] on {x.device}, got "
+            f"{tuple(bias.shape)} on {bias.device}"
+        )
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -158,11 +174,26 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> 
     precision = "ieee" if x.dtype == torch.float32 or upcast else "tf32"
     grid = (triton.cdiv(t, cfg.block_m) * triton.cdiv(n, cfg.block_n),)
     _linear_kernel[grid](
-        x, weight, bias if bias is not None else y, y,
-        t, n, k,
-        x.stride(0), x.stride(1), weight.stride(0), weight.stride(1), y.stride(0),
-        HAS_BIAS=bias is not None, PRECISION=precision, UPCAST=upcast,
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )  # fmt: skip
+        x,
+        weight,
+        bias if bias is not None else y,
+        y,
+        t,
+        n,
+        k,
+        x.stride(0),
+        x.stride(1),
+        weight.stride(0),
+        weight.stride(1),
+        y.stride(0),
+        HAS_BIAS=bias is not None,
+        PRECISION=precision,
+        UPCAST=upcast,
+        BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k,
+        GROUP_M=cfg.group_m,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+    )
     return y

@@ -71,11 +71,19 @@ def round_to(x: tl.tensor, dtype: tl.constexpr) -> tl.tensor:
 
 @triton.jit
 def _rms_norm_kernel(
-    x_ptr: tl.tensor, res_ptr: tl.tensor, w_ptr: tl.tensor, y_ptr: tl.tensor,
-    stride_x: int, stride_res: int, stride_y: int,
-    h: int, h_float: float, eps: float,
-    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr,
-) -> None:  # fmt: skip
+    x_ptr: tl.tensor,
+    res_ptr: tl.tensor,
+    w_ptr: tl.tensor,
+    y_ptr: tl.tensor,
+    stride_x: int,
+    stride_res: int,
+    stride_y: int,
+    h: int,
+    h_float: float,
+    eps: float,
+    HAS_RESIDUAL: tl.constexpr,
+    BLOCK: tl.constexpr,
+) -> None:
     """One program: row ``program_id(0)`` of ``[T, H]``."""
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)  # [BLOCK]
@@ -124,10 +132,18 @@ def rms_norm(
         return y, s
     block = triton.next_power_of_2(h)
     _rms_norm_kernel[(t,)](
-        x, s, weight, y,
-        x.stride(0), s.stride(0), y.stride(0),
-        h, float(h), eps,
-        HAS_RESIDUAL=residual is not None, BLOCK=block,
+        x,
+        s,
+        weight,
+        y,
+        x.stride(0),
+        s.stride(0),
+        y.stride(0),
+        h,
+        float(h),
+        eps,
+        HAS_RESIDUAL=residual is not None,
+        BLOCK=block,
         num_warps=min(max(block // 512, 1), 16),
-    )  # fmt: skip
+    )
     return y, s

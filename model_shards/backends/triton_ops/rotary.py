@@ -31,9 +31,15 @@ from model_shards.backends.triton_ops.norm import round_to
 
 @triton.jit
 def _rotate_halves(
-    a: tl.tensor, b: tl.tensor, cos_row: tl.tensor, sin_row: tl.tensor, offs: tl.tensor,
-    mask: tl.tensor, HALF: tl.constexpr, DTYPE: tl.constexpr,
-) -> tuple[tl.tensor, tl.tensor]:  # fmt: skip
+    a: tl.tensor,
+    b: tl.tensor,
+    cos_row: tl.tensor,
+    sin_row: tl.tensor,
+    offs: tl.tensor,
+    mask: tl.tensor,
+    HALF: tl.constexpr,
+    DTYPE: tl.constexpr,
+) -> tuple[tl.tensor, tl.tensor]:
     """``[a | b]`` (float32 of dtype values) → the rotated halves, rounded to ``DTYPE``."""
     c1 = round_to(tl.load(cos_row + offs, mask=mask, other=0.0), DTYPE)  # [BLOCK_HALF]
     c2 = round_to(tl.load(cos_row + HALF + offs, mask=mask, other=0.0), DTYPE)
@@ -46,13 +52,25 @@ def _rotate_halves(
 
 @triton.jit
 def _rotary_cache_kernel(
-    qkv_ptr: tl.tensor, pos_ptr: tl.tensor, cos_ptr: tl.tensor, sin_ptr: tl.tensor,
-    k_pool_ptr: tl.tensor, v_pool_ptr: tl.tensor, slot_ptr: tl.tensor,
-    stride_qkv: int, stride_cos: int, stride_sin: int,
-    stride_k_slot: int, stride_k_head: int, stride_v_slot: int, stride_v_head: int,
-    NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
+    qkv_ptr: tl.tensor,
+    pos_ptr: tl.tensor,
+    cos_ptr: tl.tensor,
+    sin_ptr: tl.tensor,
+    k_pool_ptr: tl.tensor,
+    v_pool_ptr: tl.tensor,
+    slot_ptr: tl.tensor,
+    stride_qkv: int,
+    stride_cos: int,
+    stride_sin: int,
+    stride_k_slot: int,
+    stride_k_head: int,
+    stride_v_slot: int,
+    stride_v_head: int,
+    NUM_HEADS: tl.constexpr,
+    NUM_KV_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
     BLOCK_HALF: tl.constexpr,
-) -> None:  # fmt: skip
+) -> None:
     """One program: head ``program_id(1)`` of token ``program_id(0)``."""
     tok = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
@@ -88,9 +106,14 @@ def _rotary_cache_kernel(
 
 
 def _check(
-    qkv: torch.Tensor, cos_cached: torch.Tensor, sin_cached: torch.Tensor,
-    k_pool: torch.Tensor, v_pool: torch.Tensor, num_heads: int, num_kv_heads: int,
-) -> None:  # fmt: skip
+    qkv: torch.Tensor,
+    cos_cached: torch.Tensor,
+    sin_cached: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    num_heads: int,
+    num_kv_heads: int,
+) -> None:
     """Raise ``ValueError`` naming the argument whose layout the kernel cannot take."""
     d = k_pool.shape[-1]
     if d % 2 or qkv.dim() != 2 or qkv.shape[1] != (num_heads + 2 * num_kv_heads) * d:
@@ -112,21 +135,40 @@ def _check(
 
 
 def rotary_and_cache(
-    qkv: torch.Tensor, positions: torch.Tensor, cos_cached: torch.Tensor,
-    sin_cached: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
-    slot_mapping: torch.Tensor, num_heads: int, num_kv_heads: int,
-) -> torch.Tensor:  # fmt: skip
+    qkv: torch.Tensor,
+    positions: torch.Tensor,
+    cos_cached: torch.Tensor,
+    sin_cached: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    num_heads: int,
+    num_kv_heads: int,
+) -> torch.Tensor:
     """Rotate q and k of ``qkv`` in place, store k and v at ``slot_mapping`` (negative:
     skipped) and return ``q: [T, nh, D]``, a view of ``qkv``."""
     _check(qkv, cos_cached, sin_cached, k_pool, v_pool, num_heads, num_kv_heads)
     t, d = qkv.shape[0], k_pool.shape[-1]
     if t > 0:
         _rotary_cache_kernel[(t, num_heads + num_kv_heads)](
-            qkv, positions.contiguous(), cos_cached, sin_cached, k_pool, v_pool,
+            qkv,
+            positions.contiguous(),
+            cos_cached,
+            sin_cached,
+            k_pool,
+            v_pool,
             slot_mapping.contiguous(),
-            qkv.stride(0), cos_cached.stride(0), sin_cached.stride(0),
-            k_pool.stride(0), k_pool.stride(1), v_pool.stride(0), v_pool.stride(1),
-            NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=d,
-            BLOCK_HALF=triton.next_power_of_2(d // 2), num_warps=1,
-        )  # fmt: skip
+            qkv.stride(0),
+            cos_cached.stride(0),
+            sin_cached.stride(0),
+            k_pool.stride(0),
+            k_pool.stride(1),
+            v_pool.stride(0),
+            v_pool.stride(1),
+            NUM_HEADS=num_heads,
+            NUM_KV_HEADS=num_kv_heads,
+            HEAD_DIM=d,
+            BLOCK_HALF=triton.next_power_of_2(d // 2),
+            num_warps=1,
+        )
     return qkv.view(t, -1, d)[:, :num_heads]

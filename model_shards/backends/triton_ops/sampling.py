@@ -40,9 +40,13 @@ def _uniforms(seed: tl.tensor, tokens: tl.tensor) -> tl.tensor:
 
 @triton.jit
 def _race_kernel(
-    probs_ptr: tl.tensor, seeds_ptr: tl.tensor, out_ptr: tl.tensor,
-    stride_row: int, VOCAB: tl.constexpr, BLOCK: tl.constexpr,
-) -> None:  # fmt: skip
+    probs_ptr: tl.tensor,
+    seeds_ptr: tl.tensor,
+    out_ptr: tl.tensor,
+    stride_row: int,
+    VOCAB: tl.constexpr,
+    BLOCK: tl.constexpr,
+) -> None:
     """One program: row ``program_id(0)`` of ``probs [S, V]`` → its winner in ``out [S]``."""
     row = tl.program_id(0).to(tl.int64)
     seed = tl.load(seeds_ptr + row).to(tl.uint64)  # the int64 bit pattern

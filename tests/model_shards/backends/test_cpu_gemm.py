@@ -41,7 +41,7 @@ OWN_GEMM_RTOL = {torch.float32: 1e-5, torch.bfloat16: 2.0**-7}
 
 def _linear(dtype: torch.dtype, bias: bool = True, ops: object = CPU) -> ReplicatedLinear:
     torch.manual_seed(0)
-    layer = ReplicatedLinear(96, 160, bias, ShardContext.single_process(ops, dtype))  # type: ignore[arg-type]
+    layer = ReplicatedLinear(96, 160, bias=bias, ctx=ShardContext.single_process(ops, dtype))  # type: ignore[arg-type]
     layer.weight.data.normal_(0, 0.05)
     if layer.bias is not None:
         layer.bias.data.normal_()

@@ -65,9 +65,15 @@ def test_vectorized_decode_attention_matches_portable() -> None:
     g = torch.Generator().manual_seed(11)
     for dtype in DTYPES:
         for d, nh, nkv, bs in [
-            (64, 9, 3, 16), (128, 8, 2, 16), (64, 4, 4, 32), (64, 6, 2, 8), (48, 6, 2, 16),
-            (80, 4, 1, 16), (96, 4, 2, 8), (256, 2, 1, 16),
-        ]:  # fmt: skip
+            (64, 9, 3, 16),
+            (128, 8, 2, 16),
+            (64, 4, 4, 32),
+            (64, 6, 2, 8),
+            (48, 6, 2, 16),
+            (80, 4, 1, 16),
+            (96, 4, 2, 8),
+            (256, 2, 1, 16),
+        ]:
             pool = [torch.randn(200 * bs, nkv, d, generator=g).to(dtype) for _ in range(2)]
             tables = torch.randperm(200, generator=g)[:42].view(7, 6)
             lens = torch.tensor([1, 5, bs, bs + 1, 3 * bs - 1, 40, 6 * bs])
@@ -123,9 +129,14 @@ def test_silu_and_mul(dtype: torch.dtype) -> None:
 
 
 def _attention_step(
-    dtype: torch.dtype, chunks: list[SeqChunk], lengths: dict[int, int], seed: int,
-    d: int = 16, bs: int = 4, ops: Backend = CPU,
-) -> tuple[Attention, ForwardBatch, torch.Tensor]:  # fmt: skip
+    dtype: torch.dtype,
+    chunks: list[SeqChunk],
+    lengths: dict[int, int],
+    seed: int,
+    d: int = 16,
+    bs: int = 4,
+    ops: Backend = CPU,
+) -> tuple[Attention, ForwardBatch, torch.Tensor]:
     """A GQA layer (6 query heads, 2 KV heads, head dim ``d``, blocks of ``bs``) over a pool
     whose earlier positions hold random K/V; returns the layer, the step's batch and its qkv."""
     nh, nkv = 6, 2
@@ -172,9 +183,7 @@ SHAPES = [(16, 4), (48, 4), (64, 4), (128, 32)]
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("mixed", [False, True], ids=["decodes", "decodes+prefill"])
 @pytest.mark.parametrize(("d", "bs"), SHAPES, ids=[f"d{d}-bs{bs}" for d, bs in SHAPES])
-def test_attention_step(
-    dtype: torch.dtype, mixed: bool, d: int, bs: int
-) -> None:
+def test_attention_step(dtype: torch.dtype, mixed: bool, d: int, bs: int) -> None:
     """RoPE + K/V write + decode attention: output and the pool match the reference."""
     lengths = {0: 9, 1: 1, 2: 17, 3: 4, 4: 12, 6: 36}
     chunks = [_chunk(s, n - 1, 1) for s, n in lengths.items()]
@@ -217,14 +226,28 @@ def test_bad_indices_are_errors_not_stray_memory_access() -> None:
     too_far = torch.tensor([batch.rotary.cos_cached.shape[0]])
     with pytest.raises(RuntimeError, match="position"):
         ops.rotary_and_cache(
-            qkv, too_far, batch.rotary.cos_cached, batch.rotary.sin_cached, pool_k, pool_v,
-            batch.slot_mapping, 6, 2,
-        )  # fmt: skip
+            qkv,
+            too_far,
+            batch.rotary.cos_cached,
+            batch.rotary.sin_cached,
+            pool_k,
+            pool_v,
+            batch.slot_mapping,
+            6,
+            2,
+        )
     with pytest.raises(RuntimeError, match="slot"):
         ops.rotary_and_cache(
-            qkv, batch.positions, batch.rotary.cos_cached, batch.rotary.sin_cached, pool_k,
-            pool_v, torch.tensor([pool_k.shape[0]]), 6, 2,
-        )  # fmt: skip
+            qkv,
+            batch.positions,
+            batch.rotary.cos_cached,
+            batch.rotary.sin_cached,
+            pool_k,
+            pool_v,
+            torch.tensor([pool_k.shape[0]]),
+            6,
+            2,
+        )
     q = qkv.view(1, -1, 16)[:, :6]
     bad_table = torch.tensor([[batch.kv.num_blocks, 0, 0]])
     with pytest.raises(RuntimeError, match="block id"):

@@ -63,11 +63,13 @@ def make_step(rng: random.Random, b: int, hidden: bool = False) -> DecodeStep:
         slots.append(table[(length - 1) // BS] * BS + (length - 1) % BS)
     g = torch.Generator().manual_seed(rng.randrange(1 << 30))
     return DecodeStep(
-        positions=[n - 1 for n in lens], slot_mapping=slots, block_tables=tables,
+        positions=[n - 1 for n in lens],
+        slot_mapping=slots,
+        block_tables=tables,
         context_lens=lens,
         token_ids=None if hidden else [rng.randrange(VOCAB) for _ in range(b)],
         hidden=torch.randn(b, HID, generator=g, dtype=DT) if hidden else None,
-    )  # fmt: skip
+    )
 
 
 def exact_inputs(step: DecodeStep) -> DecodeInputs:
@@ -124,9 +126,14 @@ def test_bucket_for_edges() -> None:
 
 
 def expect_views(
-    static: StaticDecodeInputs, n: int, tokens: list[int], positions: list[int],
-    slots: list[int], lens: list[int], tables: list[list[int]],
-) -> None:  # fmt: skip
+    static: StaticDecodeInputs,
+    n: int,
+    tokens: list[int],
+    positions: list[int],
+    slots: list[int],
+    lens: list[int],
+    tables: list[list[int]],
+) -> None:
     """The bucket-``n`` views hold these real rows and padding everywhere else."""
     pad = n - len(positions)
     full = [list(t) + [0] * (WIDTH - len(t)) for t in tables] + [[0] * WIDTH] * pad

@@ -62,9 +62,14 @@ DECODE_CASES = [
 
 @pytest.mark.parametrize(("nh", "nkv", "d", "bs", "dtype", "split", "table_dtype"), DECODE_CASES)
 def test_decode_matches_reference(
-    nh: int, nkv: int, d: int, bs: int, dtype: torch.dtype, split: int | None,
+    nh: int,
+    nkv: int,
+    d: int,
+    bs: int,
+    dtype: torch.dtype,
+    split: int | None,
     table_dtype: torch.dtype,
-) -> None:  # fmt: skip
+) -> None:
     gen = torch.Generator().manual_seed(nh * 1000 + d * 10 + bs)
     # on a block boundary, just past one, padding, one token, several tiles/partitions
     lens = [2 * bs, 2 * bs + 1, 0, 1, 140]
@@ -77,9 +82,7 @@ def test_decode_matches_reference(
     got = decode_attention(
         q, k_pool, v_pool, tables.to(table_dtype), context_lens, bs, SCALE, split_kv=split
     )
-    want = ReferenceBackend().decode_attention(
-        q, k_pool, v_pool, tables, context_lens, bs, SCALE
-    )
+    want = ReferenceBackend().decode_attention(q, k_pool, v_pool, tables, context_lens, bs, SCALE)
     _close(got, want, dtype)
     assert torch.all(got[2] == 0), "a padding row answers zeros"
 
@@ -141,9 +144,12 @@ def _prefill_meta(
         q_starts=torch.tensor(q_starts, device=DEVICE),
         q_lens=torch.tensor(lens, device=DEVICE),
         start_positions=torch.tensor(starts, device=DEVICE),
-        block_tables=tables, q_starts_list=q_starts, q_lens_list=list(lens),
-        start_positions_list=list(starts), block_size=bs,
-    )  # fmt: skip
+        block_tables=tables,
+        q_starts_list=q_starts,
+        q_lens_list=list(lens),
+        start_positions_list=list(starts),
+        block_size=bs,
+    )
     return meta, row + gap, num_blocks
 
 

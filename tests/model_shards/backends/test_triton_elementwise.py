@@ -68,10 +68,24 @@ def _rounding_cases(dtype: torch.dtype) -> torch.Tensor:
     step = (torch.nextafter(grid.to(dtype), grid.to(dtype) * 2).float() - grid) / 2
     ties = grid + step  # exactly halfway in the dtype (a float32 value)
     tiny = torch.randn(1024, generator=gen) * torch.finfo(dtype).tiny
-    specials = torch.tensor([
-        0.0, -0.0, float("inf"), -float("inf"), float("nan"), 65504.0, 65519.0, 65520.0,
-        -65520.0, 1e30, -3e38, 6.1e-5, 5.96e-8, 2.9e-8,
-    ])  # fmt: skip
+    specials = torch.tensor(
+        [
+            0.0,
+            -0.0,
+            float("inf"),
+            -float("inf"),
+            float("nan"),
+            65504.0,
+            65519.0,
+            65520.0,
+            -65520.0,
+            1e30,
+            -3e38,
+            6.1e-5,
+            5.96e-8,
+            2.9e-8,
+        ]
+    )
     return torch.cat([wide, grid, above, ties, ties.nextafter(ties * 2), tiny, specials])
 
 

@@ -36,9 +36,7 @@ def _reference(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torc
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("with_bias", [False, True])
 @pytest.mark.parametrize(("t", "k", "n"), [(1, 48, 40), (3, 96, 80), (17, 48, 80), (40, 96, 40)])
-def test_matches_reference(
-    dtype: torch.dtype, with_bias: bool, t: int, k: int, n: int
-) -> None:
+def test_matches_reference(dtype: torch.dtype, with_bias: bool, t: int, k: int, n: int) -> None:
     x, w = _rand((t, k), dtype, 1), _rand((n, k), dtype, 2)
     b = _rand((n,), dtype, 3) if with_bias else None
     y = linear(x, w, b)  # [T, out]

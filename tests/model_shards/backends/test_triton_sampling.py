@@ -89,9 +89,14 @@ def _make_batch(g: torch.Generator, rows: int, vocab: int, seed_base: int) -> Ba
         prompt_lens.append(n)
         stops.append(STOP_IDS if position - n < p.min_tokens else [])
     tensors = SamplingTensors.build(
-        params, seeds, vocab, "cpu", histories=histories, num_prompt_tokens=prompt_lens,
+        params,
+        seeds,
+        vocab,
+        "cpu",
+        histories=histories,
+        num_prompt_tokens=prompt_lens,
         stop_ids=stops,
-    )  # fmt: skip
+    )
     return Batch(sampler, chunks, tensors)
 
 
@@ -105,8 +110,9 @@ def _logits(g: torch.Generator, rows: int, vocab: int, dtype: torch.dtype) -> to
     return x.to(dtype)
 
 
-def _check_batch(g: torch.Generator, rows: int, vocab: int, dtype: torch.dtype,
-                 seed_base: int, race: Race) -> None:  # fmt: skip
+def _check_batch(
+    g: torch.Generator, rows: int, vocab: int, dtype: torch.dtype, seed_base: int, race: Race
+) -> None:
     batch = _make_batch(g, rows, vocab, seed_base)
     logits = _logits(g, rows, vocab, dtype)
     before = logits.clone()
@@ -187,9 +193,12 @@ def test_each_penalty_moves_a_greedy_row() -> None:
         chunks.append(SeqChunk(row, 0, tokens))
         sampler.observe(chunks[-1])
     t = SamplingTensors.build(
-        [c[0] for c in cases], [0] * len(cases), 8, histories=[c[1] + c[2] for c in cases],
+        [c[0] for c in cases],
+        [0] * len(cases),
+        8,
+        histories=[c[1] + c[2] for c in cases],
         num_prompt_tokens=[len(c[1]) for c in cases],
-    )  # fmt: skip
+    )
     tokens = sample_batch(logits, t, REF.exponential_race).tolist()
     assert tokens == sampler.sample(logits, chunks).tokens.tolist() == [6, 6, 6, 6, 5]
 

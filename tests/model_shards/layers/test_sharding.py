@@ -50,10 +50,10 @@ def test_column_and_row_slices_reassemble(tp: int) -> None:
     cols = []
     rows = []
     for r in range(tp):
-        col = ColumnParallelLinear(12, 8, False, _ctx(r, tp))
+        col = ColumnParallelLinear(12, 8, bias=False, ctx=_ctx(r, tp))
         col.weight_loader(col.weight, FullTensor("c", w))  # type: ignore[arg-type]
         cols.append(col.weight.data)
-        row = RowParallelLinear(12, 8, False, _ctx(r, tp))
+        row = RowParallelLinear(12, 8, bias=False, ctx=_ctx(r, tp))
         row.weight_loader(row.weight, FullTensor("r", w))  # type: ignore[arg-type]
         rows.append(row.weight.data)
     assert torch.equal(torch.cat(cols, 0), w)  # output features split
@@ -64,7 +64,7 @@ def test_column_and_row_slices_reassemble(tp: int) -> None:
 def test_merged_gate_up_each_part_split_on_its_own(tp: int) -> None:
     gate, up = _full(6, 4), _full(6, 4) + 1000
     for r in range(tp):
-        layer = MergedColumnParallelLinear(4, [6, 6], False, _ctx(r, tp))
+        layer = MergedColumnParallelLinear(4, [6, 6], bias=False, ctx=_ctx(r, tp))
         layer.weight_loader(layer.weight, FullTensor("g", gate), 0)  # type: ignore[arg-type]
         layer.weight_loader(layer.weight, FullTensor("u", up), 1)  # type: ignore[arg-type]
         local = 6 // tp
@@ -78,16 +78,18 @@ def test_qkv_heads_split_and_kv_heads_replicated(heads: int, kv_heads: int, tp: 
     q = _full(heads * d, hidden)
     k, v = _full(kv_heads * d, hidden) + 1e4, _full(kv_heads * d, hidden) + 2e4
     for r in range(tp):
-        layer = QKVParallelLinear(hidden, d, heads, kv_heads, False, _ctx(r, tp))
+        layer = QKVParallelLinear(hidden, d, heads, kv_heads, bias=False, ctx=_ctx(r, tp))
         for part, t in (("q", q), ("k", k), ("v", v)):
             layer.weight_loader(layer.weight, FullTensor(part, t), part)  # type: ignore[arg-type]
         nh, nkv = heads // tp, max(1, kv_heads // tp)
         kv_slot = r * kv_heads // tp if tp > kv_heads else r  # replicas share a KV head
-        want = torch.cat([
-            q[r * nh * d : (r + 1) * nh * d],
-            k[kv_slot * nkv * d : (kv_slot + 1) * nkv * d],
-            v[kv_slot * nkv * d : (kv_slot + 1) * nkv * d],
-        ])  # fmt: skip
+        want = torch.cat(
+            [
+                q[r * nh * d : (r + 1) * nh * d],
+                k[kv_slot * nkv * d : (kv_slot + 1) * nkv * d],
+                v[kv_slot * nkv * d : (kv_slot + 1) * nkv * d],
+            ]
+        )
         assert torch.equal(layer.weight.data, want), r
 
 

@@ -90,9 +90,12 @@ def _in_layout(family: ModuleType, tp: int, pp: int) -> bool:
 @pytest.mark.timeout(400)
 @pytest.mark.parametrize(("tp", "pp"), LAYOUTS, ids=[f"tp{t}-pp{p}" for t, p in LAYOUTS])
 def test_families_match_transformers(
-    tp: int, pp: int, tmp_path: Path, checkpoints: dict[str, Path],
+    tp: int,
+    pp: int,
+    tmp_path: Path,
+    checkpoints: dict[str, Path],
     references: dict[str, dict[str, list]],
-) -> None:  # fmt: skip
+) -> None:
     names = [f.NAME for f in FAMILIES if _in_layout(f, tp, pp)]
     if not names:
         pytest.skip("no family takes this layout")
@@ -113,18 +116,25 @@ def _seeded_runs(model_dir: Path, blocks: int) -> tuple[list[int], list[int], in
     a pool of ``blocks`` blocks of 4): its tokens both times and the preemptions seen."""
     cfg = ModelConfig.from_dir(model_dir)
     replica = ReplicaConfig(
-        str(model_dir), dtype="float32", max_num_seqs=16, block_size=4,
+        str(model_dir),
+        dtype="float32",
+        max_num_seqs=16,
+        block_size=4,
         kv_cache_memory=blocks * _block_bytes(cfg),
-    )  # fmt: skip
+    )
     worker = Worker.build(replica, cfg, Comm(single_process_state()), MAX_LEN)
     coord = Coordinator(worker, max_num_seqs=16, max_num_batched_tokens=64, max_model_len=MAX_LEN)
     target = GenerateRequest("target", [7, 8, 9, 10, 11, 12], 16, SamplingParams(0.9, seed=5))
     alone = _generate_requests(coord, [target])["target"]
     others = [
-        GenerateRequest(f"o{i}", [7, 8, 9, 10, 11] + [20 + i] * (i % 5 + 1), 12,
-                        SamplingParams(1.0, top_p=0.9, seed=100 + i))
+        GenerateRequest(
+            f"o{i}",
+            [7, 8, 9, 10, 11] + [20 + i] * (i % 5 + 1),
+            12,
+            SamplingParams(1.0, top_p=0.9, seed=100 + i),
+        )
         for i in range(15)
-    ]  # fmt: skip
+    ]
     crowd = _generate_requests(coord, [*others[:7], target, *others[7:]])["target"]
     return alone, crowd, coord.stats.num_preemptions
 

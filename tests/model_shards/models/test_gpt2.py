@@ -32,15 +32,29 @@ PROMPTS = [[3, 17, 250, 96, 42, 7, 51, 64, 100], [5, 6]]
 
 # openai-community/gpt2's config.json (no tie_word_embeddings, n_inner or dtype fields)
 REAL_CONFIG: dict[str, Any] = {
-    "activation_function": "gelu_new", "architectures": ["GPT2LMHeadModel"],
-    "attn_pdrop": 0.1, "bos_token_id": 50256, "embd_pdrop": 0.1, "eos_token_id": 50256,
-    "initializer_range": 0.02, "layer_norm_epsilon": 1e-05, "model_type": "gpt2",
-    "n_ctx": 1024, "n_embd": 768, "n_head": 12, "n_layer": 12, "n_positions": 1024,
-    "resid_pdrop": 0.1, "summary_activation": None, "summary_first_dropout": 0.1,
-    "summary_proj_to_labels": True, "summary_type": "cls_index", "summary_use_proj": True,
+    "activation_function": "gelu_new",
+    "architectures": ["GPT2LMHeadModel"],
+    "attn_pdrop": 0.1,
+    "bos_token_id": 50256,
+    "embd_pdrop": 0.1,
+    "eos_token_id": 50256,
+    "initializer_range": 0.02,
+    "layer_norm_epsilon": 1e-05,
+    "model_type": "gpt2",
+    "n_ctx": 1024,
+    "n_embd": 768,
+    "n_head": 12,
+    "n_layer": 12,
+    "n_positions": 1024,
+    "resid_pdrop": 0.1,
+    "summary_activation": None,
+    "summary_first_dropout": 0.1,
+    "summary_proj_to_labels": True,
+    "summary_type": "cls_index",
+    "summary_use_proj": True,
     "task_specific_params": {"text-generation": {"do_sample": True, "max_length": 50}},
     "vocab_size": 50257,
-}  # fmt: skip
+}
 
 
 def test_the_real_config_reads_as_gpt2_small() -> None:
@@ -54,10 +68,14 @@ def test_the_real_config_reads_as_gpt2_small() -> None:
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("scale_attn_by_inverse_layer_idx", True), ("reorder_and_upcast_attn", True),
-     ("add_cross_attention", True), ("scale_attn_weights", False),
-     ("activation_function", "relu")],
-)  # fmt: skip
+    [
+        ("scale_attn_by_inverse_layer_idx", True),
+        ("reorder_and_upcast_attn", True),
+        ("add_cross_attention", True),
+        ("scale_attn_weights", False),
+        ("activation_function", "relu"),
+    ],
+)
 def test_unsupported_switches_are_refused_by_name(field: str, value: object) -> None:
     cfg = ModelConfig.from_dict({**REAL_CONFIG, field: value})
     with pytest.raises(ValueError, match=field):

@@ -57,9 +57,10 @@ def _parity_rank(peers: Comm, model_dirs: list[str], out_dir: str) -> None:
         worker = Worker.build(replica, cfg, peers, 256)
         recorder = record_logits(worker)
         io = {
-            "bytes_loaded": worker.bytes_loaded, "rchar": _rchar() - before,
+            "bytes_loaded": worker.bytes_loaded,
+            "rchar": _rchar() - before,
             "layers": [worker.model.model.start, worker.model.model.end],
-        }  # fmt: skip
+        }
         Path(out_dir, f"{name}-rank{ps.rank}.json").write_text(json.dumps(io))
         if ps.rank == 0:
             _drive(worker, Path(out_dir), name)
@@ -110,13 +111,20 @@ def references(checkpoints: dict[str, Path]) -> dict[str, dict[str, object]]:
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize(("tp", "pp"), LAYOUTS, ids=[f"tp{t}-pp{p}" for t, p in LAYOUTS])
 def test_layout_matches_transformers(
-    tp: int, pp: int, tmp_path: Path, checkpoints: dict[str, Path],
+    tp: int,
+    pp: int,
+    tmp_path: Path,
+    checkpoints: dict[str, Path],
     references: dict[str, dict[str, list]],
-) -> None:  # fmt: skip
+) -> None:
     run_world(
-        _parity_rank, tp, pp, [str(checkpoints["llama"]), str(checkpoints["qwen2"])], str(tmp_path),
+        _parity_rank,
+        tp,
+        pp,
+        [str(checkpoints["llama"]), str(checkpoints["qwen2"])],
+        str(tmp_path),
         timeout=200,
-    )  # fmt: skip
+    )
     for name in ("llama", "qwen2"):
         seq_ids = json.loads((tmp_path / f"{name}-prompt-seqs.json").read_text())
         ours = load_rows(tmp_path / f"{name}-logits.safetensors", seq_ids)

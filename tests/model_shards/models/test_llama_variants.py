@@ -22,10 +22,17 @@ from tests.logits import prompt_logits, record_logits
 def _build_mistral(path: Path, dtype: torch.dtype) -> Path:
     torch.manual_seed(0)
     cfg = MistralConfig(
-        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=1, vocab_size=503, max_position_embeddings=128, sliding_window=None,
-        rope_scaling={"rope_type": "linear", "factor": 2.0}, initializer_range=0.2,
-    )  # fmt: skip
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        vocab_size=503,
+        max_position_embeddings=128,
+        sliding_window=None,
+        rope_scaling={"rope_type": "linear", "factor": 2.0},
+        initializer_range=0.2,
+    )
     MistralForCausalLM(cfg).to(dtype).save_pretrained(path)
     return path
 
@@ -62,10 +69,16 @@ def test_llama_attention_bias_covers_o_proj(tmp_path: Path) -> None:
     """HF Llama's ``attention_bias`` biases q, k, v *and* o (Qwen2's only q, k, v)."""
     torch.manual_seed(0)
     cfg = LlamaConfig(
-        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, vocab_size=503, max_position_embeddings=128,
-        attention_bias=True, initializer_range=0.2,
-    )  # fmt: skip
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=503,
+        max_position_embeddings=128,
+        attention_bias=True,
+        initializer_range=0.2,
+    )
     model = LlamaForCausalLM(cfg)
     with torch.no_grad():
         for name, param in model.named_parameters():

@@ -27,10 +27,16 @@ def test_registry_covers_exactly_the_supported_architectures() -> None:
 def _config_dir(path: Path, architecture: str) -> Path:
     path.mkdir()
     config = {
-        "architectures": [architecture], "hidden_size": 64, "intermediate_size": 128,
-        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-        "vocab_size": 100, "max_position_embeddings": 128, "rms_norm_eps": 1e-6,
-    }  # fmt: skip
+        "architectures": [architecture],
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": 100,
+        "max_position_embeddings": 128,
+        "rms_norm_eps": 1e-6,
+    }
     (path / "config.json").write_text(json.dumps(config))
     return path
 

@@ -208,8 +208,12 @@ def test_env_var_values(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_stale_segments_are_swept() -> None:
-    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], check=True,
-                          capture_output=True, text=True)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     stale = Path(SHM_DIR, f"{NAME_PREFIX}{int(done.stdout)}_deadbeef")
     live = Path(SHM_DIR, f"{NAME_PREFIX}{os.getpid()}_cafebabe")
     try:

@@ -58,9 +58,11 @@ def test_chunked_prefill_respects_budget_and_decodes_keep_flowing() -> None:
     sched = Scheduler(config(max_num_batched_tokens=budget))
     run = drive(sched, [*short, long], arrivals=[0, 0, 0, 2])
     long_steps = [
-        (s, c) for s in run.steps for c, q in zip(s.chunks, s.sequences, strict=True)
+        (s, c)
+        for s in run.steps
+        for c, q in zip(s.chunks, s.sequences, strict=True)
         if q.request_id == "long"
-    ]  # fmt: skip
+    ]
     prefill = [(s, c) for s, c in long_steps if c.start_pos < 100]
     assert len(prefill) >= 100 // budget  # split over several steps
     assert [c.sample for _, c in prefill] == [False] * (len(prefill) - 1) + [True]
@@ -150,10 +152,13 @@ def test_random_workloads_with_aborts(trial: int) -> None:
     rng = random.Random(trial)
     bs, nb, seqs = rng.choice([1, 2, 4, 8]), rng.randint(4, 40), rng.randint(1, 8)
     cfg = config(
-        block_size=bs, num_blocks=nb, max_num_seqs=seqs,
-        max_num_batched_tokens=rng.randint(seqs, 40), max_model_len=rng.randint(8, 80),
+        block_size=bs,
+        num_blocks=nb,
+        max_num_seqs=seqs,
+        max_num_batched_tokens=rng.randint(seqs, 40),
+        max_model_len=rng.randint(8, 80),
         enable_prefix_caching=rng.random() < 0.7,
-    )  # fmt: skip
+    )
     shared = [rng.randrange(1, 64) for _ in range(30)]
     requests: list[GenerateRequest] = []
     while len(requests) < 20:
