@@ -63,15 +63,8 @@ def forward_peak_bytes(
             for c in chunks
         ]
     dtype = next(model.parameters()).dtype
-    kv = PagedKVCache(
-        range(model.model.start, model.model.end),
-        blocks,
-        block_size,
-        max(1, cfg.num_kv_heads // ps.tp_size),
-        cfg.head_dim,
-        dtype,
-        device,
-    )
+    layers = range(model.model.start, model.model.end)
+    kv = PagedKVCache.for_stage(cfg, layers, ps.tp_size, blocks, block_size, dtype, device)
     kv.extend_tables(chunks)
     torch.cuda.synchronize(device)
     base = torch.cuda.memory_allocated(device)

@@ -9,9 +9,23 @@ The pool is zero-filled so padded reads in batched decode are finite.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
+from model_shards.config import ModelConfig
 from model_shards.messages import SeqChunk
+
+
+@dataclass(frozen=True)
+class KVPool:
+    """One layer's paged K/V pools on this rank: ``k, v: [slots, nkv, D]``, slot
+    ``b * block_size + i`` holding token ``i`` of block ``b`` (what the backends'
+    attention ops read and write)."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+    block_size: int
 
 
 class PagedKVCache:
@@ -30,8 +44,24 @@ class PagedKVCache:
         shape = (num_blocks * block_size, num_kv_heads, head_dim)
         self.k = {i: torch.zeros(shape, dtype=dtype, device=device) for i in layers}
         self.v = {i: torch.zeros(shape, dtype=dtype, device=device) for i in layers}
+        self.pools = {i: KVPool(self.k[i], self.v[i], block_size) for i in layers}
         self.tables: dict[int, list[int]] = {}
         self.device = device
+
+    @staticmethod
+    def for_stage(
+        cfg: ModelConfig,
+        layers: range,
+        tp_size: int,
+        num_blocks: int,
+        block_size: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> PagedKVCache:
+        """The pool of one stage's ``layers`` of ``cfg`` on a rank of a ``tp_size`` group
+        (``max(1, nkv / tp)`` KV heads: replicated when tp exceeds them)."""
+        nkv = max(1, cfg.num_kv_heads // tp_size)
+        return PagedKVCache(layers, num_blocks, block_size, nkv, cfg.head_dim, dtype, device)
 
     @staticmethod
     def bytes_per_block(

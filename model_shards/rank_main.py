@@ -26,7 +26,7 @@ import os
 import signal
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from model_shards.config import EncoderConfig, ReplicaConfig, load_model_config
 
@@ -65,21 +65,12 @@ def run_rank(
     if visible_devices is not None:  # before CUDA is initialised
         os.environ["CUDA_VISIBLE_DEVICES"] = visible_devices
     _log_as(rank)
-    from model_shards.parallel.state import init_parallel
-
     serve_rank(
         rank,
         config,
         address,
-        lambda: init_parallel(
-            rank,
-            config.tp,
-            config.pp,
-            master_addr=master_addr,
-            master_port=master_port,
-            device=config.device,
-            timeout_s=config.collective_timeout_s,
-            cuda_index=rank,
+        lambda: _join(
+            rank, config, master_addr=master_addr, master_port=master_port, cuda_index=rank
         ),
     )
 
@@ -137,23 +128,33 @@ def run_torchrun_rank(config: ReplicaConfig, address: str, node_rank: int) -> No
     _log_as(me.rank)
     if me.rank != me.torchrun_rank:
         log.info("torchrun rank %d serves as replica rank %d", me.torchrun_rank, me.rank)
-    from model_shards.parallel.state import init_parallel
-
     serve_rank(
         me.rank,
         config,
         address,
-        lambda: init_parallel(
+        lambda: _join(
             me.rank,
-            config.tp,
-            config.pp,
+            config,
             master_addr=None,
             master_port=None,
-            device=config.device,
-            timeout_s=config.collective_timeout_s,
             cuda_index=me.rank % me.nproc_per_node,
             local_world_size=me.nproc_per_node,
         ),
+    )
+
+
+def _join(rank: int, config: ReplicaConfig, **where: Any) -> ParallelState:
+    """Join this replica's world (``where``: the rendezvous and this rank's GPU, see
+    :func:`~model_shards.parallel.state.init_parallel`)."""
+    from model_shards.parallel.state import init_parallel
+
+    return init_parallel(
+        rank,
+        config.tp,
+        config.pp,
+        device=config.device,
+        timeout_s=config.collective_timeout_s,
+        **where,
     )
 
 

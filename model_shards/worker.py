@@ -148,14 +148,9 @@ class Worker:
         self.ops = ctx.ops
         self.dtype = dtype = ctx.dtype
         cfg = model.config
-        self.kv = PagedKVCache(
-            range(model.model.start, model.model.end),
-            num_blocks,
-            block_size,
-            max(1, cfg.num_kv_heads // ps.tp_size),
-            cfg.head_dim,
-            dtype,
-            ps.device,
+        layers = range(model.model.start, model.model.end)
+        self.kv = PagedKVCache.for_stage(
+            cfg, layers, ps.tp_size, num_blocks, block_size, dtype, ps.device
         )
         self.sampler = Sampler(ctx.ops)
         self.graphs: DecodeGraphs | None = None  # set by build() on a backend with graphs
@@ -254,15 +249,20 @@ class Worker:
 
     def _forward(self, chunks: list[SeqChunk]) -> torch.Tensor:
         """This stage's pass over the step: ``[T, H]``; on the last stage of a graphed
-        decode step the logits ``[T, V]`` (the LM head is inside the graph)."""
+        decode step the logits ``[T, V]`` (the LM head is inside the graph).
+
+        The step's metadata is built before a later stage waits for its activations, so
+        that host work overlaps the previous stage's compute."""
         ps = self.ps
+        graphed = self.graphs is not None and self._graphed(chunks)
+        batch = None if graphed else ForwardBatch.build(chunks, self.kv)
         hidden: torch.Tensor | None = None
         if not ps.is_first_stage:
             shape = (sum(len(c.token_ids) for c in chunks), self.model.config.hidden_size)
             hidden = comm.recv_from_prev_stage(shape, self.dtype, self.comm)
-        if self.graphs is not None and self._graphed(chunks):
+        if batch is None:
+            assert self.graphs is not None
             return self.graphs.run(chunks, hidden)
-        batch = ForwardBatch.build(chunks, self.kv)
         if hidden is None:
             ids = [t for c in chunks for t in c.token_ids]
             hidden = torch.tensor(ids, dtype=torch.int64, device=ps.device)

@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from model_shards.kv_cache import KVPool
+
 if TYPE_CHECKING:
     from model_shards.backends.cuda_graphs import GraphBackend
 
@@ -61,6 +63,29 @@ class PrefillMeta:
         return max(ends, default=0)
 
 
+@dataclass(frozen=True)
+class RotaryStep:
+    """Where a step's ``T`` new tokens go: their positions ``[T]`` (int64), the model's
+    rotary tables ``cos/sin_cached: [P, D]`` (float32) and each token's K/V slot ``[T]``
+    (int64; negative: a padding row)."""
+
+    positions: torch.Tensor
+    cos_cached: torch.Tensor
+    sin_cached: torch.Tensor
+    slot_mapping: torch.Tensor
+
+
+@dataclass(frozen=True)
+class DecodeMeta:
+    """The single-token rows of a step: ``block_tables [B, nblk]`` (padded with 0) and
+    ``context_lens [B]`` (the new token included), int64; ``max_context_len`` an upper
+    bound of the lengths known on the host (``None``: the table width × block size)."""
+
+    block_tables: torch.Tensor
+    context_lens: torch.Tensor
+    max_context_len: int | None = None
+
+
 class Backend(ABC):
     """The ops of a model's forward pass and of sampling. Subclasses override what they
     accelerate; each method's docstring is the contract every backend meets."""
@@ -86,53 +111,32 @@ class Backend(ABC):
     # ---- attention -------------------------------------------------------------------
     @abstractmethod
     def rotary_and_cache(
-        self,
-        qkv: torch.Tensor,
-        positions: torch.Tensor,
-        cos_cached: torch.Tensor,
-        sin_cached: torch.Tensor,
-        k_pool: torch.Tensor,
-        v_pool: torch.Tensor,
-        slot_mapping: torch.Tensor,
-        num_heads: int,
-        num_kv_heads: int,
+        self, qkv: torch.Tensor, step: RotaryStep, pool: KVPool, heads: tuple[int, int]
     ) -> torch.Tensor:
-        """``qkv: [T, (nh + 2 nkv) * D]`` → rotated ``q: [T, nh, D]``.
+        """``qkv: [T, (nh + 2 nkv) * D]`` with ``heads = (nh, nkv)`` → rotated
+        ``q: [T, nh, D]``.
 
-        RoPE (half-split layout, ``cos/sin_cached: [P, D]`` float32 indexed by
-        ``positions [T]``) on q and k; k and v are stored at ``slot_mapping [T]``
-        (a negative slot: the row is padding and nothing is stored). ``qkv`` may be
-        rotated in place and ``q`` be a view of it."""
+        RoPE (half-split layout, ``step.cos/sin_cached: [P, D]`` float32 indexed by
+        ``step.positions [T]``) on q and k; k and v are stored in ``pool`` at
+        ``step.slot_mapping [T]`` (a negative slot: the row is padding and nothing is
+        stored). ``qkv`` may be rotated in place and ``q`` be a view of it."""
 
     @abstractmethod
     def decode_attention(
-        self,
-        q: torch.Tensor,
-        k_pool: torch.Tensor,
-        v_pool: torch.Tensor,
-        block_tables: torch.Tensor,
-        context_lens: torch.Tensor,
-        block_size: int,
-        scale: float,
-        max_context_len: int | None = None,
+        self, q: torch.Tensor, pool: KVPool, meta: DecodeMeta, scale: float
     ) -> torch.Tensor:
         """Single-token queries ``q: [B, nh, D]`` over their whole context → ``[B, nh, D]``.
 
-        Row ``b`` attends to positions ``0 .. context_lens[b] - 1`` through
-        ``block_tables[b]`` (``[B, nblk]``); query head ``h`` reads KV head
-        ``h // (nh / nkv)``. A row with ``context_lens[b] == 0`` (padding) answers zeros.
-        ``max_context_len``: a host-side bound of ``context_lens`` (kernels size their launch
-        grid by it instead of reading the device; CUDA graphs pass the static bound)."""
+        Row ``b`` attends to positions ``0 .. meta.context_lens[b] - 1`` through
+        ``meta.block_tables[b]`` (``[B, nblk]``); query head ``h`` reads KV head
+        ``h // (nh / nkv)``. A row with context length 0 (padding) answers zeros.
+        ``meta.max_context_len``: a host-side bound of the lengths (kernels size their
+        launch grid by it instead of reading the device; CUDA graphs pass the static
+        bound)."""
 
     @abstractmethod
     def prefill_attention(
-        self,
-        q: torch.Tensor,
-        k_pool: torch.Tensor,
-        v_pool: torch.Tensor,
-        meta: PrefillMeta,
-        scale: float,
-        out: torch.Tensor,
+        self, q: torch.Tensor, pool: KVPool, meta: PrefillMeta, scale: float, out: torch.Tensor
     ) -> None:
         """Causal attention of every prefill chunk of a step (:class:`PrefillMeta`): reads
         ``q: [T, nh, D]`` at the chunks' rows and writes those rows of ``out: [T, nh, D]``
@@ -146,11 +150,7 @@ class Backend(ABC):
 
     @abstractmethod
     def linear(
-        self,
-        x: torch.Tensor,
-        weight: torch.Tensor,
-        packed: object | None,
-        bias: torch.Tensor | None,
+        self, x: torch.Tensor, weight: torch.Tensor, packed: object, bias: torch.Tensor | None
     ) -> torch.Tensor:
         """``x [T, in]`` → ``x W^T + b: [T, out]``; ``packed`` is what :meth:`pack_linear`
         returned for ``weight``."""

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
+from model_shards.backends.base import DecodeMeta, KVPool, RotaryStep
 from model_shards.backends.reference import ReferenceBackend
 
 
@@ -59,45 +60,18 @@ class CpuBackend(ReferenceBackend):
         return self._ops.silu_and_mul(x)
 
     def rotary_and_cache(
-        self,
-        qkv: torch.Tensor,
-        positions: torch.Tensor,
-        cos_cached: torch.Tensor,
-        sin_cached: torch.Tensor,
-        k_pool: torch.Tensor,
-        v_pool: torch.Tensor,
-        slot_mapping: torch.Tensor,
-        num_heads: int,
-        num_kv_heads: int,
+        self, qkv: torch.Tensor, step: RotaryStep, pool: KVPool, heads: tuple[int, int]
     ) -> torch.Tensor:
         qkv = qkv.contiguous()
-        self._ops.rotary_and_cache(
-            qkv,
-            positions,
-            cos_cached,
-            sin_cached,
-            k_pool,
-            v_pool,
-            slot_mapping,
-            num_heads,
-            num_kv_heads,
-        )  # in place
-        return qkv.view(qkv.shape[0], -1, k_pool.shape[-1])[:, :num_heads]
+        rows = (step.positions, step.cos_cached, step.sin_cached)
+        self._ops.rotary_and_cache(qkv, *rows, pool.k, pool.v, step.slot_mapping, *heads)
+        return qkv.view(qkv.shape[0], -1, pool.k.shape[-1])[:, : heads[0]]  # rotated in place
 
     def decode_attention(
-        self,
-        q: torch.Tensor,
-        k_pool: torch.Tensor,
-        v_pool: torch.Tensor,
-        block_tables: torch.Tensor,
-        context_lens: torch.Tensor,
-        block_size: int,
-        scale: float,
-        max_context_len: int | None = None,
+        self, q: torch.Tensor, pool: KVPool, meta: DecodeMeta, scale: float
     ) -> torch.Tensor:
-        return self._ops.decode_attention(
-            q, k_pool, v_pool, block_tables, context_lens, block_size, scale
-        )
+        tables, lens = meta.block_tables, meta.context_lens
+        return self._ops.decode_attention(q, pool.k, pool.v, tables, lens, pool.block_size, scale)
 
     def pack_linear(self, weight: torch.Tensor) -> PackedGemm | None:
         weight = weight.detach()
@@ -108,11 +82,7 @@ class CpuBackend(ReferenceBackend):
         return None
 
     def linear(
-        self,
-        x: torch.Tensor,
-        weight: torch.Tensor,
-        packed: object | None,
-        bias: torch.Tensor | None,
+        self, x: torch.Tensor, weight: torch.Tensor, packed: object, bias: torch.Tensor | None
     ) -> torch.Tensor:
         if not isinstance(packed, PackedGemm):
             return super().linear(x, weight, packed, bias)

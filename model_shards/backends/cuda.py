@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from model_shards.backends.base import PrefillMeta
+from model_shards.backends.base import DecodeMeta, KVPool, PrefillMeta, RotaryStep
 from model_shards.backends.cuda_graphs import CudaGraphBackend, GraphBackend
 from model_shards.backends.reference import ReferenceBackend
 from model_shards.backends.triton_ops import (
@@ -47,69 +47,34 @@ class CudaBackend(ReferenceBackend):
         return activation.silu_and_mul(x)
 
     def rotary_and_cache(
-        self,
-        qkv: torch.Tensor,
-        positions: torch.Tensor,
-        cos_cached: torch.Tensor,
-        sin_cached: torch.Tensor,
-        k_pool: torch.Tensor,
-        v_pool: torch.Tensor,
-        slot_mapping: torch.Tensor,
-        num_heads: int,
-        num_kv_heads: int,
+        self, qkv: torch.Tensor, step: RotaryStep, pool: KVPool, heads: tuple[int, int]
     ) -> torch.Tensor:
-        return rotary.rotary_and_cache(
-            qkv,
-            positions,
-            cos_cached,
-            sin_cached,
-            k_pool,
-            v_pool,
-            slot_mapping,
-            num_heads,
-            num_kv_heads,
-        )
+        rows = (step.positions, step.cos_cached, step.sin_cached)
+        return rotary.rotary_and_cache(qkv, *rows, pool.k, pool.v, step.slot_mapping, *heads)
 
     def decode_attention(
-        self,
-        q: torch.Tensor,
-        k_pool: torch.Tensor,
-        v_pool: torch.Tensor,
-        block_tables: torch.Tensor,
-        context_lens: torch.Tensor,
-        block_size: int,
-        scale: float,
-        max_context_len: int | None = None,
+        self, q: torch.Tensor, pool: KVPool, meta: DecodeMeta, scale: float
     ) -> torch.Tensor:
+        tables, lens, bound = meta.block_tables, meta.context_lens, meta.max_context_len
         return attention_decode.decode_attention(
             q,
-            k_pool,
-            v_pool,
-            block_tables,
-            context_lens,
-            block_size,
+            pool.k,
+            pool.v,
+            tables,
+            lens,
+            pool.block_size,
             scale,
-            max_context_len=max_context_len,
+            max_context_len=bound,
             batch_invariant=self.batch_invariant,
         )
 
     def prefill_attention(
-        self,
-        q: torch.Tensor,
-        k_pool: torch.Tensor,
-        v_pool: torch.Tensor,
-        meta: PrefillMeta,
-        scale: float,
-        out: torch.Tensor,
+        self, q: torch.Tensor, pool: KVPool, meta: PrefillMeta, scale: float, out: torch.Tensor
     ) -> None:
-        attention_prefill.prefill_attention(q, k_pool, v_pool, meta, scale, out)
+        attention_prefill.prefill_attention(q, pool.k, pool.v, meta, scale, out)
 
     def linear(
-        self,
-        x: torch.Tensor,
-        weight: torch.Tensor,
-        packed: object | None,
-        bias: torch.Tensor | None,
+        self, x: torch.Tensor, weight: torch.Tensor, packed: object, bias: torch.Tensor | None
     ) -> torch.Tensor:
         if self.batch_invariant:
             return gemm.linear(x, weight, bias)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from model_shards.backends.base import Backend, PrefillMeta
+from model_shards.backends.base import Backend, DecodeMeta, KVPool, PrefillMeta, RotaryStep
 from model_shards.splitmix import FINAL_SHIFT, GOLDEN, MIX_ROUNDS
 
 
@@ -59,17 +59,11 @@ class ReferenceBackend(Backend):
         return F.silu(gate) * up
 
     def rotary_and_cache(
-        self,
-        qkv: torch.Tensor,
-        positions: torch.Tensor,
-        cos_cached: torch.Tensor,
-        sin_cached: torch.Tensor,
-        k_pool: torch.Tensor,
-        v_pool: torch.Tensor,
-        slot_mapping: torch.Tensor,
-        num_heads: int,
-        num_kv_heads: int,
+        self, qkv: torch.Tensor, step: RotaryStep, pool: KVPool, heads: tuple[int, int]
     ) -> torch.Tensor:
+        num_heads, num_kv_heads = heads
+        positions, slot_mapping = step.positions, step.slot_mapping
+        cos_cached, sin_cached, k_pool, v_pool = step.cos_cached, step.sin_cached, pool.k, pool.v
         t, d = qkv.shape[0], k_pool.shape[-1]
         q, k, v = qkv.view(t, -1, d).split([num_heads, num_kv_heads, num_kv_heads], dim=1)
         cos = cos_cached[positions].unsqueeze(1).to(qkv.dtype)  # [T, 1, D]
@@ -84,19 +78,17 @@ class ReferenceBackend(Backend):
         return q
 
     def decode_attention(
-        self,
-        q: torch.Tensor,
-        k_pool: torch.Tensor,
-        v_pool: torch.Tensor,
-        block_tables: torch.Tensor,
-        context_lens: torch.Tensor,
-        block_size: int,
-        scale: float,
-        max_context_len: int | None = None,
+        self, q: torch.Tensor, pool: KVPool, meta: DecodeMeta, scale: float
     ) -> torch.Tensor:
         """The whole blocks of every row gathered and padded, one masked SDPA."""
         b, nh, d = q.shape
-        nkv, bs = k_pool.shape[1], block_size
+        k_pool, v_pool, block_tables, context_lens = (
+            pool.k,
+            pool.v,
+            meta.block_tables,
+            meta.context_lens,
+        )
+        nkv, bs = k_pool.shape[1], pool.block_size
         blocks = block_tables.reshape(-1)
         # whole blocks: (B * nblk, bs, nkv, D) -> (B, nkv, nblk * bs, D)
         kd = k_pool.view(-1, bs, nkv, d).index_select(0, blocks).view(b, -1, nkv, d)
@@ -115,15 +107,10 @@ class ReferenceBackend(Backend):
         return od.squeeze(2).to(q.dtype)
 
     def prefill_attention(
-        self,
-        q: torch.Tensor,
-        k_pool: torch.Tensor,
-        v_pool: torch.Tensor,
-        meta: PrefillMeta,
-        scale: float,
-        out: torch.Tensor,
+        self, q: torch.Tensor, pool: KVPool, meta: PrefillMeta, scale: float, out: torch.Tensor
     ) -> None:
         """One causal SDPA per chunk over its gathered context."""
+        k_pool, v_pool = pool.k, pool.v
         nh, nkv = q.shape[1], k_pool.shape[1]
         for n in range(meta.num_chunks):
             row, length = meta.q_starts_list[n], meta.q_lens_list[n]
@@ -148,11 +135,7 @@ class ReferenceBackend(Backend):
             out[row : row + length] = op[0].transpose(0, 1)
 
     def linear(
-        self,
-        x: torch.Tensor,
-        weight: torch.Tensor,
-        packed: object | None,
-        bias: torch.Tensor | None,
+        self, x: torch.Tensor, weight: torch.Tensor, packed: object, bias: torch.Tensor | None
     ) -> torch.Tensor:
         return F.linear(x, weight, bias)
 

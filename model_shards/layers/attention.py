@@ -13,12 +13,12 @@ it has kernels for it (the reference backend gathers the blocks).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
-from model_shards.backends.base import Backend, PrefillMeta
+from model_shards.backends.base import Backend, DecodeMeta, PrefillMeta, RotaryStep
 from model_shards.kv_cache import PagedKVCache
 from model_shards.layers.rotary import RotaryEmbedding
 from model_shards.messages import SeqChunk
@@ -45,6 +45,23 @@ class ForwardBatch:
     kv: PagedKVCache
     max_decode_len: int = 0  # an upper bound of decode_lens, known on the host
     rotary: RotaryEmbedding | None = None  # the model's tables, set per step
+    _rotary_step: RotaryStep | None = field(default=None, repr=False)
+    _decode_meta: DecodeMeta | None = field(default=None, repr=False)
+
+    def rotary_step(self) -> RotaryStep:
+        """Positions, rotary tables and K/V slots of the step (made once, for every layer)."""
+        if self._rotary_step is None:
+            assert self.rotary is not None, "the model sets the batch's rotary tables"
+            tables = self.rotary.cos_cached, self.rotary.sin_cached
+            self._rotary_step = RotaryStep(self.positions, *tables, self.slot_mapping)
+        return self._rotary_step
+
+    def decode_meta(self) -> DecodeMeta:
+        """The decode rows' block tables and lengths (made once, for every layer)."""
+        if self._decode_meta is None:
+            bound = self.max_decode_len
+            self._decode_meta = DecodeMeta(self.decode_tables, self.decode_lens, bound)
+        return self._decode_meta
 
     @property
     def all_decodes(self) -> bool:
@@ -124,45 +141,17 @@ class Attention(nn.Module):
 
     def forward(self, qkv: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         """``qkv: [T, (nh + 2 nkv) * D]`` → ``[T, nh * D]``; writes this step's K/V."""
-        k_pool = batch.kv.k[self.layer_idx]  # [slots, nkv, D]
-        v_pool = batch.kv.v[self.layer_idx]
-        rotary = batch.rotary
-        assert rotary is not None, "the model sets the batch's rotary tables"
-        q = self.ops.rotary_and_cache(
-            qkv,
-            batch.positions,
-            rotary.cos_cached,
-            rotary.sin_cached,
-            k_pool,
-            v_pool,
-            batch.slot_mapping,
-            self.num_heads,
-            self.num_kv_heads,
-        )  # [T, nh, D]
-        bs = batch.kv.block_size
+        pool = batch.kv.pools[self.layer_idx]  # [slots, nkv, D] each
+        heads = (self.num_heads, self.num_kv_heads)
+        q = self.ops.rotary_and_cache(qkv, batch.rotary_step(), pool, heads)  # [T, nh, D]
         if batch.prefill is None:
-            out = self.ops.decode_attention(
-                q,
-                k_pool,
-                v_pool,
-                batch.decode_tables,
-                batch.decode_lens,
-                bs,
-                self.scale,
-                max_context_len=batch.max_decode_len,
-            )  # [T, nh, D]
+            out = self.ops.decode_attention(q, pool, batch.decode_meta(), self.scale)
         else:
-            out = torch.empty_like(q)
+            out = torch.empty_like(q)  # [T, nh, D]
             if batch.decode_rows.numel():
-                out[batch.decode_rows] = self.ops.decode_attention(
-                    q[batch.decode_rows],
-                    k_pool,
-                    v_pool,
-                    batch.decode_tables,
-                    batch.decode_lens,
-                    bs,
-                    self.scale,
-                    max_context_len=batch.max_decode_len,
+                rows = batch.decode_rows
+                out[rows] = self.ops.decode_attention(
+                    q[rows], pool, batch.decode_meta(), self.scale
                 )
-            self.ops.prefill_attention(q, k_pool, v_pool, batch.prefill, self.scale, out)
+            self.ops.prefill_attention(q, pool, batch.prefill, self.scale, out)
         return out.reshape(out.shape[0], self.num_heads * self.head_dim)

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from model_shards.backends.base import PrefillMeta
+from model_shards.backends.base import DecodeMeta, KVPool, PrefillMeta
 from model_shards.backends.reference import ReferenceBackend
 from model_shards.backends.triton_ops.attention_decode import choose_split, decode_attention
 from model_shards.backends.triton_ops.attention_prefill import prefill_attention
@@ -26,6 +26,32 @@ def _one_thread() -> Iterator[None]:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+def _reference_decode(
+    q: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    tables: torch.Tensor,
+    lens: torch.Tensor,
+    bs: int,
+    scale: float,
+) -> torch.Tensor:
+    """The reference backend's decode attention, called with the kernels' flat arguments."""
+    pool, meta = KVPool(k_pool, v_pool, bs), DecodeMeta(tables, lens)
+    return ReferenceBackend().decode_attention(q, pool, meta, scale)
+
+
+def _reference_prefill(
+    q: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    meta: PrefillMeta,
+    scale: float,
+    out: torch.Tensor,
+) -> None:
+    pool = KVPool(k_pool, v_pool, meta.block_size)
+    ReferenceBackend().prefill_attention(q, pool, meta, scale, out)
 
 
 def _pools(
@@ -82,7 +108,7 @@ def test_decode_matches_reference(
     got = decode_attention(
         q, k_pool, v_pool, tables.to(table_dtype), context_lens, bs, SCALE, split_kv=split
     )
-    want = ReferenceBackend().decode_attention(q, k_pool, v_pool, tables, context_lens, bs, SCALE)
+    want = _reference_decode(q, k_pool, v_pool, tables, context_lens, bs, SCALE)
     _close(got, want, dtype)
     assert torch.all(got[2] == 0), "a padding row answers zeros"
 
@@ -104,7 +130,7 @@ def test_decode_split_is_batch_independent_and_invariant_mode_never_splits() -> 
     assert choose_split(1, nkv, bound, None, batch_invariant=True) is None
 
     alone = decode_attention(q[:1], k_pool, v_pool, tables[:1], ctx[:1], bs, SCALE)  # split
-    want = ReferenceBackend().decode_attention(q, k_pool, v_pool, tables, ctx, bs, SCALE)
+    want = _reference_decode(q, k_pool, v_pool, tables, ctx, bs, SCALE)
     _close(alone, want[:1], torch.float32)
     alone_inv = decode_attention(
         q[:1], k_pool, v_pool, tables[:1], ctx[:1], bs, SCALE, batch_invariant=True
@@ -174,7 +200,7 @@ def test_prefill_matches_reference(
     before = torch.randn(rows, nh, d, generator=gen).to(DEVICE, dtype)
     got, want = before.clone(), before.clone()
     prefill_attention(q, k_pool, v_pool, meta, SCALE, got)
-    ReferenceBackend().prefill_attention(q, k_pool, v_pool, meta, SCALE, want)
+    _reference_prefill(q, k_pool, v_pool, meta, SCALE, want)
     _close(got, want, dtype)
     chunk_rows = torch.zeros(rows, dtype=torch.bool)
     for row, length in zip(meta.q_starts_list, meta.q_lens_list, strict=True):

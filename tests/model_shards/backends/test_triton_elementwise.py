@@ -14,6 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
+from model_shards.backends.base import KVPool, RotaryStep
 from model_shards.backends.reference import ReferenceBackend
 from model_shards.backends.triton_ops.activation import silu_and_mul
 from model_shards.backends.triton_ops.norm import rms_norm, round_to
@@ -163,13 +164,29 @@ def _rope_case(
     return qkv, positions, theta.cos(), theta.sin(), k_buf, v_buf, slot_mapping
 
 
+def _reference_rotary(
+    qkv: torch.Tensor,
+    pos: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    slots: torch.Tensor,
+    nh: int,
+    nkv: int,
+) -> torch.Tensor:
+    """The reference backend's RoPE + K/V write, called with the kernel's flat arguments."""
+    step = RotaryStep(pos, cos, sin, slots)
+    return REF.rotary_and_cache(qkv, step, KVPool(k_pool, v_pool, 1), (nh, nkv))
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, *HALF_DTYPES])
 @pytest.mark.parametrize(("nh", "nkv", "d"), [(6, 2, 16), (3, 1, 64)])
 def test_rotary_and_cache_matches_reference(dtype: torch.dtype, nh: int, nkv: int, d: int) -> None:
     slots = [3, 17, -1, 0, 23, 8, -1]
     qkv, pos, cos, sin, k_buf, v_buf, slot_mapping = _rope_case(dtype, nh, nkv, d, slots)
     k_ref, v_ref = k_buf.clone(), v_buf.clone()
-    q_ref = REF.rotary_and_cache(
+    q_ref = _reference_rotary(
         qkv.clone(), pos, cos, sin, k_ref[1:], v_ref[1:], slot_mapping, nh, nkv
     )
     k_buf0, v_buf0 = k_buf.clone(), v_buf.clone()
@@ -196,7 +213,7 @@ def test_rotary_all_padding_leaves_pools_untouched() -> None:
         torch.bfloat16, 3, 1, 16, [-1, -1, -1]
     )
     k_buf0, v_buf0 = k_buf.clone(), v_buf.clone()
-    q_ref = REF.rotary_and_cache(
+    q_ref = _reference_rotary(
         qkv.clone(), pos, cos, sin, k_buf0[1:].clone(), v_buf0[1:].clone(), slot_mapping, 3, 1
     )
     q = rotary_and_cache(qkv, pos, cos, sin, k_buf[1:], v_buf[1:], slot_mapping, 3, 1)
