@@ -17,7 +17,7 @@ of ``cpu_ops.cpp`` and ``decode_attention.cpp`` do that work in one pass each:
 
 ``sampling_ops.cpp`` holds ``exponential_race(probs, seeds)``, the random draw of
 sampling (one per row), and ``gemm_avx512.cpp`` the float32 and bfloat16 GEMM of the
-linear layers (``pack_gemm``, ``gemm``; see :mod:`model_shards.layers.gemm`).
+linear layers (``pack_gemm``, ``gemm``; see :mod:`model_shards.backends.cpu`).
 
 They round like the reference backend (:mod:`model_shards.backends.reference`) and
 compute each row on its own, so outputs do not depend on batch composition.
