@@ -35,24 +35,17 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def serve_argv(model: Path, **flags: object) -> list[str]:
+    """``shardserve serve --model MODEL --flag value …`` as ``python -m server.cli`` (no install
+    needed); ``flags`` by their Python names (``max_num_seqs=64`` → ``--max-num-seqs 64``)."""
+    argv = [sys.executable, "-m", "server.cli", "serve", "--model", str(model)]
+    for name, value in flags.items():
+        argv += [f"--{name.replace('_', '-')}", str(value)]
+    return argv
+
+
 def ours_command(model: Path, dtype: str, extra: list[str]) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "server.cli",
-        "serve",
-        "--model",
-        str(model),
-        "--dtype",
-        dtype,
-        "--device",
-        "cpu",
-        "--port",
-        "0",
-        "--max-num-seqs",
-        "64",
-        *extra,
-    ]
+    return [*serve_argv(model, dtype=dtype, device="cpu", port=0, max_num_seqs=64), *extra]
 
 
 def ours_flags() -> str:

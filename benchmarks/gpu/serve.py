@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import re
-import sys
 import time
 from datetime import datetime
 from pathlib import Path
@@ -30,6 +29,7 @@ from typing import Any
 import httpx
 
 from benchmarks.gpu.procs import Proc
+from benchmarks.servers import serve_argv
 
 POLL_S = 0.2
 LOADED = re.compile(
@@ -44,26 +44,15 @@ def serve_command(
     model_dir: Path, device: str, dtype: str, port: int, max_num_seqs: int, max_model_len: int
 ) -> list[str]:
     """``shardserve serve`` (as ``python -m server.cli``, so no install is needed)."""
-    return [
-        sys.executable,
-        "-m",
-        "server.cli",
-        "serve",
-        "--model",
-        str(model_dir),
-        "--device",
-        device,
-        "--dtype",
-        dtype,
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--max-num-seqs",
-        str(max_num_seqs),
-        "--max-model-len",
-        str(max_model_len),
-    ]
+    return serve_argv(
+        model_dir,
+        device=device,
+        dtype=dtype,
+        host="127.0.0.1",
+        port=port,
+        max_num_seqs=max_num_seqs,
+        max_model_len=max_model_len,
+    )
 
 
 def _stamp(text: str, at: int, launch_wall: float | None) -> float | None:
