@@ -182,6 +182,7 @@ class LlamaForCausalLM(CausalLM):
             raise ValueError(
                 f"config.json: hidden_act {act!r} not supported for {cfg.architecture} (silu)"
             )
+        check_no_window(cfg, max_model_len)
 
     @staticmethod
     def rotary_tables(cfg: ModelConfig, max_positions: int) -> RotaryEmbedding:
@@ -199,3 +200,24 @@ class LlamaForCausalLM(CausalLM):
         dtype (the sampler widens them to float32 only where a row needs more than argmax)."""
         assert self.model.norm is not None and self.lm_head is not None
         return self.lm_head(self.model.norm(hidden)[0])
+
+
+def check_no_window(cfg: ModelConfig, max_model_len: int) -> None:
+    """``ValueError`` unless sliding-window attention would change nothing: Qwen's
+    ``use_sliding_window`` off (then its ``sliding_window`` is unused), else any
+    ``sliding_window`` (Mistral) at least ``max_model_len`` (a sequence no longer than the
+    window attends to all of it). Windows are not served yet."""
+    if "use_sliding_window" in cfg.extra:  # Qwen2 / Qwen3: the window applies only when on
+        if cfg.extra["use_sliding_window"]:
+            raise ValueError(
+                "config.json: use_sliding_window is true; sliding-window attention is not "
+                "supported yet"
+            )
+        return
+    window = cfg.extra.get("sliding_window")
+    if window is not None and window < max_model_len:
+        raise ValueError(
+            f"config.json: sliding_window {window} is shorter than the {max_model_len}-token "
+            f"context; sliding-window attention is not supported yet: serve with "
+            f"--max-model-len {window}"
+        )

@@ -12,6 +12,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralFo
 
 from model_shards.config import ModelConfig, ReplicaConfig
 from model_shards.coordinator import Coordinator
+from model_shards.models.llama import LlamaForCausalLM as OurLlama
 from model_shards.parallel.comm import Comm
 from model_shards.parallel.state import single_process_state
 from model_shards.worker import Worker
@@ -89,3 +90,24 @@ def test_llama_attention_bias_covers_o_proj(tmp_path: Path) -> None:
     ours = _logits(tmp_path / "llama", "float32", prompt)
     ref = hf_prompt_logits(tmp_path / "llama", prompt)[-1]
     assert ((ours - ref).abs().max() / ref.abs().max()).item() < 1e-4
+
+
+def test_a_sliding_window_that_would_matter_is_refused() -> None:
+    base = {
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "vocab_size": 100,
+        "max_position_embeddings": 256,
+    }
+    mistral = ModelConfig.from_dict(
+        {**base, "architectures": ["MistralForCausalLM"], "sliding_window": 64}
+    )
+    with pytest.raises(ValueError, match=r"sliding_window 64 .*--max-model-len 64"):
+        OurLlama.check_config(mistral, 128)
+    OurLlama.check_config(mistral, 64)  # every sequence fits the window: exact
+    qwen2 = {**base, "architectures": ["Qwen2ForCausalLM"], "sliding_window": 32}
+    OurLlama.check_config(ModelConfig.from_dict({**qwen2, "use_sliding_window": False}), 128)
+    with pytest.raises(ValueError, match="use_sliding_window"):
+        OurLlama.check_config(ModelConfig.from_dict({**qwen2, "use_sliding_window": True}), 128)
