@@ -102,6 +102,17 @@ class ModelConfig(TransformerShape):
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"{source}: malformed or missing field ({exc!r})") from exc
 
+    def kv_heads_per_rank(self, tp: int) -> int:
+        """Key/value heads a TP rank holds: ``nkv / tp``, or one (replicated on
+        ``tp / nkv`` ranks) when tp exceeds them."""
+        return max(1, self.num_kv_heads // tp)
+
+    def kv_block_bytes(self, tp: int, num_layers: int, block_size: int, itemsize: int) -> int:
+        """Bytes of one paged KV block on a rank: K and V of ``num_layers`` layers,
+        ``block_size`` tokens, this rank's KV heads, ``itemsize``-byte elements."""
+        heads = self.kv_heads_per_rank(tp)
+        return 2 * num_layers * block_size * heads * self.head_dim * itemsize
+
     def layer_partition(self, pp: int, spec: str = "even") -> list[int]:
         """Decoder layers per pipeline stage; ``ValueError`` naming the flag on a bad ``spec``.
 
@@ -202,6 +213,24 @@ def _with_gpt2_names(raw: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def ranks_use_gpus(device: str, ranks: int, gpu_count: int, ranks_text: str) -> bool:
+    """Whether ``ranks`` ranks run on GPUs, one each, under ``--device``: never with ``cpu``,
+    else when ``gpu_count`` covers them. ``ValueError`` naming the flags when ``cuda``
+    lacks GPUs and when ``auto`` sees some but fewer than ranks: a machine with GPUs never
+    silently serves on its CPU. ``ranks_text`` says what was counted (e.g. ``dp*tp*pp = 4``).
+    """
+    if device == "cpu":
+        return False
+    if gpu_count >= ranks:
+        return True
+    if device == "cuda" or gpu_count > 0:
+        raise ValueError(
+            f"--device {device} needs one GPU per rank: {ranks_text} but {gpu_count} CUDA "
+            f"device(s) are visible; lower -dp/-tp/-pp or pass --device cpu to serve on CPU"
+        )
+    return False
+
+
 @dataclass(frozen=True)
 class ReplicaConfig:
     """One replica: a ``tp * pp`` world serving one model directory."""
@@ -285,8 +314,7 @@ class ReplicaConfig:
         if self.dtype == "auto" and self.device != "cpu":
             itemsize = min(itemsize, CHECKPOINT_DTYPES["bfloat16"])
         layers = max(model.layer_partition(self.pp, self.pp_layer_partition))
-        kv_heads = max(1, model.num_kv_heads // self.tp)
-        per_block = 2 * layers * self.block_size * kv_heads * model.head_dim * itemsize
+        per_block = model.kv_block_bytes(self.tp, layers, self.block_size, itemsize)
         max_len = self.resolved_max_model_len(model)
         need = -(-max_len // self.block_size) * per_block
         if self.kv_cache_memory < need:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from model_shards.backends.base import DecodeMeta
 from model_shards.backends.cuda_graphs import (
     DecodeInputs,
     DecodeStep,
@@ -35,8 +36,6 @@ class DecodeGraphs:
         max_num_seqs: int,
         max_model_len: int,
         graph_backend: GraphBackend,
-        *,
-        enforce_eager: bool = False,
     ) -> None:
         self.model, self.kv = model, kv
         ps = model.ps
@@ -46,9 +45,7 @@ class DecodeGraphs:
         dtype = next(model.parameters()).dtype
         static = StaticDecodeInputs(buckets[-1], self.max_blocks, kv.device, hidden, dtype)
         self.rows = torch.arange(buckets[-1], device=kv.device)
-        self.runner = GraphRunner(
-            self._forward, static, buckets, graph_backend, enforce_eager=enforce_eager
-        )
+        self.runner = GraphRunner(self._forward, static, buckets, graph_backend)
 
     @torch.inference_mode()
     def capture(self) -> float:
@@ -61,11 +58,11 @@ class DecodeGraphs:
             positions=inputs.positions,
             slot_mapping=inputs.slot_mapping,
             decode_rows=self.rows[:n],
-            decode_tables=inputs.block_tables,
-            decode_lens=inputs.context_lens,
+            decode=DecodeMeta(
+                inputs.block_tables, inputs.context_lens, self.max_blocks * self.kv.block_size
+            ),
             prefill=None,
             kv=self.kv,
-            max_decode_len=self.max_blocks * self.kv.block_size,
         )
         x = inputs.token_ids if inputs.hidden is None else inputs.hidden
         hidden = self.model(x, batch)  # [n, H]
@@ -77,9 +74,9 @@ class DecodeGraphs:
         """One decode-only step (every chunk one token): ``logits [B, V]`` on the last
         stage (a view the next step overwrites: sample it first), else ``hidden [B, H]``
         (a copy: its non-blocking send may still read it during the next replay)."""
-        kv, bs = self.kv, self.kv.block_size
+        kv = self.kv
         ends = [c.start_pos + 1 for c in chunks]
-        tables = [kv.tables[c.seq_id][: -(-end // bs)] for c, end in zip(chunks, ends, strict=True)]
+        tables = [kv.table_prefix(c.seq_id, end) for c, end in zip(chunks, ends, strict=True)]
         step = DecodeStep(
             positions=[c.start_pos for c in chunks],
             slot_mapping=[kv.slot(c.seq_id, c.start_pos) for c in chunks],

@@ -56,12 +56,7 @@ def forward_peak_bytes(
     (``max_len == 1``: a decode step of ``tokens`` rows) on a scratch KV pool."""
     device = next(model.parameters()).device
     cfg, ps = model.config, model.ps
-    chunks, blocks = _scratch_chunks(tokens, max_len, block_size)
-    if max_len == 1:  # decode rows: one token each at position 0 of its own block
-        chunks = [
-            SeqChunk(seq_id=c.seq_id, token_ids=[0], start_pos=0, new_block_ids=c.new_block_ids)
-            for c in chunks
-        ]
+    chunks, blocks = _scratch_chunks(tokens, max_len, block_size)  # max_len 1: decode rows
     dtype = next(model.parameters()).dtype
     layers = range(model.model.start, model.model.end)
     kv = PagedKVCache.for_stage(cfg, layers, ps.tp_size, blocks, block_size, dtype, device)

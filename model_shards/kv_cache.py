@@ -60,14 +60,8 @@ class PagedKVCache:
     ) -> PagedKVCache:
         """The pool of one stage's ``layers`` of ``cfg`` on a rank of a ``tp_size`` group
         (``max(1, nkv / tp)`` KV heads: replicated when tp exceeds them)."""
-        nkv = max(1, cfg.num_kv_heads // tp_size)
+        nkv = cfg.kv_heads_per_rank(tp_size)
         return PagedKVCache(layers, num_blocks, block_size, nkv, cfg.head_dim, dtype, device)
-
-    @staticmethod
-    def bytes_per_block(
-        num_layers: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype
-    ) -> int:
-        return 2 * num_layers * block_size * num_kv_heads * head_dim * dtype.itemsize
 
     def free(self, seq_id: int) -> None:
         self.tables.pop(seq_id, None)
@@ -84,6 +78,10 @@ class PagedKVCache:
                 f"sequence {seq_id}: block table too short for position {last_position}"
             )
         return table
+
+    def table_prefix(self, seq_id: int, length: int) -> list[int]:
+        """The blocks of ``seq_id``'s table that hold positions ``0 .. length - 1``."""
+        return self.tables[seq_id][: -(-length // self.block_size)]
 
     def slot(self, seq_id: int, position: int) -> int:
         """Slot of one position of ``seq_id`` (a decode step's, without building tensors)."""

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 from multiprocessing.process import BaseProcess
 
 from model_shards.checkpoint import verify_checkpoint
-from model_shards.config import EncoderConfig, ModelConfig, ReplicaConfig
+from model_shards.config import EncoderConfig, ModelConfig, ReplicaConfig, ranks_use_gpus
 from model_shards.rank_main import run_rank
 
 
@@ -146,13 +146,8 @@ def plan_data_parallel(
     if dp < 1:
         raise ValueError(f"--data-parallel-size must be >= 1, got {dp}")
     world = config.world_size
-    use_gpus = config.device != "cpu" and gpu_count >= dp * world
-    if config.device != "cpu" and not use_gpus and (config.device == "cuda" or gpu_count):
-        raise ValueError(
-            f"--device {config.device} needs one GPU per rank: dp*tp*pp = {dp * world} but "
-            f"{gpu_count} CUDA device(s) are visible; lower -dp/-tp/-pp or pass --device cpu "
-            f"to serve on CPU"
-        )
+    ranks = dp * world
+    use_gpus = ranks_use_gpus(config.device, ranks, gpu_count, f"dp*tp*pp = {ranks}")
     if not use_gpus:
         threads = config.threads_per_rank or max(1, (cpu_count or 1) // (dp * world))
         cpu_config = replace(config, threads_per_rank=threads, device="cpu")

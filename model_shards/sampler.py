@@ -127,27 +127,32 @@ class Sampler:
             return False  # sample() raises for it
         return state.params.is_greedy_plain and not self._masks_stops(state, chunk)
 
+    def _state(self, chunk: SeqChunk) -> _SeqState:
+        state = self._seqs.get(chunk.seq_id)
+        if state is None:
+            raise RuntimeError(f"sequence {chunk.seq_id} has no sampling parameters")
+        return state
+
     def sample(self, logits: torch.Tensor, chunks: list[SeqChunk]) -> SampleOutput:
         """``logits [S, V]``, one row per sampled chunk, in order → tokens ``[S]``.
 
-        Rows are first taken greedily from the raw logits (the argmax of any float dtype
-        is that of its float32 widening); only when some row needs more (penalties, masked
-        stops, a draw, logprobs) are the logits widened to float32 on the CPU.
+        A batch of plain greedy rows is one argmax of the raw logits (the argmax of any
+        float dtype is that of its float32 widening). When some row needs more (penalties,
+        masked stops, a draw, logprobs), a backend that samples on the device does it all
+        there; otherwise the logits are widened to float32 on the CPU, row by row.
         """
         k = self.num_logprobs(chunks)
+        if k is None and all(self._is_plain_greedy(c) for c in chunks):
+            return SampleOutput(self.ops.argmax(logits).cpu())
         if self.ops.samples_on_device:
             return self._sample_on_device(logits, chunks, k)
         tokens = self.ops.argmax(logits).cpu()
-        if k is None and all(self._is_plain_greedy(c) for c in chunks):
-            return SampleOutput(tokens)
         logits = logits.float().cpu()
         drawn: list[int] = []  # rows of the random draws, made together at the end
         seeds: list[int] = []
         probs: list[torch.Tensor] = []
         for row, chunk in enumerate(chunks):
-            state = self._seqs.get(chunk.seq_id)
-            if state is None:
-                raise RuntimeError(f"sequence {chunk.seq_id} has no sampling parameters")
+            state = self._state(chunk)
             params = state.params
             position = chunk.start_pos + len(chunk.token_ids)
             masks_stops = self._masks_stops(state, chunk)
@@ -180,9 +185,7 @@ class Sampler:
         only the sampled ids (and asked-for logprobs) come back."""
         params, seeds, histories, prompts, stops = [], [], [], [], []
         for chunk in chunks:
-            state = self._seqs.get(chunk.seq_id)
-            if state is None:
-                raise RuntimeError(f"sequence {chunk.seq_id} has no sampling parameters")
+            state = self._state(chunk)
             position = chunk.start_pos + len(chunk.token_ids)
             params.append(state.params)
             seed = state.params.seed

@@ -91,11 +91,8 @@ def kv_cache_blocks(
     measured); else 1 GiB. Never more than ``max_num_seqs`` full-length sequences need.
     """
     ps = peers.ps
-    nkv = max(1, cfg.num_kv_heads // ps.tp_size)
     num_layers = model.model.end - model.model.start
-    per_block = PagedKVCache.bytes_per_block(
-        num_layers, replica.block_size, nkv, cfg.head_dim, dtype
-    )
+    per_block = cfg.kv_block_bytes(ps.tp_size, num_layers, replica.block_size, dtype.itemsize)
     if replica.kv_cache_memory is not None:
         budget = replica.kv_cache_memory
     elif ps.device.type == "cuda":
@@ -222,14 +219,15 @@ class Worker:
         if not plan.chunks:
             return None
         self.kv.extend_tables(plan.chunks)
-        stage_out = self._forward(plan.chunks)  # [T, H], or [T, V] logits of a decode graph
+        graphed = self.graphs is not None and all(len(c.token_ids) == 1 for c in plan.chunks)
+        stage_out = self._forward(plan.chunks, graphed)  # [T, H], or [T, V] from a graph
         if not ps.is_last_stage:
             comm.send_to_next_stage(stage_out, self.comm, self.pending)
             return self.collect(plan) if wait and ps.rank == 0 else None
         sampled = [i for i, c in enumerate(plan.chunks) if c.sample]
         if not sampled:
             return StepResult([]) if ps.rank == 0 else None
-        if self._graphed(plan.chunks):
+        if graphed:
             logits = stage_out if len(sampled) == len(plan.chunks) else stage_out[sampled]
         else:
             ends = list(accumulate(len(c.token_ids) for c in plan.chunks))
@@ -243,25 +241,21 @@ class Worker:
         _send_result(out, self.comm, self.pending)
         return None
 
-    def _graphed(self, chunks: list[SeqChunk]) -> bool:
-        """Whether this step replays a decode graph (a decode-only step, graphs captured)."""
-        return self.graphs is not None and all(len(c.token_ids) == 1 for c in chunks)
-
-    def _forward(self, chunks: list[SeqChunk]) -> torch.Tensor:
-        """This stage's pass over the step: ``[T, H]``; on the last stage of a graphed
-        decode step the logits ``[T, V]`` (the LM head is inside the graph).
+    def _forward(self, chunks: list[SeqChunk], graphed: bool) -> torch.Tensor:
+        """This stage's pass over the step: ``[T, H]``; when ``graphed`` (a decode-only
+        step replaying a captured graph) on the last stage the logits ``[T, V]`` (the LM
+        head is inside the graph).
 
         The step's metadata is built before a later stage waits for its activations, so
         that host work overlaps the previous stage's compute."""
         ps = self.ps
-        graphed = self.graphs is not None and self._graphed(chunks)
         batch = None if graphed else ForwardBatch.build(chunks, self.kv)
         hidden: torch.Tensor | None = None
         if not ps.is_first_stage:
             shape = (sum(len(c.token_ids) for c in chunks), self.model.config.hidden_size)
             hidden = comm.recv_from_prev_stage(shape, self.dtype, self.comm)
         if batch is None:
-            assert self.graphs is not None
+            assert self.graphs is not None  # graphed: only with captured graphs
             return self.graphs.run(chunks, hidden)
         if hidden is None:
             ids = [t for c in chunks for t in c.token_ids]

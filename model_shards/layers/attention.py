@@ -39,14 +39,11 @@ class ForwardBatch:
     positions: torch.Tensor  # [T] absolute position of each token
     slot_mapping: torch.Tensor  # [T] where each token's K/V is written (< 0: padding)
     decode_rows: torch.Tensor  # [B] rows of single-token chunks
-    decode_tables: torch.Tensor  # [B, nblk] block ids of each decode's table (padded with 0)
-    decode_lens: torch.Tensor  # [B] context length of each decode, its new token included
+    decode: DecodeMeta  # their block tables [B, nblk] and context lengths [B]
     prefill: PrefillMeta | None  # the multi-token chunks, None when there are none
     kv: PagedKVCache
-    max_decode_len: int = 0  # an upper bound of decode_lens, known on the host
     rotary: RotaryEmbedding | None = None  # the model's tables, set per step
     _rotary_step: RotaryStep | None = field(default=None, repr=False)
-    _decode_meta: DecodeMeta | None = field(default=None, repr=False)
 
     def rotary_step(self) -> RotaryStep:
         """Positions, rotary tables and K/V slots of the step (made once, for every layer)."""
@@ -55,17 +52,6 @@ class ForwardBatch:
             tables = self.rotary.cos_cached, self.rotary.sin_cached
             self._rotary_step = RotaryStep(self.positions, *tables, self.slot_mapping)
         return self._rotary_step
-
-    def decode_meta(self) -> DecodeMeta:
-        """The decode rows' block tables and lengths (made once, for every layer)."""
-        if self._decode_meta is None:
-            bound = self.max_decode_len
-            self._decode_meta = DecodeMeta(self.decode_tables, self.decode_lens, bound)
-        return self._decode_meta
-
-    @property
-    def all_decodes(self) -> bool:
-        return self.prefill is None
 
     @property
     def num_tokens(self) -> int:
@@ -89,7 +75,7 @@ class ForwardBatch:
             n = len(c.token_ids)
             end = c.start_pos + n
             positions.extend(range(c.start_pos, end))
-            table = kv.tables[c.seq_id][: -(-end // bs)]
+            table = kv.table_prefix(c.seq_id, end)
             if n == 1:
                 slots.append(kv.slot(c.seq_id, c.start_pos))
                 decode_rows.append(row)
@@ -119,11 +105,13 @@ class ForwardBatch:
             positions=torch.tensor(positions, dtype=torch.int64, device=dev),
             slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
             decode_rows=torch.tensor(decode_rows, dtype=torch.int64, device=dev),
-            decode_tables=_padded(decode_tables).to(dev),
-            decode_lens=torch.tensor(decode_lens, dtype=torch.int64, device=dev),
+            decode=DecodeMeta(
+                _padded(decode_tables).to(dev),
+                torch.tensor(decode_lens, dtype=torch.int64, device=dev),
+                max(decode_lens, default=0),
+            ),
             prefill=prefill,
             kv=kv,
-            max_decode_len=max(decode_lens, default=0),
         )
 
 
@@ -145,13 +133,11 @@ class Attention(nn.Module):
         heads = (self.num_heads, self.num_kv_heads)
         q = self.ops.rotary_and_cache(qkv, batch.rotary_step(), pool, heads)  # [T, nh, D]
         if batch.prefill is None:
-            out = self.ops.decode_attention(q, pool, batch.decode_meta(), self.scale)
+            out = self.ops.decode_attention(q, pool, batch.decode, self.scale)
         else:
             out = torch.empty_like(q)  # [T, nh, D]
             if batch.decode_rows.numel():
                 rows = batch.decode_rows
-                out[rows] = self.ops.decode_attention(
-                    q[rows], pool, batch.decode_meta(), self.scale
-                )
+                out[rows] = self.ops.decode_attention(q[rows], pool, batch.decode, self.scale)
             self.ops.prefill_attention(q, pool, batch.prefill, self.scale, out)
         return out.reshape(out.shape[0], self.num_heads * self.head_dim)

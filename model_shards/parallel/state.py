@@ -28,6 +28,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from model_shards.config import ranks_use_gpus
+
 
 @dataclass(frozen=True)
 class ParallelState:
@@ -88,23 +90,11 @@ def single_process_state(device: torch.device | None = None) -> ParallelState:
 
 
 def choose_backend(world_size: int, device: str) -> str:
-    """``nccl`` when every rank can have its own CUDA device, else ``gloo`` on CPU.
-
-    ``ValueError`` naming the flags when ``--device cuda`` lacks GPUs, and when
-    ``--device auto`` sees some CUDA devices but fewer than ranks: a machine with GPUs
-    never silently serves on its CPU.
-    """
-    if device == "cpu":
-        return "gloo"
+    """``nccl`` when every rank can have its own CUDA device, else ``gloo`` on CPU
+    (:func:`~model_shards.config.ranks_use_gpus`: too few GPUs is a ``ValueError``)."""
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if count >= world_size:
-        return "nccl"
-    if device == "cuda" or count > 0:
-        raise ValueError(
-            f"--device {device} needs one GPU per rank: {world_size} rank(s) but {count} "
-            f"CUDA device(s) visible; lower -dp/-tp/-pp, or pass --device cpu to serve on CPU"
-        )
-    return "gloo"
+    on_gpus = ranks_use_gpus(device, world_size, count, f"{world_size} rank(s)")
+    return "nccl" if on_gpus else "gloo"
 
 
 def init_parallel(
@@ -139,7 +129,7 @@ def init_parallel(
         world_size=world,
         timeout=timeout,
     )
-    use_cuda = agree_on_cuda(backend == "nccl", device, rank)
+    use_cuda = agree_on_cuda(backend == "nccl", rank)
     local_device = torch.device("cpu")
     if use_cuda:
         local_device = torch.device("cuda", rank if cuda_index is None else cuda_index)
@@ -176,20 +166,19 @@ def _tp_groups(
     ]
 
 
-def agree_on_cuda(local_cuda: bool, device: str, rank: int) -> bool:
-    """Whether every rank of the world has its GPU (a gloo all-reduce); a replica whose
+def agree_on_cuda(local_cuda: bool, rank: int) -> bool:
+    """Whether every rank of the world has its GPU (one gloo all-reduce); a replica whose
     ranks disagree is refused on every rank, never split between NCCL and gloo."""
-    flags = torch.tensor([int(local_cuda), int(local_cuda)], dtype=torch.int64)
-    dist.all_reduce(flags[:1], op=dist.ReduceOp.MIN)
-    dist.all_reduce(flags[1:], op=dist.ReduceOp.MAX)
-    every, some = bool(flags[0]), bool(flags[1])
+    flags = torch.tensor([int(local_cuda), -int(local_cuda)], dtype=torch.int64)
+    dist.all_reduce(flags, op=dist.ReduceOp.MIN)  # [min over ranks, -max over ranks]
+    every, some = bool(flags[0]), bool(-flags[1])
     if some and not every:
         raise RuntimeError(
             f"rank {rank}: some ranks of this replica have a CUDA device for themselves and "
             f"some do not (this rank: {'yes' if local_cuda else 'no'}); give every node "
             f"enough GPUs or use --device cpu"
         )
-    return every and device != "cpu"
+    return every
 
 
 def destroy_parallel(

@@ -25,7 +25,6 @@ import pytest
 
 from model_shards.config import ModelConfig, ReplicaConfig
 from model_shards.coordinator import Coordinator
-from model_shards.kv_cache import PagedKVCache
 from model_shards.messages import GenerateRequest, SamplingParams
 from model_shards.parallel.comm import Comm
 from model_shards.worker import Worker, resolve_dtype
@@ -67,13 +66,8 @@ def _worker(peers: Comm, model_dir: str, blocks: int | None) -> Worker:
     cfg = ModelConfig.from_dir(model_dir)
     memory = None
     if blocks is not None:
-        per_block = PagedKVCache.bytes_per_block(
-            cfg.num_layers // ps.pp_size,
-            BLOCK,
-            max(1, cfg.num_kv_heads // ps.tp_size),
-            cfg.head_dim,
-            resolve_dtype("float32", cfg),
-        )
+        itemsize = resolve_dtype("float32", cfg).itemsize
+        per_block = cfg.kv_block_bytes(ps.tp_size, cfg.num_layers // ps.pp_size, BLOCK, itemsize)
         memory = blocks * per_block
     replica = ReplicaConfig(
         model_dir, dtype="float32", block_size=BLOCK, max_num_seqs=32, kv_cache_memory=memory

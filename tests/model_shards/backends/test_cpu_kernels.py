@@ -169,7 +169,7 @@ def test_batch_positions_and_slots_follow_the_block_tables() -> None:
     assert batch.positions.tolist() == positions
     assert batch.slot_mapping.tolist() == slots
     assert batch.decode_rows.tolist() == [0, 6, 7]
-    assert batch.decode_lens.tolist() == [9, 1, 17]
+    assert batch.decode.context_lens.tolist() == [9, 1, 17]
     with pytest.raises(RuntimeError, match="too short"):  # 9 tokens hold 3 blocks of 4
         ForwardBatch.build([_chunk(0, 12, 1)], kv)
 
@@ -251,6 +251,8 @@ def test_bad_indices_are_errors_not_stray_memory_access() -> None:
     q = qkv.view(1, -1, 16)[:, :6]
     bad_table = torch.tensor([[batch.kv.num_blocks, 0, 0]])
     with pytest.raises(RuntimeError, match="block id"):
-        ops.decode_attention(q, pool_k, pool_v, bad_table, batch.decode_lens, 4, 0.25)
+        ops.decode_attention(q, pool_k, pool_v, bad_table, batch.decode.context_lens, 4, 0.25)
     with pytest.raises(RuntimeError, match="context length"):
-        ops.decode_attention(q, pool_k, pool_v, batch.decode_tables, torch.tensor([13]), 4, 0.25)
+        ops.decode_attention(
+            q, pool_k, pool_v, batch.decode.block_tables, torch.tensor([13]), 4, 0.25
+        )

@@ -140,8 +140,7 @@ def _seeded_runs(model_dir: Path, blocks: int) -> tuple[list[int], list[int], in
 
 
 def _block_bytes(cfg: ModelConfig) -> int:
-    nkv = max(1, cfg.num_kv_heads)
-    return 2 * cfg.num_layers * 4 * nkv * cfg.head_dim * torch.float32.itemsize
+    return cfg.kv_block_bytes(1, cfg.num_layers, 4, torch.float32.itemsize)
 
 
 def _generate_requests(coord: Coordinator, requests: list[GenerateRequest]) -> dict[str, list[int]]:

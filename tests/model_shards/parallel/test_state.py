@@ -35,9 +35,9 @@ def test_too_few_gpus_with_device_auto_is_refused(monkeypatch: pytest.MonkeyPatc
 
 def _disagreeing_rank(peers: Comm) -> None:
     rank = peers.ps.rank
-    assert agree_on_cuda(False, "auto", rank) is False  # nobody has a GPU: gloo
+    assert agree_on_cuda(False, rank) is False  # nobody has a GPU: gloo
     with pytest.raises(RuntimeError, match="some ranks of this replica have a CUDA device"):
-        agree_on_cuda(rank == 1, "auto", rank)  # only rank 1 does: refused on both
+        agree_on_cuda(rank == 1, rank)  # only rank 1 does: refused on both
 
 
 @pytest.mark.timeout(60)
