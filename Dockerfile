@@ -33,11 +33,20 @@ RUN apt-get update \
 # hadolint ignore=DL3006
 FROM base-${DEVICE} AS build
 ARG TORCH_VERSION=2.13.0
+# Where torch comes from: TORCH_INDEX_URL, when given, replaces the base stage's
+# TORCH_INDEX (download.pytorch.org); PIP_FIND_LINKS (a directory or URL holding the
+# wheel) and PIP_CERT (a CA bundle, behind a TLS-intercepting proxy) reach pip as its
+# environment variables. `make deploy-check` passes TORCH_VERSION=2.13.0+cpu (only the
+# CPU build matches), PyPI and a mounted directory holding that wheel.
+ARG TORCH_INDEX_URL
+ARG PIP_FIND_LINKS
+ARG PIP_CERT
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN python3 -m venv /opt/shardserve
 WORKDIR /src
 # torch first and alone: the CUDA (or CPU) wheel from its own index, cached as a layer.
-RUN /opt/shardserve/bin/pip install --index-url "${TORCH_INDEX}" "torch==${TORCH_VERSION}"
+RUN /opt/shardserve/bin/pip install --index-url "${TORCH_INDEX_URL:-$TORCH_INDEX}" \
+    "torch==${TORCH_VERSION}"
 COPY pyproject.toml README.md ./
 COPY model_shards ./model_shards
 COPY server ./server

@@ -10,7 +10,7 @@ MODEL ?=
 TP ?= 1
 PP ?= 1
 
-.PHONY: install serve test lint bench clean gpu-check gpu-wheels
+.PHONY: install serve test lint bench clean gpu-check gpu-wheels deploy-check
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -47,6 +47,11 @@ bench: $(STAMP)
 # first; its python3 has torch, so there is no .venv there (and no $(STAMP) dependency).
 gpu-check:
 	$(PYTHON) -m benchmarks.gpu_check $(GPU_CHECK_ARGS)
+
+# The image built and the compose files run for real (podman + Compose v2), not part of
+# `make test`: as root, after `apt-get install -y podman runc debootstrap` (docs/deploy.md).
+deploy-check: $(STAMP)
+	$(BIN)/python deploy/deploy_check.py
 
 # wheels/ for the GPU host (the project's dependencies it lacks), fetched here
 gpu-wheels:

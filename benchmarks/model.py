@@ -1,12 +1,14 @@
 """The benchmark checkpoint: a ~135M-parameter Llama with random weights, built once.
 
-Two variants share every size but the attention head split:
+Three variants share every size; two differ in the attention head split, one in family:
 
 - ``main``: 9 query / 3 key-value heads of 64 (SmolLM-135M's shape). 9 heads admit
   only tensor-parallel sizes 1, 3 and 9, so ``-tp 2`` cannot serve it;
 - ``tp2``: 12 query / 4 key-value heads of 48. The projections keep their shapes
   (576 → 576 for q/o, 576 → 192 for k/v), so parameters and FLOPs per token are the
-  same; only the attention split differs. Used for the tp=2 vs tp=1 rows.
+  same; only the attention split differs. Used for the tp=2 vs tp=1 rows;
+- ``qwen3``: ``main``'s sizes as a ``Qwen3ForCausalLM`` (per-head q/k RMSNorm before
+  RoPE); the family row of ``make bench``.
 
 Checkpoints are written into ``benchmarks/.cache/<variant>`` (temp dir + rename),
 with the built-in byte-level BPE tokenizer (1024 tokens). The tied embedding rows of
@@ -27,7 +29,7 @@ from pathlib import Path
 from typing import Literal
 
 CACHE_DIR = Path(__file__).resolve().parent / ".cache"
-Variant = Literal["main", "tp2"]
+Variant = Literal["main", "tp2", "qwen3"]
 VERSION = "v3"  # bump when the bytes change
 SEED = 0
 BYTE_TOKENS = slice(2, 2 + 256)
@@ -43,6 +45,7 @@ class Shape:
     intermediate: int = 1536
     vocab: int = 49152
     max_positions: int = 2048
+    qk_norm: bool = False  # Qwen3: per-head RMSNorm of q and k (2 x head_dim weights a layer)
 
     @property
     def head_dim(self) -> int:
@@ -58,6 +61,8 @@ class Shape:
     def total_params(self) -> int:
         """Stored parameters (tied embedding counted once, norms included)."""
         norms = (2 * self.layers + 1) * self.hidden
+        if self.qk_norm:
+            norms += 2 * self.head_dim * self.layers
         return self.matmul_params() + norms
 
     def flops_per_output_token(self, prompt_len: int, output_len: int) -> float:
@@ -75,11 +80,16 @@ class Shape:
         return decode + prefill / output_len
 
 
-SHAPES: dict[Variant, Shape] = {"main": Shape(), "tp2": Shape(heads=12, kv_heads=4)}
+SHAPES: dict[Variant, Shape] = {
+    "main": Shape(),
+    "tp2": Shape(heads=12, kv_heads=4),
+    "qwen3": Shape(qk_norm=True),  # Qwen3ForCausalLM at the bench model's sizes
+}
 
 
 def model_dir(variant: Variant) -> Path:
-    return CACHE_DIR / f"llama135m-{variant}-{VERSION}"
+    family = "qwen3" if variant == "qwen3" else "llama"
+    return CACHE_DIR / f"{family}135m-{variant}-{VERSION}"
 
 
 def ensure_model(variant: Variant = "main") -> Path:
@@ -110,7 +120,8 @@ def _write(path: Path, shape: Shape) -> None:
         write_tokenizer,
     )
 
-    config = transformers.LlamaConfig(
+    config_class = transformers.Qwen3Config if shape.qk_norm else transformers.LlamaConfig
+    config = config_class(
         hidden_size=shape.hidden,
         num_hidden_layers=shape.layers,
         num_attention_heads=shape.heads,
@@ -125,7 +136,7 @@ def _write(path: Path, shape: Shape) -> None:
         eos_token_id=EOS_TOKEN_ID,
     )
     torch.manual_seed(SEED)
-    model = transformers.LlamaForCausalLM(config).float()
+    model = transformers.AutoModelForCausalLM.from_config(config).float()
     tokenizer_vocab = build_tokenizer().get_vocab_size()
     with torch.no_grad():
         embedding = model.get_input_embeddings().weight

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from benchmarks import contention, moe_bench, structured, ttft
 from benchmarks.roofline import attainable_gflops
 
 BASELINE_LAYOUTS = {"shardserve": "tp1 pp1", "hf-serve": "tp1 pp1", "hf-generate": "batch"}
@@ -52,6 +53,12 @@ def _tok_cell(row: dict[str, Any]) -> str:
     return f"{text} ({min(runs):.0f}–{max(runs):.0f})" if len(runs) > 1 else text
 
 
+def _ttft_cell(row: dict[str, Any]) -> str:
+    """The point's median time to first token (HTTP systems; ``generate()`` has none)."""
+    p50 = (row.get("metrics") or {}).get("ttft_ms", {}).get("p50")
+    return "—" if p50 is None else f"{float(p50):.0f}"
+
+
 def _roof(result: dict[str, Any], row: dict[str, Any]) -> tuple[float, float]:
     """Achieved GFLOP/s and its % of the roofline at this batch size."""
     gflops = row["output_throughput"] * result["model"]["flops_per_output_token"] / 1e9
@@ -63,8 +70,8 @@ def main_table(result: dict[str, Any]) -> str:
     rows = result["rows"]
     lines = [
         "| system | dtype | conc. | output tok/s | vs hf-serve | vs hf-generate "
-        "| GFLOP/s | % roofline | load |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| GFLOP/s | % roofline | TTFT p50 ms | load |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     keys = sorted(
         {
@@ -88,7 +95,8 @@ def main_table(result: dict[str, Any]) -> str:
             vs_gen = _ratio(tok_s, gen) if system != "hf-generate" else ""
             lines.append(
                 f"| {system} | {dtype} | {c} | {_tok_cell(row)} | {vs_serve} | {vs_gen} "
-                f"| {gflops:.1f} | {pct:.0f}% | {row.get('loadavg_before', 0.0):.1f} |"
+                f"| {gflops:.1f} | {pct:.0f}% | {_ttft_cell(row)} "
+                f"| {row.get('loadavg_before', 0.0):.1f} |"
             )
     return "\n".join(lines)
 
@@ -123,6 +131,25 @@ def parallel_table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def family_table(result: dict[str, Any]) -> str:
+    """The Qwen3-shaped rows (float32, concurrency 32): ours against both baselines."""
+    rows = [r for r in result["rows"] if r["layout"] == "qwen3-shaped"]
+    tok = {r["system"]: float(r["output_throughput"]) for r in rows}
+    lines = [
+        "| system (Qwen3-shaped, float32, conc. 32) | output tok/s | vs hf-serve "
+        "| vs hf-generate |",
+        "|---|---:|---:|---:|",
+    ]
+    for system in SYSTEMS:
+        row = next((r for r in rows if r["system"] == system), None)
+        if row is None:
+            continue
+        vs_serve = _ratio(tok[system], tok.get("hf-serve")) if system != "hf-serve" else ""
+        vs_gen = _ratio(tok[system], tok.get("hf-generate")) if system != "hf-generate" else ""
+        lines.append(f"| {system} | {_tok_cell(row)} | {vs_serve} | {vs_gen} |")
+    return "\n".join(lines)
+
+
 def roofline_text(result: dict[str, Any]) -> str:
     roof, model = result["roofline"], result["model"]
     parts = [f"- memory bandwidth (large tensor copy, read + write): {roof['copy_gbps']:.1f} GB/s"]
@@ -145,7 +172,17 @@ def roofline_text(result: dict[str, Any]) -> str:
 def render(result: dict[str, Any]) -> str:
     notes = "\n".join(f"- {n}" for n in result["notes"]) or "- none"
     return "\n\n".join(
-        [main_table(result), parallel_table(result), roofline_text(result), "Notes:\n" + notes]
+        [
+            main_table(result),
+            ttft.ttft_table(result),
+            parallel_table(result),
+            family_table(result),
+            moe_bench.moe_table(result),
+            structured.structured_table(result),
+            contention.contention_table(result),
+            roofline_text(result),
+            "Notes:\n" + notes,
+        ]
     )
 
 
@@ -161,7 +198,12 @@ def write_readme(result: dict[str, Any], path: Path) -> None:
     fields = {
         "machine": machine,
         "main_table": main_table(result),
+        "ttft_table": ttft.ttft_table(result),
         "parallel_table": parallel_table(result),
+        "family_table": family_table(result),
+        "moe_table": moe_bench.moe_table(result),
+        "structured_table": structured.structured_table(result),
+        "contention_table": contention.contention_table(result),
         "roofline": roofline_text(result),
         "notes": notes,
     }

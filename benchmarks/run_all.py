@@ -9,7 +9,8 @@ roofline (:mod:`benchmarks.roofline`), then output tokens/s for 32-token prompts
 - ``hf-generate``: in-process padded-batch ``generate()``, batch = concurrency.
 
 Then, at concurrency 32 in float32, shardserve's tp=2 vs tp=1 and pp=2 overlapped vs
-not. Writes ``benchmarks/results/latest.json`` and ``benchmarks/README.md``. Every
+not; last the contention table (:mod:`benchmarks.contention`, ``--no-contention`` skips
+it). Writes ``benchmarks/results/latest.json`` and ``benchmarks/README.md``. Every
 server runs in its own process group and is stopped in a ``finally``.
 """
 
@@ -31,7 +32,7 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
-from benchmarks import http_load, report, servers
+from benchmarks import contention, http_load, moe_bench, report, servers, structured, ttft
 from benchmarks.model import SHAPES, Variant, ensure_model
 from benchmarks.prompts import exact_prompts, write_dataset
 
@@ -111,8 +112,11 @@ class Bench:
         if c is not None:
             self.add(system, dtype, c, layout, metrics["streamed_throughput"], metrics, load_before)
 
-    def generate_point(self, dtype: str, c: int) -> None:
-        """hf-generate at batch ``c``, in a fresh subprocess (model load not timed)."""
+    def generate_point(
+        self, dtype: str, c: int, model: Path | None = None, layout: str = "batch"
+    ) -> None:
+        """hf-generate at batch ``c`` (of ``model``, default the bench model), in a fresh
+        subprocess (model load not timed)."""
         path = CACHE / "data" / f"generate-c{c}.json"
         spec = {"pad_id": 1, "output_len": OUTPUT_LEN, "prompts": self.prompts[f"c{c}"]}
         path.write_text(json.dumps(spec))
@@ -120,7 +124,7 @@ class Bench:
             sys.executable,
             "-m",
             "benchmarks.hf_generate",
-            str(self.model),
+            str(model or self.model),
             dtype,
             str(path),
             str(POINT_CAP_S),
@@ -145,7 +149,7 @@ class Bench:
                 f"hf-generate {dtype} c={c}: cut at {POINT_CAP_S:g} s after "
                 f"{m['requests']} of {num_requests(c)} requests"
             )
-        self.add("hf-generate", dtype, c, "batch", m["output_throughput"], m, load_before)
+        self.add("hf-generate", dtype, c, layout, m["output_throughput"], m, load_before)
 
     def add(
         self,
@@ -191,7 +195,7 @@ def start_ours(
 def start_hf_serve(stack: contextlib.ExitStack, dtype: str, model: Path) -> Target:
     port = servers.free_port()
     command = servers.hf_serve_command(model, dtype, port)
-    log = CACHE / "logs" / f"hf-serve-{dtype}.log"
+    log = CACHE / "logs" / f"hf-serve-{dtype}-{model.name}.log"
     env = {"PYTHONPATH": f"{servers.PYDEPS}:{servers.REPO}"}
     url = stack.enter_context(servers.running(command, log, f"http://127.0.0.1:{port}", env))
     return ("hf-serve", url, str(model))
@@ -249,6 +253,23 @@ def run_parallel(bench: Bench, flag_help: str) -> None:
             alternate(bench, targets, "float32", c)
 
 
+FAMILY_LAYOUT = "qwen3-shaped"
+
+
+def run_families(bench: Bench) -> None:
+    """The Qwen3-shaped variant at concurrency 32 in float32: ours against ``transformers
+    serve`` (both up, alternating) and ``generate()``, the main table's ratios."""
+    c, dtype = PARALLEL_CONCURRENCY, "float32"
+    model = ensure_model("qwen3")
+    with contextlib.ExitStack() as stack:
+        ours = start_ours(stack, dtype, [], FAMILY_LAYOUT, "qwen3")
+        hf = start_hf_serve(stack, dtype, model)
+        for target in (ours, hf):
+            bench.http_point(target, dtype, None, "")
+        alternate(bench, [(ours, FAMILY_LAYOUT), (hf, FAMILY_LAYOUT)], dtype, c)
+    bench.generate_point(dtype, c, model, FAMILY_LAYOUT)
+
+
 def machine() -> dict[str, Any]:
     import torch
     import transformers
@@ -278,6 +299,12 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--dtypes", default="float32,bfloat16")
     parser.add_argument("--systems", default="shardserve,hf-serve,hf-generate")
     parser.add_argument("--no-parallel", dest="parallel", action="store_false")
+    parser.add_argument("--no-families", dest="families", action="store_false")
+    parser.add_argument("--no-moe", dest="moe", action="store_false")
+    parser.add_argument("--no-structured", dest="structured", action="store_false")
+    parser.add_argument("--no-vlm", dest="vlm", action="store_false")
+    parser.add_argument("--no-contention", dest="contention", action="store_false")
+    parser.add_argument("--no-ttft", dest="ttft", action="store_false")
     parser.add_argument("--out", default=str(HERE / "results" / "latest.json"))
     parser.add_argument("--readme", default=str(HERE / "README.md"), help="'' to skip")
     return parser.parse_args(argv)
@@ -326,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _raise_interrupt)
     started = time.monotonic()
     concurrencies = [int(c) for c in args.concurrency.split(",")]
-    if args.parallel and PARALLEL_CONCURRENCY not in concurrencies:
+    if (args.parallel or args.families or args.moe) and PARALLEL_CONCURRENCY not in concurrencies:
         concurrencies.append(PARALLEL_CONCURRENCY)
     dtypes, systems = args.dtypes.split(","), args.systems.split(",")
     print("building the model and measuring the roofline ...", flush=True)
@@ -335,10 +362,24 @@ def main(argv: list[str] | None = None) -> int:
     roofline = measure_roofline()
     print(f"  roofline: {roofline}", flush=True)
     try:
+        if args.ttft:  # first: the machine is at its quietest
+            ttft.run_ttft(bench, tuple(dtypes))
         for dtype in dtypes:
             sweep(bench, dtype, systems)
         if args.parallel:
             run_parallel(bench, servers.ours_flags())
+        if args.families:
+            run_families(bench)
+        if args.moe:
+            moe_bench.run_moe(bench, PARALLEL_CONCURRENCY)
+        if args.structured:
+            structured.run_structured(bench, PARALLEL_CONCURRENCY)
+        if args.vlm:
+            from benchmarks import vlm_bench  # LLaVA images (builds its own model)
+
+            vlm_bench.run_vlm(bench)
+        if args.contention:
+            contention.run_contention(bench)
     except KeyboardInterrupt:
         print("interrupted: every server was stopped; writing what was measured", flush=True)
         bench.notes.append("run interrupted before the end")

@@ -21,6 +21,13 @@ DECODER_FAMILIES: Mapping[str, str] = MappingProxyType(
         "Qwen3ForCausalLM": "qwen3",
         "Olmo2ForCausalLM": "olmo2",
         "Phi3ForCausalLM": "phi3",
+        "Gemma2ForCausalLM": "gemma",
+        "Gemma3ForCausalLM": "gemma",
+        "MixtralForCausalLM": "mixtral",
+        "Qwen2MoeForCausalLM": "qwen2_moe",
+        "Qwen3MoeForCausalLM": "qwen3_moe",
+        "DeepseekV2ForCausalLM": "deepseek_v2",
+        "LlavaForConditionalGeneration": "llava",
     }
 )
 """HF architecture name → model family (a file in ``model_shards/models/``)."""

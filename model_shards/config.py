@@ -27,8 +27,11 @@ from model_shards.config_json import (
     read_json,
 )
 from model_shards.encoder_config import ENCODER_ARCHITECTURES, EncoderConfig
+from model_shards.kv_groups import KVLayout, peak_blocks
+from model_shards.moe_config import check_expert_layout
 from model_shards.rope_config import RopeConfig, parse_rope
 from model_shards.scheduler.config import check_step_limits
+from model_shards.vlm_config import flatten_text_config, is_vlm, vision_tp_problem
 
 DTYPE_CHOICES: tuple[str, ...] = ("auto", *CHECKPOINT_DTYPES)
 
@@ -47,6 +50,9 @@ class ModelConfig(TransformerShape):
     torch_dtype: str
     eos_token_ids: tuple[int, ...] = field(default=())
     bos_token_id: int | None = None
+    # multi-head latent attention (DeepSeek-V2): each token's K/V is one compressed latent of
+    # head_dim = kv_lora_rank + qk_rope_head_dim values (num_kv_heads 1), K and V one buffer
+    kv_latent: bool = False
     # the whole config.json, read-only: a family's own fields (QK-norm, windows, …) are
     # read from it by that family's model file
     extra: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
@@ -75,10 +81,13 @@ class ModelConfig(TransformerShape):
         try:
             if arch in _GPT2_ARCHITECTURES:
                 raw = _with_gpt2_names(raw)
+            if is_vlm(raw):  # LLaVA: the language model's fields sit under text_config
+                raw = flatten_text_config(raw)
             num_heads = int(raw["num_attention_heads"])
             hidden = int(raw["hidden_size"])
             eos = raw.get("eos_token_id")
             eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
+            mla = arch in _MLA_ARCHITECTURES  # the cache holds the latent, not per-head K/V
             return ModelConfig(
                 architecture=arch,
                 vocab_size=int(raw["vocab_size"]),
@@ -86,8 +95,11 @@ class ModelConfig(TransformerShape):
                 intermediate_size=int(raw["intermediate_size"]),
                 num_layers=int(raw["num_hidden_layers"]),
                 num_heads=num_heads,
-                num_kv_heads=int(raw.get("num_key_value_heads") or num_heads),
-                head_dim=int(raw.get("head_dim") or hidden // num_heads),
+                num_kv_heads=1 if mla else int(raw.get("num_key_value_heads") or num_heads),
+                # transformers' DeepseekV2Config defaults
+                head_dim=int(raw.get("kv_lora_rank", 512)) + int(raw.get("qk_rope_head_dim", 64))
+                if mla
+                else int(raw.get("head_dim") or hidden // num_heads),
                 rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
                 max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
                 rope=parse_rope(raw),
@@ -97,6 +109,7 @@ class ModelConfig(TransformerShape):
                 torch_dtype=torch_dtype,
                 eos_token_ids=eos_ids,
                 bos_token_id=raw.get("bos_token_id"),
+                kv_latent=mla,
                 extra=MappingProxyType(dict(raw)),
             )
         except (KeyError, TypeError, ValueError) as exc:
@@ -109,9 +122,11 @@ class ModelConfig(TransformerShape):
 
     def kv_block_bytes(self, tp: int, num_layers: int, block_size: int, itemsize: int) -> int:
         """Bytes of one paged KV block on a rank: K and V of ``num_layers`` layers,
-        ``block_size`` tokens, this rank's KV heads, ``itemsize``-byte elements."""
+        ``block_size`` tokens, this rank's KV heads, ``itemsize``-byte elements (with
+        ``kv_latent``, the one latent buffer: K and V are the same)."""
         heads = self.kv_heads_per_rank(tp)
-        return 2 * num_layers * block_size * heads * self.head_dim * itemsize
+        buffers = 1 if self.kv_latent else 2
+        return buffers * num_layers * block_size * heads * self.head_dim * itemsize
 
     def layer_partition(self, pp: int, spec: str = "even") -> list[int]:
         """Decoder layers per pipeline stage; ``ValueError`` naming the flag on a bad ``spec``.
@@ -165,7 +180,7 @@ class ModelConfig(TransformerShape):
             return f"{self.num_kv_heads} key/value heads neither divide nor are divisible by {tp}"
         if self.intermediate_size % tp:
             return f"intermediate_size {self.intermediate_size} is not divisible by {tp}"
-        return None
+        return vision_tp_problem(self.extra, tp)
 
     def check_layout(self, tp: int, pp: int) -> None:
         """Raise ``ValueError`` naming the flag when the model cannot take this layout."""
@@ -187,6 +202,7 @@ class ModelConfig(TransformerShape):
 
 
 _GPT2_ARCHITECTURES = ("GPT2LMHeadModel",)
+_MLA_ARCHITECTURES = ("DeepseekV2ForCausalLM",)
 # GPT-2's config.json names of the common fields (transformers' GPT2Config.attribute_map)
 _GPT2_NAMES = {
     "n_embd": "hidden_size",
@@ -253,6 +269,7 @@ class ReplicaConfig:
     max_model_len: int | None = None  # default: the model's max_position_embeddings
     collective_timeout_s: float = 120.0
     threads_per_rank: int | None = None  # CPU only; default: cores // world size, at least 1
+    enable_expert_parallel: bool = False  # MoE: whole experts per TP rank (moe_config.py)
 
     @property
     def world_size(self) -> int:
@@ -287,6 +304,9 @@ class ReplicaConfig:
         model.check_layout(self.tp, self.pp)
         if isinstance(model, ModelConfig):
             model.layer_partition(self.pp, self.pp_layer_partition)
+            check_expert_layout(model, self.tp, self.enable_expert_parallel)
+        elif self.enable_expert_parallel:
+            raise ValueError("--enable-expert-parallel: encoder (embedding) models have no experts")
         elif self.pp_layer_partition != "even":
             raise ValueError("--pp-layer-partition: encoder (embedding) models run with -pp 1")
         if self.max_model_len is not None and not (
@@ -313,10 +333,14 @@ class ReplicaConfig:
         itemsize = CHECKPOINT_DTYPES[name]
         if self.dtype == "auto" and self.device != "cpu":
             itemsize = min(itemsize, CHECKPOINT_DTYPES["bfloat16"])
-        layers = max(model.layer_partition(self.pp, self.pp_layer_partition))
+        layout = KVLayout.for_model(model)
+        counts = model.layer_partition(self.pp, self.pp_layer_partition)
+        starts = [sum(counts[:s]) for s in range(len(counts))]
+        layers = max(layout.slots_on(range(a, a + n)) for a, n in zip(starts, counts, strict=True))
         per_block = model.kv_block_bytes(self.tp, layers, self.block_size, itemsize)
         max_len = self.resolved_max_model_len(model)
-        need = -(-max_len // self.block_size) * per_block
+        chunk = self.max_num_batched_tokens
+        need = peak_blocks(layout.windows, max_len, self.block_size, chunk) * per_block
         if self.kv_cache_memory < need:
             raise ValueError(
                 f"--kv-cache-memory {self.kv_cache_memory} bytes cannot hold one {max_len}-token "

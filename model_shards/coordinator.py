@@ -9,6 +9,11 @@ The engine step is three verbs — schedule, run, update::
 :meth:`Coordinator.serve` wraps this in a ZMQ ROUTER loop (see
 :mod:`model_shards.messages`). While idle it broadcasts an empty plan every
 ``keepalive_s`` so the workers' collective timeout only fires on a real failure.
+
+A request with a grammar (structured outputs) waits in :mod:`model_shards.structured`
+until its grammar is compiled (off this loop), then is queued like any other; each
+step's plan carries the masks of its constrained sequences, and their matchers advance
+with the sampled tokens.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from dataclasses import dataclass
 import msgspec
 
 from model_shards.engine_loop import Reply, serve_frontends
+from model_shards.layers.moe import ExpertTokenSampler
 from model_shards.messages import (
     AbortRequests,
     EngineError,
@@ -35,6 +41,7 @@ from model_shards.messages import (
     SubmitBatch,
 )
 from model_shards.request_checks import content_problem
+from model_shards.request_trace import RequestTraces
 from model_shards.scheduler.scheduler import (
     ScheduledStep,
     Scheduler,
@@ -43,6 +50,8 @@ from model_shards.scheduler.scheduler import (
     Sequence,
     SeqUpdate,
 )
+from model_shards.structured.constraints import Constraints
+from model_shards.structured.grammars import GrammarCache
 from model_shards.worker import StepResult, Worker, broadcast_plan
 
 log = logging.getLogger(__name__)
@@ -69,7 +78,10 @@ class Coordinator:
         enable_prefix_caching: bool = True,
         pipeline_overlap: bool = True,
         keepalive_s: float = 10.0,
+        model_dir: str | None = None,
     ) -> None:
+        """``model_dir``: the checkpoint's directory, whose ``tokenizer.json`` grammars are
+        compiled against (``None``: requests with a grammar are refused)."""
         self.worker = worker
         self.ps = worker.ps
         cfg = worker.model.config
@@ -83,15 +95,26 @@ class Coordinator:
                 max_model_len=max_model_len,
                 block_size=worker.kv.block_size,
                 num_blocks=worker.kv.num_blocks,
+                kv_windows=worker.kv.layout.windows,
                 enable_prefix_caching=enable_prefix_caching,
                 eos_token_ids=cfg.eos_token_ids,
             )
         )
         self.keepalive_s = keepalive_s
+        self._expert_tokens = ExpertTokenSampler(worker.model)  # MoE routing, for /metrics
         self._step_id = 0
         self._last_plan_at = time.monotonic()
         self.max_in_flight = self.ps.pp_size if pipeline_overlap else 1
         self._in_flight: deque[_InFlight] = deque()
+        self.constraints = (
+            None
+            if model_dir is None
+            else Constraints(
+                GrammarCache(model_dir, cfg.vocab_size, list(cfg.eos_token_ids)), cfg.vocab_size
+            )
+        )
+        self._refused: list[Reply] = []  # constrained requests refused once their grammar was known
+        self.traces = RequestTraces()  # opt-in TTFT stamps (GenerateRequest.trace)
 
     # ---- in-process API (used by serve() and by tests) ----------------------
 
@@ -106,17 +129,57 @@ class Coordinator:
         problem = self.check_request(req)
         if problem:
             raise ValueError(problem)
-        self.scheduler.add(req, client)
+        if req.grammar is None:
+            self.scheduler.add(req, client)
+            return
+        if self.constraints is None:
+            raise ValueError("this engine has no tokenizer to compile grammars with")
+        self.constraints.submit(req, client)  # the scheduler's checks once it is compiled
+
+    def _admit_compiled(self) -> None:
+        """Queue the constrained requests whose grammar is ready (refuse the failed ones);
+        with nothing else to do, wait a few milliseconds for a compile first."""
+        c = self.constraints
+        if c is None or not c.has_waiting():
+            return
+        if not self.scheduler.has_work() and not self._in_flight:
+            c.wait(0.005)
+        for ready in c.ready():
+            problem = ready.error
+            if problem is None:
+                try:
+                    seq = self.scheduler.add(ready.request, ready.client)
+                except ValueError as exc:
+                    problem = str(exc)
+                else:
+                    problem = c.start(seq, ready.compiled)
+                    if problem:
+                        self.scheduler.abort(seq.request_id)
+            if problem:
+                self._refused.append((ready.client, EngineError(problem, ready.request.request_id)))
 
     def abort(self, request_ids: list[str]) -> list[SeqUpdate]:
-        return [
-            SeqUpdate(seq, RequestOutput(seq.request.request_id, [], "abort"))
-            for rid in request_ids
-            if (seq := self.scheduler.abort(rid)) is not None
-        ]
+        updates = []
+        for rid in request_ids:
+            self.traces.drop(rid)
+            seq = self.scheduler.abort(rid)
+            if seq is None and self.constraints is not None:
+                waiting = self.constraints.abort(rid)  # still compiling: never queued
+                seq = (
+                    None
+                    if waiting is None
+                    else Sequence(-1, waiting[0], waiting[0].sampling, waiting[1])
+                )
+            if seq is None:
+                continue
+            if self.constraints is not None:
+                self.constraints.drop(seq.seq_id)
+            updates.append(SeqUpdate(seq, RequestOutput(rid, [], "abort")))
+        return updates
 
     def has_work(self) -> bool:
-        return self.scheduler.has_work() or bool(self._in_flight)
+        waiting = self.constraints is not None and self.constraints.has_waiting()
+        return self.scheduler.has_work() or bool(self._in_flight) or waiting
 
     @property
     def stats(self) -> SchedulerStats:
@@ -124,6 +187,7 @@ class Coordinator:
 
     def step(self) -> list[SeqUpdate]:
         """One iteration, not overlapped: schedule, run on every rank, update."""
+        self._admit_compiled()
         launched = self._launch()
         return self._finish(launched) if launched is not None else []
 
@@ -134,6 +198,7 @@ class Coordinator:
         sequences: the scheduler skips sequences in flight); with one step in
         flight this is :meth:`step`.
         """
+        self._admit_compiled()
         while len(self._in_flight) < self.max_in_flight and self.scheduler.has_schedulable():
             launched = self._launch()
             if launched is None:
@@ -144,6 +209,7 @@ class Coordinator:
     def _launch(self) -> _InFlight | None:
         """Schedule a step, send its plan, run stage 0; ``None`` when it ran no chunk."""
         scheduled = self.scheduler.schedule(self.max_in_flight)
+        self.traces.mark(scheduled.sequences, "scheduled")
         sampled = [
             seq for seq, c in zip(scheduled.sequences, scheduled.chunks, strict=True) if c.sample
         ]
@@ -152,10 +218,13 @@ class Coordinator:
             chunks=scheduled.chunks,
             new_sequences=self._with_stop_ids(scheduled),
             freed_seq_ids=scheduled.freed_seq_ids,
+            token_masks=[] if self.constraints is None else self.constraints.masks(sampled),
         )
         broadcast_plan(plan, self.worker.comm, self.worker.pending)
         self._last_plan_at = time.monotonic()
+        self.traces.mark(scheduled.sequences, "plan_sent")
         result = self.worker.execute(plan, wait=False)
+        self.traces.mark_all(scheduled.sequences, self.worker.step_stamps)
         if not plan.chunks:
             return None
         return _InFlight(scheduled, plan, sampled, result)
@@ -164,10 +233,12 @@ class Coordinator:
         """Wait for a launched step's tokens and apply them."""
         result = step.result if step.result is not None else self.worker.collect(step.plan)
         updates = self.scheduler.update(step.scheduled, result.tokens)
+        if self.constraints is not None:
+            self.constraints.advance(step.sampled, result.tokens)
         if result.logprobs is None:
-            return updates
+            return self.traces.attach(updates)
         by_seq = {id(seq): lp for seq, lp in zip(step.sampled, result.logprobs, strict=True)}
-        return [
+        updates = [
             SeqUpdate(
                 u.sequence, msgspec.structs.replace(u.output, logprobs=[by_seq[id(u.sequence)]])
             )
@@ -175,6 +246,7 @@ class Coordinator:
             else u
             for u in updates
         ]
+        return self.traces.attach(updates)
 
     def _with_stop_ids(self, scheduled: ScheduledStep) -> list[NewSequence]:
         """Tell the sampler which tokens to mask while ``min_tokens`` are not yet out."""
@@ -207,6 +279,8 @@ class Coordinator:
             self.worker.pending,
         )
         self.worker.pending.wait_all()
+        if self.constraints is not None:
+            self.constraints.cache.close()
 
     def _next_step_id(self) -> int:
         self._step_id += 1
@@ -221,19 +295,27 @@ class Coordinator:
 
     def handle(self, message: FrontendMessage, client: bytes) -> list[Reply]:
         if isinstance(message, SubmitBatch):
+            received = time.monotonic_ns()
             refused: list[Reply] = []
             for req in message.requests:
                 try:
                     self.add_request(req, client)
                 except ValueError as exc:
                     refused.append((client, EngineError(str(exc), req.request_id)))
+                else:
+                    if req.trace:
+                        self.traces.open(req.request_id, received)
             return refused
         if isinstance(message, AbortRequests):  # blocks are released now: report it
             return self._with_stats(_by_client(self.abort(message.request_ids)))
         return [(client, EngineError(f"this replica generates; cannot {type(message).__name__}"))]
 
     def work(self) -> list[Reply]:
-        return self._with_stats(_by_client(self.pump()))
+        replies = self._with_stats(_by_client(self.pump()))
+        if not self.scheduler.has_work() and not self._in_flight:
+            self.keepalive()  # only grammars compiling: the ranks still hear from rank 0
+        refused, self._refused = self._refused, []
+        return refused + replies
 
     def _with_stats(self, replies: list[Reply]) -> list[Reply]:
         """Attach the current engine counters to every ``StepOutputs`` in ``replies``."""
@@ -248,6 +330,7 @@ class Coordinator:
             prefix_cache_hit_tokens=s.prefix_cache_hit_tokens,
             prefill_tokens_computed=s.prefill_tokens_computed,
             num_preemptions=s.num_preemptions,
+            moe_expert_tokens=self._expert_tokens.sample(),
         )
         return [
             (client, msgspec.structs.replace(m, stats=stats) if isinstance(m, StepOutputs) else m)

@@ -21,6 +21,7 @@ import logging
 import torch
 
 from model_shards.kv_cache import PagedKVCache
+from model_shards.kv_groups import KVLayout
 from model_shards.layers.attention import ForwardBatch
 from model_shards.messages import SeqChunk
 from model_shards.models import DecoderModel
@@ -35,15 +36,19 @@ def kv_budget_bytes(
     return int(utilization * total) - in_use - forward_peak - graph_pool
 
 
-def _scratch_chunks(tokens: int, max_len: int, block_size: int) -> tuple[list[SeqChunk], int]:
+def _scratch_chunks(
+    tokens: int, max_len: int, block_size: int, groups: int
+) -> tuple[list[SeqChunk], int]:
     """Prefill chunks of ``tokens`` tokens in all, each sequence at most ``max_len`` long,
-    with fresh block ids; and the number of blocks they use."""
+    with fresh block ids (the same ones for each of ``groups`` KV groups: a scratch pool);
+    and the number of blocks they use."""
     chunks, next_block, seq = [], 0, 0
     while tokens > 0:
         n = min(tokens, max_len)
         blocks = -(-n // block_size)
         ids = list(range(next_block, next_block + blocks))
-        chunks.append(SeqChunk(seq_id=seq, token_ids=[0] * n, start_pos=0, new_block_ids=ids))
+        windows = [ids] * (groups - 1)
+        chunks.append(SeqChunk(seq, 0, [0] * n, new_block_ids=ids, window_block_ids=windows))
         next_block, tokens, seq = next_block + blocks, tokens - n, seq + 1
     return chunks, next_block
 
@@ -56,7 +61,8 @@ def forward_peak_bytes(
     (``max_len == 1``: a decode step of ``tokens`` rows) on a scratch KV pool."""
     device = next(model.parameters()).device
     cfg, ps = model.config, model.ps
-    chunks, blocks = _scratch_chunks(tokens, max_len, block_size)  # max_len 1: decode rows
+    groups = KVLayout.for_model(cfg).num_groups
+    chunks, blocks = _scratch_chunks(tokens, max_len, block_size, groups)  # max_len 1: decode
     dtype = next(model.parameters()).dtype
     layers = range(model.model.start, model.model.end)
     kv = PagedKVCache.for_stage(cfg, layers, ps.tp_size, blocks, block_size, dtype, device)

@@ -14,6 +14,8 @@ Importing this module initialises no CUDA and loads none of a rank's machinery
 from __future__ import annotations
 
 import contextlib
+import logging
+import math
 import multiprocessing as mp
 import os
 import shutil
@@ -26,7 +28,10 @@ from multiprocessing.process import BaseProcess
 
 from model_shards.checkpoint import verify_checkpoint
 from model_shards.config import EncoderConfig, ModelConfig, ReplicaConfig, ranks_use_gpus
+from model_shards.cpu_budget import CpuBudget, ThreadPlan, detect_budget, plan_threads
 from model_shards.rank_main import run_rank
+
+log = logging.getLogger(__name__)
 
 
 def validate_replica(
@@ -68,6 +73,7 @@ class ReplicaHandle:
     _tmpdir: str | None = field(default=None, repr=False)
     config: ReplicaConfig | None = field(default=None, repr=False)
     gpus: list[str] | None = field(default=None, repr=False)
+    environment: dict[str, str] | None = field(default=None, repr=False)
 
     def is_alive(self) -> bool:
         return all(p.is_alive() for p in self.processes)
@@ -116,7 +122,7 @@ class ReplicaHandle:
         if self.config is None:
             raise ValueError("this replica was not started by start_replica; cannot respawn it")
         self.stop(timeout=0)
-        return start_replica(self.config, gpus=self.gpus)
+        return start_replica(self.config, gpus=self.gpus, environment=self.environment)
 
 
 def describe_exit(exitcode: int | None) -> str:
@@ -132,16 +138,27 @@ def describe_exit(exitcode: int | None) -> str:
     return f"exited with code {exitcode}"
 
 
+def cpu_thread_plan(config: ReplicaConfig, dp: int, cpu_count: float | None = None) -> ThreadPlan:
+    """Threads per rank for ``dp`` CPU replicas of ``config`` beside this frontend
+    (:func:`~model_shards.cpu_budget.plan_threads`); ``cpu_count``: the usable cores
+    (default: detected from the affinity mask and the cgroup quota)."""
+    if cpu_count is None:
+        budget = detect_budget()
+    else:
+        budget = CpuBudget(math.ceil(cpu_count), float(cpu_count), "given")
+    return plan_threads(budget, dp * config.world_size, config.threads_per_rank)
+
+
 def plan_data_parallel(
-    config: ReplicaConfig, dp: int, cpu_count: int | None = None, gpu_count: int = 0
+    config: ReplicaConfig, dp: int, cpu_count: float | None = None, gpu_count: int = 0
 ) -> list[tuple[ReplicaConfig, list[int] | None]]:
     """Each replica's config and GPU ids (``None``: CPU) for ``dp`` replicas on this machine.
 
     With ``dp > 1``, GPUs go to replicas in contiguous slices of ``tp * pp``
     (indices into the visible devices) when there are enough for all of them;
     too few is an error naming the flags, with ``--device auto`` too (a machine
-    with GPUs never silently serves on its CPU). CPU replicas split the cores:
-    ``threads_per_rank`` defaults to ``cores // (dp * tp * pp)``, at least 1.
+    with GPUs never silently serves on its CPU). CPU replicas split the usable
+    cores (``cpu_count``, default detected) with the frontend: :func:`cpu_thread_plan`.
     """
     if dp < 1:
         raise ValueError(f"--data-parallel-size must be >= 1, got {dp}")
@@ -149,7 +166,7 @@ def plan_data_parallel(
     ranks = dp * world
     use_gpus = ranks_use_gpus(config.device, ranks, gpu_count, f"dp*tp*pp = {ranks}")
     if not use_gpus:
-        threads = config.threads_per_rank or max(1, (cpu_count or 1) // (dp * world))
+        threads = cpu_thread_plan(config, dp, cpu_count).threads_per_rank
         cpu_config = replace(config, threads_per_rank=threads, device="cpu")
         return [(cpu_config, None) for _ in range(dp)]
     if dp == 1:
@@ -169,14 +186,19 @@ def start_replicas(config: ReplicaConfig, dp: int = 1) -> list[ReplicaHandle]:
         import torch
 
         gpu_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    plan = plan_data_parallel(config, dp, os.cpu_count(), gpu_count)
+    plan = plan_data_parallel(config, dp, None, gpu_count)
+    environment = None
+    if plan[0][0].device == "cpu":
+        threads = cpu_thread_plan(config, dp)
+        log.info("%s", threads.describe())
+        environment = threads.wait_environment(os.environ)
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     physical = visible.split(",") if visible else [str(i) for i in range(gpu_count)]
     handles: list[ReplicaHandle] = []
     try:
         for replica_config, gpus in plan:
             ids = [physical[i] for i in gpus] if gpus is not None else None
-            handles.append(start_replica(replica_config, gpus=ids))
+            handles.append(start_replica(replica_config, gpus=ids, environment=environment))
     except BaseException:
         for handle in handles:
             handle.stop()
@@ -185,12 +207,18 @@ def start_replicas(config: ReplicaConfig, dp: int = 1) -> list[ReplicaHandle]:
 
 
 def start_replica(
-    config: ReplicaConfig, address: str | None = None, *, gpus: list[str] | None = None
+    config: ReplicaConfig,
+    address: str | None = None,
+    *,
+    gpus: list[str] | None = None,
+    environment: Mapping[str, str] | None = None,
 ) -> ReplicaHandle:
     """Validate, spawn the ranks, return at once; rank 0 answers ``Hello`` when loaded.
 
     ``address`` defaults to a fresh ``ipc://`` path; ``gpus`` (one device id
-    or UUID per rank) become each rank's ``CUDA_VISIBLE_DEVICES``.
+    or UUID per rank) become each rank's ``CUDA_VISIBLE_DEVICES``; ``environment``:
+    variables the ranks start with (the thread plan's wait policy, from
+    :func:`start_replicas`), beside :func:`rank_environment`'s.
     """
     validate_replica(config)
     tmpdir = None
@@ -201,7 +229,8 @@ def start_replica(
     port = free_port()
     visible = ",".join(map(str, gpus)) if gpus is not None else None
     procs: list[BaseProcess] = []
-    with _environment(rank_environment(os.environ)):
+    extra = dict(environment or {})
+    with _environment({**rank_environment(os.environ), **extra}):
         for rank in range(config.world_size):
             p = ctx.Process(
                 target=run_rank,
@@ -212,7 +241,7 @@ def start_replica(
             p.start()
             procs.append(p)
     kept_gpus = list(gpus) if gpus is not None else None
-    return ReplicaHandle(address, procs, tmpdir, config, kept_gpus)
+    return ReplicaHandle(address, procs, tmpdir, config, kept_gpus, extra)
 
 
 # glibc (2.35+) backs malloc's large areas with transparent huge pages: every decode step

@@ -39,7 +39,17 @@ class LoadableModel(Protocol):
     def named_parameters(self) -> Iterator[tuple[str, nn.Parameter]]: ...
 
 
-def _to_param_name(model: LoadableModel, name: str) -> tuple[str, str | int | None]:
+ShardId = str | int | tuple[int, str]
+
+
+def _to_param_name(model: LoadableModel, name: str) -> tuple[str, ShardId | None]:
+    """The parameter a checkpoint tensor fills and its shard id: the model's optional
+    ``stacked_param_of(name)`` first (several tensors stacked into one parameter: MoE
+    experts, see ``models/sparse_moe.py``), then ``packed_modules_mapping``."""
+    stacked = getattr(model, "stacked_param_of", None)
+    found = stacked(name) if stacked is not None else None
+    if found is not None:
+        return found
     for part, (fused, shard_id) in model.packed_modules_mapping.items():
         if f".{part}." in name:
             return name.replace(f".{part}.", f".{fused}."), shard_id
@@ -52,8 +62,14 @@ def _names_in_checkpoint(model: LoadableModel, checkpoint: Checkpoint) -> dict[s
     names = list(checkpoint.names())
     prefix = getattr(model, "base_model_prefix", "")  # optional: most models have none
     if not prefix or any(n.startswith(f"{prefix}.") for n in names):
-        return {n: n for n in names}
-    return {f"{prefix}.{n}": n for n in names}
+        mapped = {n: n for n in names}
+    else:
+        mapped = {f"{prefix}.{n}": n for n in names}
+    # optional: checkpoint name prefix → the model's (another export's spelling)
+    renames: dict[str, str] = getattr(model, "checkpoint_renames", {})
+    for old, new in renames.items():
+        mapped = {(new + k[len(old) :] if k.startswith(old) else k): v for k, v in mapped.items()}
+    return mapped
 
 
 def load_weights(model: LoadableModel, checkpoint: Checkpoint) -> None:

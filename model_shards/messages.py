@@ -32,6 +32,10 @@ class SamplingParams(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     ``1`` per token already generated. ``min_p`` drops tokens whose probability
     is below ``min_p`` times the top token's. ``logprobs``: also return the
     sampled token's log-probability and the top-N alternatives (N <= 20).
+    ``logit_bias`` (token id → added to its raw logit) and ``allowed_token_ids``
+    (every other id masked) apply to the raw logits first, before penalties, as does
+    ``bad_words_token_ids``: a one-token word is never sampled, a longer one's last token
+    is masked right after the output ends with the rest of it.
     """
 
     temperature: float = 1.0
@@ -44,20 +48,64 @@ class SamplingParams(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     seed: int | None = None
     logprobs: int | None = None
     min_tokens: int = 0  # stop tokens are masked until this many tokens are out
+    logit_bias: dict[int, float] = {}
+    allowed_token_ids: list[int] | None = None
+    bad_words_token_ids: list[list[int]] = []
 
     @property
     def is_greedy_plain(self) -> bool:
-        """Plain argmax: no randomness, no penalties."""
+        """Plain argmax: no randomness, no penalties, no bias or allowed-token mask."""
         return (
             self.temperature <= 0
+            and not self.logit_bias
+            and self.allowed_token_ids is None
+            and not self.bad_words_token_ids
             and self.repetition_penalty == 1.0
             and self.presence_penalty == 0.0
             and self.frequency_penalty == 0.0
         )
 
 
+GrammarKind = Literal["json_schema", "json_object", "regex", "ebnf"]
+
+
+class GrammarSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """A constraint on the output (structured outputs), already validated by the frontend.
+
+    ``json_schema``: ``spec`` is the schema as canonical JSON (sorted keys, compact);
+    ``json_object``: any JSON object (``spec`` empty); ``regex``: a regular expression;
+    ``ebnf``: an xgrammar EBNF grammar with a ``root`` rule. Rank 0 compiles it once per
+    distinct spec (:mod:`model_shards.structured`).
+    """
+
+    kind: GrammarKind
+    spec: str = ""
+
+
+class MediaInput(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """One preprocessed image of a prompt (vision-language models), made by the frontend.
+
+    Its placeholder run is prompt positions ``offset .. offset + length - 1`` (the image
+    token repeated once per embedding the vision tower and projector emit). ``pixels``:
+    the raw bytes of a C-contiguous array of ``shape`` (``[3, H, W]``) and ``dtype``
+    (``"float32"``); ``content_hash``: SHA-256 of the image's pixels, the key of the
+    ranks' encoder cache and part of the prefix cache's block keys.
+    """
+
+    offset: int
+    length: int
+    content_hash: bytes
+    pixels: bytes
+    shape: list[int]
+    dtype: str = "float32"
+
+
 class GenerateRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """One sequence to generate. Token ids only: tokenizing is the frontend's job."""
+    """One sequence to generate. Token ids only: tokenizing is the frontend's job.
+
+    ``grammar``: the output must match it (token-level mask on every sampled position).
+    ``media``: the prompt's images, in prompt order (vision-language models only).
+    """
 
     request_id: str
     prompt_token_ids: list[int]
@@ -68,6 +116,11 @@ class GenerateRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # Replay after a replica failure: tokens this request already produced. They
     # count as output (max_tokens, min_tokens, penalties); only new ones come back.
     resume_output_ids: list[int] = []
+    grammar: GrammarSpec | None = None
+    # Opt-in TTFT tracing (server/ttft_trace.py): rank 0 returns its timestamps with the
+    # request's first output (RequestOutput.trace).
+    trace: bool = False
+    media: list[MediaInput] = []
 
 
 class TokenLogprob(msgspec.Struct, frozen=True, array_like=True):
@@ -123,6 +176,8 @@ class RequestOutput(msgspec.Struct, frozen=True):
     finish_reason: FinishReason | None = None
     num_prompt_tokens: int = 0
     logprobs: list[TokenLogprob] | None = None  # one per new token, when asked
+    # GenerateRequest.trace: rank 0's stage → time.monotonic_ns() (first output only)
+    trace: dict[str, int] | None = None
 
 
 class EngineStats(msgspec.Struct, frozen=True):
@@ -135,6 +190,9 @@ class EngineStats(msgspec.Struct, frozen=True):
     prefix_cache_hit_tokens: int
     prefill_tokens_computed: int
     num_preemptions: int
+    # MoE: tokens routed to each expert since start-up, by decoder layer (the sparse layers
+    # of rank 0's pipeline stage); at most once a second, else None
+    moe_expert_tokens: dict[int, list[int]] | None = None
 
 
 class StepOutputs(msgspec.Struct, tag="outputs", frozen=True):
@@ -182,6 +240,7 @@ class NewSequence(msgspec.Struct, frozen=True):
     sampling: SamplingParams
     num_prompt_tokens: int = 0
     stop_token_ids: list[int] = []  # masked while fewer than ``sampling.min_tokens`` are out
+    media: list[MediaInput] = []  # the prompt's images, for the first stage's vision tower
 
 
 class SeqChunk(msgspec.Struct, frozen=True):
@@ -193,6 +252,8 @@ class SeqChunk(msgspec.Struct, frozen=True):
     the table then covers every position up to the chunk's last.
     ``sample`` says whether the last stage samples a token after the last one
     (false for a prefill chunk that does not reach the end of the prompt).
+    ``window_block_ids``: the same for KV groups 1.. of a model with several
+    (:mod:`model_shards.kv_groups`), one list per group; empty otherwise.
     """
 
     seq_id: int
@@ -200,6 +261,16 @@ class SeqChunk(msgspec.Struct, frozen=True):
     token_ids: list[int]
     sample: bool = True
     new_block_ids: list[int] = []
+    window_block_ids: list[list[int]] = []
+
+
+class TokenMask(msgspec.Struct, frozen=True, array_like=True):
+    """The tokens allowed at one constrained sequence's sampled position this step:
+    bit ``t % 32`` of little-endian int32 word ``t // 32`` of ``words`` is 1 when token ``t``
+    may be sampled (xgrammar's bitmask layout, ``ceil(vocab / 32)`` words)."""
+
+    seq_id: int
+    words: bytes
 
 
 class StepPlan(msgspec.Struct, frozen=True):
@@ -216,6 +287,7 @@ class StepPlan(msgspec.Struct, frozen=True):
     freed_seq_ids: list[int] = []
     encode: list[list[int]] = []  # encoder replicas: token ids of each input to embed
     shutdown: bool = False
+    token_masks: list[TokenMask] = []  # grammar masks of this step's constrained sampled chunks
 
 
 _frontend_encoder = msgspec.msgpack.Encoder()

@@ -169,11 +169,13 @@ def serve_rank(
     import torch
 
     from model_shards.coordinator import Coordinator
+    from model_shards.cpu_budget import default_threads_per_rank
+    from model_shards.cpu_governor import govern_threads
     from model_shards.parallel.comm import Comm
     from model_shards.parallel.state import destroy_parallel
     from model_shards.worker import Worker
 
-    threads = config.threads_per_rank or max(1, (os.cpu_count() or 1) // config.world_size)
+    threads = config.threads_per_rank or default_threads_per_rank(config.world_size)
     torch.set_num_threads(threads)
     model = load_model_config(config.model_dir)
     max_len = config.resolved_max_model_len(model)
@@ -186,6 +188,7 @@ def serve_rank(
             clean = True
             return
         worker = Worker.build(config, model, peers, max_len)
+        govern_threads(worker, threads, ps.device.type)
         log.info(
             "loaded stage %d/%d tp %d/%d on %s (%s backend, %s): %.1f MiB read; KV cache %d "
             "blocks x %d = %d tokens",
@@ -207,6 +210,7 @@ def serve_rank(
                 **_step_limits(config, max_len),
                 enable_prefix_caching=config.enable_prefix_caching,
                 pipeline_overlap=config.pipeline_overlap,
+                model_dir=str(config.model_dir),
             ).serve(address)
         else:
             worker.serve_forever()

@@ -16,6 +16,8 @@ Each returns why the request is refused, or ``None``; the caller raises the
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from model_shards.messages import GenerateRequest, SamplingParams
 
 MAX_LOGPROBS = 20
@@ -25,7 +27,30 @@ def content_problem(request: GenerateRequest, vocab_size: int) -> str | None:
     """Why ``request``'s token ids or sampling parameters are refused, or ``None``."""
     if any(not 0 <= t < vocab_size for t in request.prompt_token_ids):
         return f"prompt token ids must be in [0, {vocab_size})"
-    return _sampling_problem(request.sampling)
+    s = request.sampling
+    for name, ids in (("logit_bias", s.logit_bias), ("allowed_token_ids", s.allowed_token_ids)):
+        if any(not 0 <= t < vocab_size for t in ids or ()):
+            return f"{name} token ids must be in [0, {vocab_size})"
+    return _media_problem(request) or _sampling_problem(request.sampling)
+
+
+_MEDIA_ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def _media_problem(request: GenerateRequest) -> str | None:
+    """Images whose placeholder runs leave the prompt, overlap or come out of order, or
+    whose pixel bytes do not fill their shape and dtype."""
+    end = 0
+    for i, m in enumerate(request.media):
+        if m.length < 1 or m.offset < end or m.offset + m.length > len(request.prompt_token_ids):
+            return f"media[{i}]: placeholder run {m.offset}+{m.length} out of order or place"
+        end = m.offset + m.length
+        count = 1
+        for d in m.shape:
+            count *= d
+        if m.dtype not in _MEDIA_ITEMSIZE or count * _MEDIA_ITEMSIZE[m.dtype] != len(m.pixels):
+            return f"media[{i}]: {len(m.pixels)} pixel bytes do not fill {m.dtype} {m.shape}"
+    return None
 
 
 def _sampling_problem(s: SamplingParams) -> str | None:
@@ -50,7 +75,11 @@ def _sampling_problem(s: SamplingParams) -> str | None:
 
 
 def fit_problem(
-    request: GenerateRequest, max_model_len: int, block_size: int, num_blocks: int
+    request: GenerateRequest,
+    max_model_len: int,
+    block_size: int,
+    num_blocks: int,
+    blocks_for: Callable[[int], int] | None = None,
 ) -> str | None:
     """Why ``request`` could never run on a pool of ``num_blocks`` blocks of ``block_size``
     with a context window of ``max_model_len``, or ``None``.
@@ -59,7 +88,8 @@ def fit_problem(
     tokens or more, or a sequence whose KV at its longest
     (``min(prompt + max_tokens, max_model_len) - 1`` tokens; the last sampled token
     is never computed) exceeds the whole pool, so that every accepted sequence can
-    finish once it runs alone.
+    finish once it runs alone. ``blocks_for``: the blocks a sequence of that many KV
+    positions holds at its peak (default: one table, ``ceil(tokens / block_size)``).
     """
     rid = request.request_id
     n = len(request.prompt_token_ids)
@@ -70,7 +100,8 @@ def fit_problem(
     if n >= max_model_len:
         return f"request {rid!r}: prompt has {n} tokens; the context window is {max_model_len}"
     kv_tokens = min(n + request.max_tokens, max_model_len) - 1
-    if -(-kv_tokens // block_size) > num_blocks:
+    need = -(-kv_tokens // block_size) if blocks_for is None else blocks_for(kv_tokens)
+    if need > num_blocks:
         return (
             f"request {rid!r}: {n} prompt + up to {request.max_tokens} new tokens need "
             f"{kv_tokens} KV slots, more than the whole cache ({num_blocks} blocks "

@@ -2,6 +2,10 @@
 
 Per sequence, in this order (vLLM semantics):
 
+0. ``logit_bias`` added (and ``-inf`` to the bad words' next tokens), then tokens
+   outside ``allowed_token_ids`` and outside the
+   step's grammar mask (:class:`~model_shards.messages.TokenMask`, computed by rank 0
+   and sent with the plan) set to ``-inf`` (:mod:`model_shards.structured.bitmask`);
 1. penalties from the tokens seen so far (repetition over prompt + output,
    presence and frequency over output);
 2. stop tokens masked while fewer than ``min_tokens`` tokens are out;
@@ -24,9 +28,10 @@ from dataclasses import dataclass
 import torch
 
 from model_shards.backends.base import Backend
-from model_shards.messages import NewSequence, SamplingParams, SeqChunk
+from model_shards.messages import NewSequence, SamplingParams, SeqChunk, TokenMask
 from model_shards.sampling_batch import SamplingTensors, sample_batch
 from model_shards.splitmix import GOLDEN, mix64
+from model_shards.structured import bitmask
 
 
 def position_seed(seed: int, position: int) -> int:
@@ -75,6 +80,8 @@ class _SeqState:
     num_prompt_tokens: int
     stop_token_ids: list[int]
     history: list[int] | None  # every token fed so far; kept only when penalties need it
+    bias: tuple[torch.Tensor, torch.Tensor] | None = None  # logit_bias: ids, values
+    allowed_words: torch.Tensor | None = None  # allowed_token_ids as a [W] mask, once V known
 
 
 @dataclass
@@ -89,15 +96,28 @@ class Sampler:
     def __init__(self, ops: Backend) -> None:
         self.ops = ops  # argmax and the draw
         self._seqs: dict[int, _SeqState] = {}
+        self._step_masks: dict[int, bytes] = {}  # seq id → this step's grammar mask
 
     def add(self, new: NewSequence) -> None:
         p = new.sampling
         needs_history = (
-            p.repetition_penalty != 1.0 or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0
+            p.repetition_penalty != 1.0
+            or p.presence_penalty != 0.0
+            or p.frequency_penalty != 0.0
+            or any(len(w) > 1 for w in p.bad_words_token_ids)
         )
+        bias = None
+        if p.logit_bias:
+            ids = sorted(p.logit_bias)
+            values = [p.logit_bias[i] for i in ids]
+            bias = (torch.tensor(ids, dtype=torch.int64), torch.tensor(values, dtype=torch.float32))
         self._seqs[new.seq_id] = _SeqState(
-            p, new.num_prompt_tokens, list(new.stop_token_ids), [] if needs_history else None
+            p, new.num_prompt_tokens, list(new.stop_token_ids), [] if needs_history else None, bias
         )
+
+    def set_masks(self, masks: list[TokenMask]) -> None:
+        """This step's grammar masks (replacing the previous step's)."""
+        self._step_masks = {m.seq_id: m.words for m in masks}
 
     def remove(self, seq_id: int) -> None:
         self._seqs.pop(seq_id, None)
@@ -125,7 +145,29 @@ class Sampler:
         state = self._seqs.get(chunk.seq_id)
         if state is None:
             return False  # sample() raises for it
-        return state.params.is_greedy_plain and not self._masks_stops(state, chunk)
+        return (
+            state.params.is_greedy_plain
+            and not self._masks_stops(state, chunk)
+            and chunk.seq_id not in self._step_masks
+        )
+
+    def _adjustments(self, chunks: list[SeqChunk], vocab_size: int) -> list[bitmask.RowAdjustment]:
+        """Each row's bias and allowed-token mask (allowed ids ∧ grammar), rows that have one."""
+        rows = []
+        for row, chunk in enumerate(chunks):
+            state = self._state(chunk)
+            ids = state.params.allowed_token_ids
+            if ids is not None and state.allowed_words is None:
+                state.allowed_words = bitmask.pack(ids, vocab_size)
+            mask = state.allowed_words
+            words = self._step_masks.get(chunk.seq_id)
+            if words is not None:
+                grammar = bitmask.from_bytes(words, vocab_size)
+                mask = grammar if mask is None else mask & grammar
+            bias = _with_bad_words(state, chunk)
+            if bias is not None or mask is not None:
+                rows.append(bitmask.RowAdjustment(row, bias, mask))
+        return rows
 
     def _state(self, chunk: SeqChunk) -> _SeqState:
         state = self._seqs.get(chunk.seq_id)
@@ -144,10 +186,12 @@ class Sampler:
         k = self.num_logprobs(chunks)
         if k is None and all(self._is_plain_greedy(c) for c in chunks):
             return SampleOutput(self.ops.argmax(logits).cpu())
+        adjust = self._adjustments(chunks, logits.shape[-1])
         if self.ops.samples_on_device:
-            return self._sample_on_device(logits, chunks, k)
-        tokens = self.ops.argmax(logits).cpu()
+            return self._sample_on_device(logits, chunks, k, adjust)
         logits = logits.float().cpu()
+        adjusted = bitmask.adjust_logits(logits, adjust) if adjust else logits  # [S, V]
+        tokens = self.ops.argmax(adjusted).cpu()
         drawn: list[int] = []  # rows of the random draws, made together at the end
         seeds: list[int] = []
         probs: list[torch.Tensor] = []
@@ -158,7 +202,7 @@ class Sampler:
             masks_stops = self._masks_stops(state, chunk)
             if params.is_greedy_plain and not masks_stops:
                 continue
-            x = logits[row]
+            x = adjusted[row]
             if state.history is not None:
                 history = state.history[:position]
                 n = state.num_prompt_tokens
@@ -178,11 +222,15 @@ class Sampler:
         return _with_logprobs(tokens, logits, k)
 
     def _sample_on_device(
-        self, logits: torch.Tensor, chunks: list[SeqChunk], k: int | None
+        self,
+        logits: torch.Tensor,
+        chunks: list[SeqChunk],
+        k: int | None,
+        adjust: list[bitmask.RowAdjustment],
     ) -> SampleOutput:
         """The same tokens as the host path, batched on the logits' device
-        (:func:`model_shards.sampling_batch.sample_batch`): the logits stay there, and
-        only the sampled ids (and asked-for logprobs) come back."""
+        (:func:`model_shards.sampling_batch.sample_batch`, after ``adjust`` there): the
+        logits stay there, and only the sampled ids (and asked-for logprobs) come back."""
         params, seeds, histories, prompts, stops = [], [], [], [], []
         for chunk in chunks:
             state = self._state(chunk)
@@ -196,7 +244,8 @@ class Sampler:
         t = SamplingTensors.build(
             params, seeds, logits.shape[-1], logits.device, histories, prompts, stops
         )
-        tokens = sample_batch(logits, t, self.ops.exponential_race)
+        adjusted = bitmask.adjust_logits(logits, adjust) if adjust else logits
+        tokens = sample_batch(adjusted, t, self.ops.exponential_race)
         if k is None:
             return SampleOutput(tokens.cpu())
         out = _with_logprobs(tokens, logits.float(), k)
@@ -207,6 +256,30 @@ class Sampler:
                 for x in (out.logprobs, out.top_ids, out.top_logprobs)
             ),
         )
+
+
+def _with_bad_words(state: _SeqState, chunk: SeqChunk) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The row's ``logit_bias`` plus ``-inf`` on each bad word's token that would complete
+    it at this chunk's sampled position (the output so far ends with the word's prefix)."""
+    words = state.params.bad_words_token_ids
+    if not words:
+        return state.bias
+    position = chunk.start_pos + len(chunk.token_ids)
+    history = state.history[:position] if state.history is not None else []
+    output = history[state.num_prompt_tokens :]
+    banned = sorted(
+        w[-1]
+        for w in words
+        if len(w) == 1
+        or (len(output) >= len(w) - 1 and output[len(output) - len(w) + 1 :] == w[:-1])
+    )
+    if not banned:
+        return state.bias
+    ids = torch.tensor(banned, dtype=torch.int64)
+    values = torch.full((len(banned),), float("-inf"))
+    if state.bias is None:
+        return ids, values
+    return torch.cat([state.bias[0], ids]), torch.cat([state.bias[1], values])
 
 
 def _with_logprobs(tokens: torch.Tensor, logits: torch.Tensor, k: int | None) -> SampleOutput:

@@ -3,7 +3,8 @@
 Data flow of one step (the same plan on every rank):
 
 1. drop the block tables of freed sequences, extend block tables;
-   the sampling rank registers new sequences and records fed tokens;
+   the sampling rank registers new sequences, records fed tokens and takes the
+   step's grammar masks;
 2. first stage embeds the plan's token ids, later stages receive the previous
    stage's hidden states ``[T, H]``;
 3. run this stage's layers (TP all-reduces inside), writing K/V into the pool;
@@ -15,6 +16,7 @@ Data flow of one step (the same plan on every rank):
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from itertools import accumulate
 
@@ -26,14 +28,17 @@ from model_shards.checkpoint import Checkpoint
 from model_shards.config import EncoderConfig, ModelConfig, ReplicaConfig
 from model_shards.decode_graphs import DecodeGraphs
 from model_shards.kv_cache import PagedKVCache
+from model_shards.kv_groups import KVLayout, peak_blocks
 from model_shards.layers.attention import ForwardBatch
 from model_shards.layers.context import ShardContext
 from model_shards.layers.linear import prepare_weights
 from model_shards.loader import load_weights
+from model_shards.media_inputs import MediaInputs
 from model_shards.messages import SeqChunk, StepPlan, TokenLogprob, decode_plan, encode
 from model_shards.models import MODEL_REGISTRY, DecoderModel
 from model_shards.parallel import comm
 from model_shards.parallel.comm import Comm
+from model_shards.parallel.state import ParallelState
 from model_shards.sampler import SampleOutput, Sampler
 
 log = logging.getLogger(__name__)
@@ -91,15 +96,17 @@ def kv_cache_blocks(
     measured); else 1 GiB. Never more than ``max_num_seqs`` full-length sequences need.
     """
     ps = peers.ps
-    num_layers = model.model.end - model.model.start
-    per_block = cfg.kv_block_bytes(ps.tp_size, num_layers, replica.block_size, dtype.itemsize)
+    layout = KVLayout.for_model(cfg)
+    buffers = layout.slots_on(range(model.model.start, model.model.end))
+    per_block = cfg.kv_block_bytes(ps.tp_size, buffers, replica.block_size, dtype.itemsize)
     if replica.kv_cache_memory is not None:
         budget = replica.kv_cache_memory
     elif ps.device.type == "cuda":
         budget = _gpu_kv_budget(replica, model, max_model_len, graphs)
     else:
         budget = CPU_KV_CACHE_DEFAULT
-    per_seq = -(-max_model_len // replica.block_size)
+    chunk = replica.max_num_batched_tokens
+    per_seq = peak_blocks(layout.windows, max_model_len, replica.block_size, chunk)
     blocks = min(max(budget, 0) // per_block, per_seq * replica.max_num_seqs)
     blocks = comm.all_reduce_min_int(blocks, peers)
     if blocks < per_seq:
@@ -153,6 +160,11 @@ class Worker:
         self.graphs: DecodeGraphs | None = None  # set by build() on a backend with graphs
         self.bytes_loaded = 0
         self.pending = comm.Pending()  # non-blocking sends in progress
+        # time.monotonic_ns() when the last step's forward / LM head / sampling ended
+        # (those it ran), for rank 0's opt-in TTFT trace (model_shards.request_trace)
+        self.step_stamps: dict[str, int] = {}
+        # a vision-language model's first stage: images of its sequences, encoder cache
+        self.media = MediaInputs(model, ps.device) if _takes_images(model, ps) else None  # type: ignore[arg-type]
 
     @staticmethod
     def build(
@@ -161,15 +173,18 @@ class Worker:
         peers: Comm,
         max_model_len: int,
         ops: Backend | None = None,
+        ep_comm: Comm | None = None,
     ) -> Worker:
         """Build this rank's stage, load its slices of the checkpoint, size the KV pool.
 
-        ``ops``: the backend (default: :func:`select_backend` for the rank's device)."""
+        ``ops``: the backend (default: :func:`select_backend` for the rank's device);
+        ``ep_comm``: data-parallel attention's expert group (``ShardContext.ep_comm``)."""
         ps = peers.ps
         dtype = resolve_dtype(replica.dtype, cfg, ps.device)
         if ops is None:
             ops = select_backend(ps.device, dtype, batch_invariant=replica.batch_invariant)
-        ctx = ShardContext(peers, ops, dtype)
+        ep = replica.enable_expert_parallel
+        ctx = ShardContext(peers, ops, dtype, expert_parallel=ep, ep_comm=ep_comm)
         model_cls = MODEL_REGISTRY[cfg.architecture]
         with torch.device(ps.device):
             model = model_cls(cfg, ctx, max_model_len, replica.pp_layer_partition)
@@ -178,6 +193,9 @@ class Worker:
             bytes_read = checkpoint.bytes_read
         prepare_weights(model)
         graph_backend = None if replica.enforce_eager else ops.graph_backend()
+        if graph_backend is not None and KVLayout.for_model(cfg).num_groups > 1:
+            log.info("decode graphs off: %s keeps several KV groups", cfg.architecture)
+            graph_backend = None  # the captured inputs hold one group's tables
         blocks = kv_cache_blocks(
             cfg,
             replica,
@@ -211,16 +229,21 @@ class Worker:
         for seq_id in plan.freed_seq_ids:
             self.kv.free(seq_id)
             self.sampler.remove(seq_id)
+        if self.media is not None:
+            self.media.observe(plan)
         if self.is_sampler:
             for new in plan.new_sequences:
                 self.sampler.add(new)
             for chunk in plan.chunks:
                 self.sampler.observe(chunk)
+            self.sampler.set_masks(plan.token_masks)
         if not plan.chunks:
             return None
         self.kv.extend_tables(plan.chunks)
         graphed = self.graphs is not None and all(len(c.token_ids) == 1 for c in plan.chunks)
+        graphed = graphed and (self.media is None or not self.media.touches(plan.chunks))
         stage_out = self._forward(plan.chunks, graphed)  # [T, H], or [T, V] from a graph
+        self.step_stamps = {"forward_done": time.monotonic_ns()}
         if not ps.is_last_stage:
             comm.send_to_next_stage(stage_out, self.comm, self.pending)
             return self.collect(plan) if wait and ps.rank == 0 else None
@@ -233,9 +256,11 @@ class Worker:
             ends = list(accumulate(len(c.token_ids) for c in plan.chunks))
             rows = torch.tensor([ends[i] - 1 for i in sampled], device=ps.device)
             logits = self.model.compute_logits(stage_out[rows])  # [S, V]
+            self.step_stamps["lm_head_done"] = time.monotonic_ns()
         if ps.tp_rank != 0:
             return None
         out = self.sampler.sample(logits, [plan.chunks[i] for i in sampled])
+        self.step_stamps["sampled"] = time.monotonic_ns()
         if ps.rank == 0:
             return _to_result(out)
         _send_result(out, self.comm, self.pending)
@@ -260,6 +285,8 @@ class Worker:
         if hidden is None:
             ids = [t for c in chunks for t in c.token_ids]
             hidden = torch.tensor(ids, dtype=torch.int64, device=ps.device)
+            if self.media is not None:  # token embeddings with the images' rows in
+                hidden = self.media.embed(hidden, chunks)  # [T, H]
         return self.model(hidden, batch)  # [T, H]
 
     def collect(self, plan: StepPlan) -> StepResult:
@@ -276,6 +303,11 @@ class Worker:
                 self.pending.wait_all()
                 return
             self.execute(plan)
+
+
+def _takes_images(model: DecoderModel, ps: ParallelState) -> bool:
+    """Whether this rank runs a vision tower: a vision-language model's first stage."""
+    return ps.is_first_stage and hasattr(model, "encode_images")
 
 
 def _to_result(out: SampleOutput) -> StepResult:

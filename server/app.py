@@ -7,7 +7,7 @@ is captured from its arguments. Routes:
   ``POST /v1/chat/completions`` (:mod:`server.chat`): JSON or SSE
   (``stream: true``);
 * ``POST /v1/embeddings`` (:mod:`server.embeddings`): encoder replicas only;
-* ``GET /v1/models``: the one served model, with ``max_model_len``;
+* ``GET /v1/models``: the one served model, with ``max_model_len`` and its ``modalities``;
 * ``GET /health``: 200 when the engine is ready and the replica alive, else 503;
 * ``GET /metrics``: Prometheus text (:mod:`server.metrics`).
 
@@ -38,7 +38,7 @@ from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ValidationError
 
-from server import chat, completions, embeddings
+from server import chat, completions, embeddings, multimodal, tool_parsers, ttft_trace
 from server.chat_protocol import ChatCompletionRequest
 from server.chat_template import ChatTemplate
 from server.choices import Plan
@@ -48,6 +48,7 @@ from server.engine_client import Engine
 from server.errors import APIError, install_error_handlers, validation_error
 from server.lifecycle import Lifecycle
 from server.limits import Admission, Ticket, timeout_error, with_deadline
+from server.media import MediaOptions
 from server.metrics import Metrics
 from server.middleware import DEFAULT_MAX_REQUEST_BYTES, FrontDoor
 from server.openapi import BodySchemas
@@ -95,15 +96,20 @@ async def _chain(first: bytes, rest: AsyncGenerator[bytes, None]) -> AsyncGenera
     """``first`` then ``rest``; closing this closes ``rest`` (which aborts the request)."""
     async with contextlib.aclosing(rest):
         yield first
+        ttft_trace.first_flush()  # resumed: the first frame is with the socket
         async for frame in rest:
             yield frame
 
 
 async def _parse(request: Request, model: type[B]) -> B:
+    raw = await request.body()
+    ttft_trace.mark("body_read")
     try:
-        return model.model_validate_json(await request.body())
+        parsed = model.model_validate_json(raw)
     except ValidationError as exc:
         raise validation_error(list(exc.errors())) from None
+    ttft_trace.mark("validated")
+    return parsed
 
 
 async def _released(
@@ -145,6 +151,7 @@ async def _respond_streamed(
     stream = _released(with_deadline(frames(), deadline, timeout_s), ticket)
     try:  # the first frame decides the status: a refusal is still a 4xx
         first = await _unless_disconnected(request, anext(stream))
+        ttft_trace.mark("first_frame")
     except _ClientGone:
         await stream.aclose()
         return Response(status_code=499)
@@ -207,6 +214,9 @@ def build_app(
     admission: Admission | None = None,
     request_timeout_s: float | None = None,
     lifecycle: Lifecycle | None = None,
+    tool_call_parser: str | None = None,
+    image_model: multimodal.ImageModel | None = None,
+    media_options: MediaOptions | None = None,
 ) -> FastAPI:
     """An OpenAI-compatible app serving ``served_model_name`` through ``engine_client``.
 
@@ -214,13 +224,26 @@ def build_app(
     (default: no limit); ``request_timeout_s`` ends a generation or an
     embedding request (default: never); ``lifecycle`` is the draining state the
     CLI flips on SIGTERM. A checkpoint chat template that does not compile
-    raises ``ValueError`` here, at start-up.
+    raises ``ValueError`` here, at start-up. ``tool_call_parser`` reads ``auto`` tool
+    calls (default: the one the chat template shows, :func:`server.tool_parsers.detect`).
+    ``image_model``: how a vision-language model takes images (``None``: text only);
+    ``media_options``: the media flags (:mod:`server.multimodal`).
     """
     metrics = metrics or Metrics()
     lifecycle = lifecycle or Lifecycle()
     limits = _Limits(admission or Admission(), request_timeout_s)
     schemas = BodySchemas()
-    serving = Serving(engine_client, tokenizer, served_model_name, max_model_len, metrics)
+    parser = tool_call_parser or tool_parsers.detect(tokenizer.chat_template)
+    serving = Serving(
+        engine_client,
+        tokenizer,
+        served_model_name,
+        max_model_len,
+        metrics,
+        parser,
+        image_model,
+        media_options or MediaOptions(),
+    )
     template = chat.load_template(serving)
     app = FastAPI(title="shardserve", summary="OpenAI-compatible completions")
     _install_front_door(app, metrics, lifecycle, api_key, max_request_bytes)
@@ -271,7 +294,10 @@ def _add_status_routes(app: FastAPI, serving: Serving, lifecycle: Lifecycle) -> 
     @app.get("/v1/models")
     async def models() -> ModelList:
         name = serving.model_name
-        card = ModelCard(id=name, root=name, max_model_len=serving.max_model_len)
+        modalities = serving.image_model.modalities if serving.image_model else ["text"]
+        card = ModelCard(
+            id=name, root=name, max_model_len=serving.max_model_len, modalities=modalities
+        )
         return ModelList(data=[card])
 
 
@@ -327,7 +353,9 @@ def _add_chat_route(
     )
     async def create_chat_completion(request: Request) -> Response:
         body = await _parse(request, ChatCompletionRequest)
-        work = chat.prepare(serving, template, body, new_id("chatcmpl"))
+        media = serving.image_model, serving.media_options
+        images = await multimodal.load_chat_images(body, *media)
+        work = chat.prepare(serving, template, body, new_id("chatcmpl"), images)
         return await _respond(
             request,
             body.stream,

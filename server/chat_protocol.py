@@ -1,24 +1,62 @@
 """``POST /v1/chat/completions`` request and response bodies.
 
 A message's ``content`` is a string, ``null``, or a list of ``{"type": "text",
-"text": ...}`` parts (joined with newlines, as vLLM does); other part types
-(images, audio) are refused. Extra message keys (``name``, ``tool_calls``,
-``tool_call_id``, ...) are passed to the chat template untouched.
+"text": ...}`` parts (joined with newlines, as vLLM does) and ``image_url`` parts
+(moved to the message's ``media``, a marker left in their place:
+:mod:`server.media_parts`); other part types (audio, …) are refused. Extra message
+keys (``name``, ``tool_calls``, ``tool_call_id``, ...) are passed to the chat template
+untouched.
 ``max_completion_tokens`` wins over the legacy ``max_tokens``; neither means
 "the rest of the context". ``top_logprobs`` (0..20) needs ``logprobs: true``.
-Tools, non-text ``response_format`` and ``logit_bias`` are refused.
+``tools`` are function definitions passed to the chat template; ``tool_choice`` is
+``none``, ``auto``, ``required`` or a named function (:mod:`server.chat_tools`);
+an assistant message's ``tool_calls[].function.arguments`` JSON string is given to
+the template as an object (as vLLM does). Roles are checked by :mod:`server.chat`.
 ``add_generation_prompt`` is a vLLM extension (default true).
 """
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationInfo, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    StrictInt,
+    ValidationInfo,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
+from pydantic.json_schema import SkipJsonSchema
 from pydantic_core import PydanticCustomError
 
-from model_shards.messages import FinishReason
+from server.media_parts import MediaPart, split_media_parts
 from server.protocol import MAX_LOGPROBS, SamplingFields, Usage, now, unsupported
+
+#: The roles OpenAI defines (``function`` is the legacy tool result).
+ROLES = ("system", "developer", "user", "assistant", "tool", "function")
+ChatFinishReason = Literal["stop", "length", "abort", "tool_calls"]
+
+
+def _arguments_as_objects(tool_calls: Any) -> Any:
+    """Assistant ``tool_calls`` with each JSON-string ``arguments`` parsed (for templates)."""
+    if not isinstance(tool_calls, list):
+        return tool_calls
+    out = []
+    for call in tool_calls:
+        function = call.get("function") if isinstance(call, dict) else None
+        if isinstance(function, dict) and isinstance(function.get("arguments"), str):
+            try:
+                arguments = json.loads(function["arguments"])
+            except json.JSONDecodeError:
+                arguments = function["arguments"]
+            call = {**call, "function": {**function, "arguments": arguments}}
+        out.append(call)
+    return out
 
 
 class ChatMessage(BaseModel):
@@ -28,6 +66,14 @@ class ChatMessage(BaseModel):
 
     role: Annotated[str, Field(min_length=1)]
     content: str | list[dict[str, Any]] | None = None
+    # image parts (server.media_parts), never a client's field
+    media: SkipJsonSchema[list[MediaPart]] = Field(default_factory=list, exclude=True)
+    content_parts: SkipJsonSchema[list[dict[str, Any]] | None] = Field(None, exclude=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _take_media(cls, data: Any) -> Any:
+        return split_media_parts(data)
 
     @field_validator("content", mode="after")
     @classmethod
@@ -37,15 +83,41 @@ class ChatMessage(BaseModel):
         texts = []
         for part in value:
             if part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise unsupported(
-                    "only text content parts ({'type': 'text', 'text': ...}) are supported"
-                )
+                raise unsupported("only text and image_url content parts are supported")
             texts.append(part["text"])
         return "\n".join(texts)
 
-    def template_dict(self) -> dict[str, Any]:
-        """The message as the chat template sees it (content already a string or None)."""
-        return {**(self.model_extra or {}), "role": self.role, "content": self.content}
+    def template_dict(self, content_parts: bool = False) -> dict[str, Any]:
+        """The message as the chat template sees it (content already a string or None; with
+        ``content_parts``, a list content as its parts, images as ``{"type": "image"}``)."""
+        content = self.content_parts if content_parts and self.content_parts else self.content
+        out = {**(self.model_extra or {}), "role": self.role, "content": content}
+        if "tool_calls" in out:
+            out["tool_calls"] = _arguments_as_objects(out["tool_calls"])
+        return out
+
+
+class FunctionDefinition(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    name: Annotated[str, Field(min_length=1, max_length=64)]
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ToolDefinition(BaseModel):
+    type: Literal["function"] = "function"
+    function: FunctionDefinition
+
+
+class FunctionName(BaseModel):
+    name: str
+
+
+class NamedToolChoice(BaseModel):
+    type: Literal["function"] = "function"
+    function: FunctionName
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -56,9 +128,9 @@ class ChatCompletionRequest(SamplingFields):
     max_tokens: Annotated[StrictInt, Field(ge=1)] | None = None
     logprobs: bool = False
     top_logprobs: Annotated[StrictInt, Field(ge=0, le=MAX_LOGPROBS)] | None = None
-    tools: list[Any] | None = None
-    tool_choice: Any = None
-    response_format: dict[str, Any] | None = None
+    tools: list[ToolDefinition] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool = True
     add_generation_prompt: bool = True
 
     @field_validator("top_logprobs", mode="after")
@@ -66,27 +138,6 @@ class ChatCompletionRequest(SamplingFields):
     def _needs_logprobs(cls, value: int | None, info: ValidationInfo) -> int | None:
         if value is not None and not info.data.get("logprobs"):
             raise PydanticCustomError("range", "top_logprobs requires logprobs to be true")
-        return value
-
-    @field_validator("tools", mode="after")
-    @classmethod
-    def _no_tools(cls, value: list[Any] | None) -> list[Any] | None:
-        if value:
-            raise unsupported("tools (function calling) are not supported")
-        return value
-
-    @field_validator("tool_choice", mode="after")
-    @classmethod
-    def _no_tool_choice(cls, value: Any) -> Any:
-        if value not in (None, "none", "auto"):
-            raise unsupported("tool_choice is not supported")
-        return value
-
-    @field_validator("response_format", mode="after")
-    @classmethod
-    def _text_format(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
-        if value is not None and value.get("type") != "text":
-            raise unsupported("only response_format {'type': 'text'} is supported")
         return value
 
     @property
@@ -120,16 +171,65 @@ class ChatLogprobs(BaseModel):
     refusal: None = None
 
 
+def _without_none(keys: tuple[str, ...], data: Any) -> Any:
+    """``data`` (a dumped model) without those of ``keys`` that are ``None``."""
+    if isinstance(data, dict):
+        for key in keys:
+            if data.get(key, 0) is None:
+                del data[key]
+    return data
+
+
+class FunctionCall(BaseModel):
+    name: str
+    arguments: str  # JSON text
+
+
+class ToolCall(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class AssistantMessage(BaseModel):
+    """The answer; ``tool_calls`` appears only when the model called tools."""
+
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    tool_calls: list[ToolCall] | None = None
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: SerializerFunctionWrapHandler) -> Any:
+        return _without_none(("tool_calls",), handler(self))
+
+
+class FunctionCallDelta(BaseModel):
+    name: str | None = None
+    arguments: str | None = None
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: SerializerFunctionWrapHandler) -> Any:
+        return _without_none(("name", "arguments"), handler(self))
+
+
+class ToolCallDelta(BaseModel):
+    """A streamed tool-call piece: ``id``, ``type`` and the name first, then arguments."""
+
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: FunctionCallDelta
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: SerializerFunctionWrapHandler) -> Any:
+        return _without_none(("id", "type"), handler(self))
 
 
 class ChatChoice(BaseModel):
     index: int
     message: AssistantMessage
     logprobs: ChatLogprobs | None = None
-    finish_reason: FinishReason | None
+    finish_reason: ChatFinishReason | None
 
 
 class ChatCompletionResponse(BaseModel):
@@ -146,13 +246,18 @@ class ChatDelta(BaseModel):
 
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[ToolCallDelta] | None = None
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: SerializerFunctionWrapHandler) -> Any:
+        return _without_none(("tool_calls",), handler(self))
 
 
 class ChatChunkChoice(BaseModel):
     index: int
     delta: ChatDelta
     logprobs: ChatLogprobs | None = None
-    finish_reason: FinishReason | None = None
+    finish_reason: ChatFinishReason | None = None
 
 
 class ChatCompletionChunk(BaseModel):

@@ -11,7 +11,8 @@ The environment copies transformers': a Jinja2 ``ImmutableSandboxedEnvironment``
 ``lstrip_blocks``, the ``loopcontrols`` extension, a ``{% generation %}``
 block tag that renders its body, ``raise_exception(msg)``, a ``tojson``
 filter that does not escape HTML, ``strftime_now(fmt)``, and the variables
-``messages``, ``tools`` (None), ``documents`` (None), ``add_generation_prompt``
+``messages``, ``tools`` (the request's tool definitions, or None), ``documents`` (None),
+``add_generation_prompt``
 and the tokenizer's special tokens (``bos_token``, ``eos_token``, ...).
 A template that fails (``raise_exception`` included) raises
 :class:`ChatTemplateError` with a message for the client.
@@ -93,13 +94,21 @@ class ChatTemplate:
             raise ChatTemplateError(f"the model's chat template does not compile: {exc}") from exc
         self._special_tokens = dict(special_tokens)
 
-    def render(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool) -> str:
-        """The prompt text for ``messages``; :class:`ChatTemplateError` if the template fails."""
+    def render(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        add_generation_prompt: bool,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> str:
+        """The prompt text for ``messages`` (and ``tools``, OpenAI-shaped function
+        definitions, as transformers passes them); :class:`ChatTemplateError` if the
+        template fails."""
         try:
             return self._template.render(
                 **self._special_tokens,
                 messages=messages,
-                tools=None,
+                tools=tools,
                 documents=None,
                 add_generation_prompt=add_generation_prompt,
             )

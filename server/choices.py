@@ -27,7 +27,7 @@ from typing import Any, cast
 
 import msgspec
 
-from model_shards.messages import FinishReason, GenerateRequest, SamplingParams
+from model_shards.messages import FinishReason, GenerateRequest, GrammarSpec, SamplingParams
 from model_shards.splitmix import splitmix64
 from server.engine_client import Engine
 from server.errors import APIError
@@ -72,8 +72,10 @@ def plan(
     sampling: SamplingParams,
     stop_token_ids: list[int],
     ignore_eos: bool,
+    grammar: GrammarSpec | None = None,
 ) -> Plan:
-    """One request per (prompt, sample); ``max_tokens=None`` means the rest of the context."""
+    """One request per (prompt, sample); ``max_tokens=None`` means the rest of the context.
+    ``grammar``: every choice's output is constrained to it."""
     requests = []
     single = len(prompts) * n == 1
     for i, prompt_ids in enumerate(prompts):
@@ -95,6 +97,7 @@ def plan(
                     sampling=params,
                     stop_token_ids=stop_token_ids,
                     ignore_eos=ignore_eos,
+                    grammar=grammar,
                 )
             )
     return Plan(response_id, n, requests)

@@ -20,6 +20,7 @@ from typing import Any
 
 from model_shards.config import DTYPE_CHOICES, ReplicaConfig, parse_size
 from server.middleware import DEFAULT_MAX_REQUEST_BYTES
+from server.multimodal import add_media_flags
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 API_KEY_ENV = "SHARDSERVE_API_KEY"
@@ -42,7 +43,7 @@ def add_replica_flags(command: argparse.ArgumentParser) -> None:
     command.add_argument("--max-num-seqs", type=int, default=64)
     command.add_argument("--max-model-len", type=int, default=None)
     command.add_argument("--log-level", choices=LOG_LEVELS, default="info")
-    engine = command.add_argument_group("engine (continuous batching, paged KV cache)")
+    engine = _engine_group(command)
     engine.add_argument("--max-num-batched-tokens", type=int, default=8192, metavar="T")
     engine.add_argument("--block-size", type=int, default=16, help="KV cache block size (tokens)")
     engine.add_argument(
@@ -77,12 +78,31 @@ def add_replica_flags(command: argparse.ArgumentParser) -> None:
         "output does not depend on its batch (CPU backends always are)",
     )
     engine.add_argument(
+        "--enable-expert-parallel",
+        action="store_true",
+        help="MoE models: each TP rank holds experts/tp whole experts, not a slice of each",
+    )
+    engine.add_argument(
         "--pp-layer-partition",
         default="even",
         metavar="SPEC",
         help="layers per pipeline stage: 'even' (default), 'balanced' (equal compute, the LM "
         "head counted on the last stage) or counts such as 19,11",
     )
+
+
+def _engine_group(command: argparse.ArgumentParser) -> Any:
+    """The replica's engine flags' group, with ``--cpu-threads-per-rank``."""
+    engine = command.add_argument_group("engine (continuous batching, paged KV cache)")
+    engine.add_argument(
+        "--cpu-threads-per-rank",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="CPU: torch threads in each rank, fixed (default: the usable cores, from the "
+        "affinity mask and cgroup quota, less the frontend's share, split among the ranks)",
+    )
+    return engine
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -130,7 +150,8 @@ def _add_serve_parser(commands: Any) -> None:
         "--batch-window-ms",
         type=_non_negative_float,
         default=2.0,
-        help="how long the frontend gathers requests into one batch",
+        help="how long the frontend gathers requests into one batch while the engine is "
+        "busy (an idle engine gets a request at once)",
     )
     serve.add_argument(
         "--api-key",
@@ -144,7 +165,23 @@ def _add_serve_parser(commands: Any) -> None:
         default=DEFAULT_MAX_REQUEST_BYTES,
         help="larger request bodies get a 413 (default: 8 MiB)",
     )
+    serve.add_argument(
+        "--tool-call-parser",
+        choices=TOOL_CALL_PARSERS,
+        default=None,
+        help="how tool_choice auto reads the model's tool calls (default: from the chat template)",
+    )
+    serve.add_argument(
+        "--enable-auto-tool-choice",
+        action="store_true",
+        help="accepted for vLLM compatibility (auto tool choice is on whenever a parser is known)",
+    )
+    add_media_flags(serve)
     _add_resilience_flags(serve)
+
+
+#: ``--tool-call-parser`` values (vLLM's names; :mod:`server.tool_parsers`).
+TOOL_CALL_PARSERS = ("hermes", "llama3_json", "mistral")
 
 
 def _add_resilience_flags(serve: argparse.ArgumentParser) -> None:
@@ -248,6 +285,8 @@ def replica_config(args: argparse.Namespace) -> ReplicaConfig:
         enable_prefix_caching=args.prefix_caching,
         pipeline_overlap=args.pipeline_overlap,
         pp_layer_partition=args.pp_layer_partition,
+        enable_expert_parallel=args.enable_expert_parallel,
+        threads_per_rank=args.cpu_threads_per_rank,
     )
 
 

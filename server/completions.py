@@ -23,7 +23,14 @@ from server.completion_protocol import CompletionChoice, CompletionRequest, Comp
 from server.errors import APIError
 from server.logprobs import completion_logprobs
 from server.protocol import MAX_N, Usage
-from server.serving import ENGINE_ERRORS, Serving, check_ids, engine_api_error, sse
+from server.serving import (
+    ENGINE_ERRORS,
+    Serving,
+    bad_words_ids,
+    check_ids,
+    engine_api_error,
+    sse,
+)
 
 #: Most choices (prompts × n) one completion request may ask for.
 MAX_CHOICES = 4 * MAX_N
@@ -47,6 +54,9 @@ def prepare(serving: Serving, body: CompletionRequest, response_id: str) -> Plan
             prompts.append(list(prompt))
     stop_token_ids = list(body.stop_token_ids or [])
     check_ids(stop_token_ids, vocab_size, "stop_token_ids")
+    check_ids(list(body.logit_bias_ids), vocab_size, "logit_bias")
+    check_ids(list(body.allowed_token_ids or []), vocab_size, "allowed_token_ids")
+    grammar = body.grammar()
     return plan(
         response_id,
         prompts,
@@ -54,9 +64,12 @@ def prepare(serving: Serving, body: CompletionRequest, response_id: str) -> Plan
         max_tokens=body.max_tokens,
         max_tokens_param="max_tokens",
         max_model_len=serving.max_model_len,
-        sampling=body.sampling_params(body.logprobs),
+        sampling=body.sampling_params(
+            body.logprobs, bad_words_ids(serving.tokenizer, body.bad_words)
+        ),
         stop_token_ids=stop_token_ids,
         ignore_eos=body.ignore_eos,
+        grammar=grammar,
     )
 
 

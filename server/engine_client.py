@@ -55,7 +55,9 @@ from model_shards.messages import (
     decode_engine_message,
     encode,
 )
+from server import ttft_trace
 from server.batcher import Batcher
+from server.request_context import posts_in_flight
 
 logger = logging.getLogger(__name__)
 
@@ -125,7 +127,9 @@ class EngineClient:
         self._sock.connect(address)
         self._outbox: asyncio.Queue[bytes] = asyncio.Queue()
         self._streams: dict[str, asyncio.Queue[_Item]] = {}
-        self._batcher = Batcher(self._send_batch, batch_window_s, max_batch_size)
+        self._batcher = Batcher(
+            self._send_batch, batch_window_s, max_batch_size, idle=self._nothing_on_engine
+        )
         self._tasks: list[asyncio.Task[None]] = []
         self._dead_reason: str | None = None
         self._closing = False  # replica exit is expected from here on
@@ -235,7 +239,7 @@ class EngineClient:
         queue = self._open_stream(request.request_id)
         finished = False
         try:
-            self._batcher.submit(request)
+            self._batcher.submit(ttft_trace.traced(request))
             while True:
                 item = await queue.get()
                 if isinstance(item, BaseException):
@@ -289,9 +293,15 @@ class EngineClient:
         self._streams[request_id] = queue
         return queue
 
+    def _nothing_on_engine(self) -> bool:
+        """Whether every open request is still in the batcher (none sent, unfinished) and
+        no other POST is on its way through the frontend (a burst: let the window batch it)."""
+        return len(self._streams) <= self._batcher.pending and posts_in_flight() <= 1
+
     def _send_batch(self, batch: list[GenerateRequest]) -> None:
         if not self._closed:
             self._outbox.put_nowait(encode(SubmitBatch(batch)))
+            ttft_trace.mark_requests(batch, "batch_sent")
 
     def _decode(self, frames: list[bytes]) -> object:
         # ROUTER peers may or may not insert an empty delimiter frame: the payload is last.
@@ -321,6 +331,7 @@ class EngineClient:
             if message.stats is not None and self._on_stats is not None:
                 self._on_stats(message.stats)
             for output in message.outputs:
+                ttft_trace.engine_output(output)  # a dict lookup unless it is traced
                 queue = self._streams.get(output.request_id)
                 if queue is not None:
                     queue.put_nowait(output)

@@ -9,7 +9,10 @@ and, on each update, sets (over all replicas):
   cache / (those + prompt tokens computed);
 * ``shardserve_num_preemptions_total`` advanced by the summed preemption count
   (:meth:`~server.metrics.Metrics.record_engine_stats` re-bases it when a
-  restarted replica starts again from 0).
+  restarted replica starts again from 0);
+* MoE models: ``shardserve_moe_expert_tokens_total{layer,expert}`` and
+  ``shardserve_moe_expert_load_imbalance{layer}`` from the per-expert counts rank 0
+  samples about once a second (each replica's latest kept, summed).
 
 :meth:`EngineStatsBoard.forget` drops a replica that went away (its KV blocks
 went with it).
@@ -29,6 +32,8 @@ class EngineStatsBoard:
     def __init__(self, metrics: Metrics) -> None:
         self._metrics = metrics
         self._latest: dict[int, EngineStats] = {}
+        # MoE: each replica's latest per-expert counts (sampled: most stats carry none)
+        self._expert_tokens: dict[int, dict[int, list[int]]] = {}
 
     def reporter(self, replica: int) -> Callable[[EngineStats], None]:
         """The ``on_stats`` callback for replica ``replica``'s engine client."""
@@ -36,11 +41,25 @@ class EngineStatsBoard:
 
     def update(self, replica: int, stats: EngineStats) -> None:
         self._latest[replica] = stats
+        if stats.moe_expert_tokens is not None:
+            self._expert_tokens[replica] = stats.moe_expert_tokens
+            self._metrics.record_moe_expert_tokens(self._expert_totals())
         self._publish()
 
     def forget(self, replica: int) -> None:
+        self._expert_tokens.pop(replica, None)
         if self._latest.pop(replica, None) is not None:
             self._publish()
+
+    def _expert_totals(self) -> dict[int, list[int]]:
+        """Per MoE layer, each expert's tokens summed over the replicas."""
+        totals: dict[int, list[int]] = {}
+        for by_layer in self._expert_tokens.values():
+            for layer, counts in by_layer.items():
+                into = totals.setdefault(layer, [0] * len(counts))
+                for expert, n in enumerate(counts):
+                    into[expert] += n
+        return totals
 
     def _publish(self) -> None:
         all_stats = list(self._latest.values())

@@ -26,6 +26,7 @@ from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 
 from model_shards.messages import FinishReason, GenerateRequest, TokenLogprob
+from server import ttft_trace
 from server.detokenizer import IncrementalDetokenizer
 from server.engine_client import Engine
 from server.metrics import Metrics
@@ -81,6 +82,7 @@ async def generate_text(
             if matcher.stopped:
                 finish = "stop"
             if text or finish is not None:
+                ttft_trace.mark("detokenized")
                 sent, pending = (pending, []) if want_logprobs else (None, pending)
                 yield TextDelta(text, finish, prompt_tokens, completion_tokens, sent)
             if finish is not None:

@@ -20,7 +20,9 @@ so several apps in one process do not collide). These sources feed it:
   (``shardserve_replica_outstanding_tokens{replica}``, the load it balances);
 * the engine: :meth:`Metrics.record_engine_stats` sets KV-cache usage and
   prefix-cache hit rate and advances the preemption counter, fed from each
-  ``StepOutputs.stats`` by :mod:`server.engine_stats` (summed over replicas).
+  ``StepOutputs.stats`` by :mod:`server.engine_stats` (summed over replicas);
+  :meth:`Metrics.record_moe_expert_tokens` the per-expert token counters of MoE models
+  and their load-imbalance gauge, from the same stats.
 
 ``docs/metrics.md`` lists every metric; keep it in step with this file.
 """
@@ -113,6 +115,7 @@ class Metrics:
         )
         self._add_engine_metrics(r)
         self._preemptions_seen = 0
+        self._moe_seen: dict[tuple[int, int], int] = {}  # (layer, expert) -> total recorded
 
     def _add_engine_metrics(self, r: CollectorRegistry) -> None:
         """The gauges and counters of sequences in flight, the engine and the replicas."""
@@ -139,6 +142,18 @@ class Metrics:
             f"{PREFIX}_replica_requests",
             "Requests (sequences) routed to each replica.",
             ["replica"],
+            registry=r,
+        )
+        self.moe_expert_tokens = Counter(
+            f"{PREFIX}_moe_expert_tokens",
+            "Tokens routed to each expert of each MoE layer (engine, sampled about once a second).",
+            ["layer", "expert"],
+            registry=r,
+        )
+        self.moe_load_imbalance = Gauge(
+            f"{PREFIX}_moe_expert_load_imbalance",
+            "Per MoE layer: tokens of its busiest expert / the mean over its experts (1 = even).",
+            ["layer"],
             registry=r,
         )
         self.replica_outstanding = Gauge(
@@ -177,6 +192,23 @@ class Metrics:
             if preemptions_total > self._preemptions_seen:
                 self.preemptions.inc(preemptions_total - self._preemptions_seen)
             self._preemptions_seen = preemptions_total
+
+    def record_moe_expert_tokens(self, totals: dict[int, list[int]]) -> None:
+        """The engine's running token count per ``layer → [per expert]``: each counter
+        advances by the difference (re-based, as preemptions, when a total shrinks: a
+        restarted replica), the imbalance gauge is set from the totals."""
+        for layer, counts in totals.items():
+            for expert, total in enumerate(counts):
+                key = (layer, expert)
+                seen = self._moe_seen.get(key, 0)
+                if total > seen:
+                    self.moe_expert_tokens.labels(layer=str(layer), expert=str(expert)).inc(
+                        total - seen
+                    )
+                self._moe_seen[key] = total
+            if sum(counts):
+                imbalance = max(counts) * len(counts) / sum(counts)
+                self.moe_load_imbalance.labels(layer=str(layer)).set(imbalance)
 
     async def track(
         self, request: GenerateRequest, outputs: AsyncGenerator[RequestOutput, None]

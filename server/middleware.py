@@ -24,6 +24,7 @@ untouched (no buffering of the response).
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import logging
 import time
@@ -32,10 +33,11 @@ from typing import Any
 
 from starlette.datastructures import Headers, MutableHeaders
 
+from server import ttft_trace
 from server.errors import APIError
 from server.lifecycle import Lifecycle
 from server.metrics import Metrics
-from server.request_context import choose_request_id, request_id_var
+from server.request_context import choose_request_id, post_in_flight, request_id_var
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -83,6 +85,7 @@ class FrontDoor:
         headers = Headers(scope=scope)
         request_id = choose_request_id(headers.get("x-request-id"))
         token = request_id_var.set(request_id)
+        trace = ttft_trace.begin()
         path: str = scope.get("path", "")
         route = path if path in self.routes else "other"
         status: int | None = None
@@ -112,8 +115,10 @@ class FrontDoor:
                 await _shutting_down().response()(scope, receive, send_with_id)
             else:
                 self.lifecycle.enter()
+                counted = post_in_flight() if scope.get("method") == "POST" else None
                 try:
-                    await self.app(scope, receive, send_with_id)
+                    with counted or contextlib.nullcontext():
+                        await self.app(scope, receive, send_with_id)
                 finally:
                     self.lifecycle.leave()
         finally:
@@ -122,6 +127,7 @@ class FrontDoor:
                 self.metrics.count_http(route, status)
             elapsed_ms = (time.perf_counter() - start) * 1000
             access_log.info("%s %s %d %.1f ms", scope.get("method"), path, status, elapsed_ms)
+            ttft_trace.end(trace)
             request_id_var.reset(token)
 
     def _refusal(self, scope: Scope, headers: Headers) -> APIError | None:

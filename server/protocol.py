@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
 from pydantic_core import PydanticCustomError
 
-from model_shards.messages import SamplingParams
+from model_shards.messages import GrammarSpec, SamplingParams
 
 MAX_STOP_STRINGS = 4
 #: Most choices one request may ask for (``n``); vLLM has no cap, OpenAI 128.
@@ -45,7 +45,10 @@ class SamplingFields(BaseModel):
     """Fields every generating route accepts; ``None`` means the OpenAI default.
 
     ``top_k``, ``min_p``, ``repetition_penalty``, ``min_tokens``,
-    ``stop_token_ids`` and ``ignore_eos`` are vLLM extensions.
+    ``stop_token_ids``, ``ignore_eos``, ``allowed_token_ids``, ``bad_words``, ``structured_outputs``
+    and ``guided_*`` are vLLM extensions. ``logit_bias`` maps token ids (as strings)
+    to -100..100; ``response_format`` and the structured-output fields are turned into
+    one grammar by :meth:`grammar` (:mod:`server.structured`).
     """
 
     model_config = ConfigDict(extra="ignore")
@@ -66,7 +69,15 @@ class SamplingFields(BaseModel):
     n: Annotated[StrictInt, Field(ge=1, le=MAX_N)] = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
-    logit_bias: dict[str, float] | None = None
+    logit_bias: dict[str, Annotated[float, Field(ge=-100.0, le=100.0)]] | None = None
+    allowed_token_ids: Annotated[list[TokenId], Field(min_length=1)] | None = None
+    response_format: dict[str, Any] | None = None
+    structured_outputs: dict[str, Any] | None = None
+    guided_json: Any = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    bad_words: list[Annotated[str, Field(min_length=1)]] | None = None
     user: str | None = None  # accepted and ignored
 
     @field_validator("top_k", mode="after")
@@ -90,10 +101,30 @@ class SamplingFields(BaseModel):
 
     @field_validator("logit_bias", mode="after")
     @classmethod
-    def _no_logit_bias(cls, value: dict[str, float] | None) -> dict[str, float] | None:
-        if value:
-            raise unsupported("logit_bias is not supported")
+    def _logit_bias(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        for key in value or {}:
+            if not (key.isascii() and key.isdigit()):
+                raise PydanticCustomError(
+                    "range", "logit_bias keys must be token ids (non-negative integers)"
+                )
         return value
+
+    @property
+    def logit_bias_ids(self) -> dict[int, float]:
+        """``logit_bias`` with integer keys (validated)."""
+        return {int(k): v for k, v in (self.logit_bias or {}).items()}
+
+    def grammar(self) -> GrammarSpec | None:
+        """The one output constraint asked for, checked (400 naming the field), or ``None``."""
+        guided = {
+            "json": self.guided_json,
+            "regex": self.guided_regex,
+            "choice": self.guided_choice,
+            "grammar": self.guided_grammar,
+        }
+        from server import structured  # it raises APIError: server.errors imports this module
+
+        return structured.grammar_of(self.response_format, self.structured_outputs, guided)
 
     @property
     def stop_strings(self) -> list[str]:
@@ -104,8 +135,11 @@ class SamplingFields(BaseModel):
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
-    def sampling_params(self, logprobs: int | None) -> SamplingParams:
-        """The engine's sampling parameters (seed as given; choices re-seed them)."""
+    def sampling_params(
+        self, logprobs: int | None, bad_words_token_ids: list[list[int]] | None = None
+    ) -> SamplingParams:
+        """The engine's sampling parameters (seed as given; choices re-seed them);
+        ``bad_words_token_ids``: ``bad_words`` tokenized (:func:`server.serving.bad_words_ids`)."""
         top_k = self.top_k or 0
 
         def pick(value: float | None, default: float) -> float:
@@ -122,6 +156,9 @@ class SamplingFields(BaseModel):
             seed=self.seed,
             logprobs=logprobs,
             min_tokens=self.min_tokens,
+            logit_bias=self.logit_bias_ids,
+            allowed_token_ids=None if self.allowed_token_ids is None else [*self.allowed_token_ids],
+            bad_words_token_ids=bad_words_token_ids or [],
         )
 
 
@@ -158,6 +195,7 @@ class ModelCard(BaseModel):
     owned_by: str = "shardserve"
     root: str
     max_model_len: int
+    modalities: list[str] = ["text"]  # what prompts may hold: "text", "image"
 
 
 class ModelList(BaseModel):

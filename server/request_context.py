@@ -5,18 +5,40 @@ duration of each request; tasks started while handling it inherit it (asyncio
 copies the context). :class:`RequestIdFilter` puts it on every log record as
 ``record.request_id`` (``-`` outside a request), so a format string may use
 ``%(request_id)s``.
+
+:func:`posts_in_flight` counts the POST requests (the work routes) the front door
+has let in and not yet answered, in every app of this process: the batcher skips
+its window only when the request it holds is the only one (a burst of arrivals
+still travels as one batch).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 import uuid
+from collections.abc import Iterator
 from contextvars import ContextVar
 
 request_id_var: ContextVar[str | None] = ContextVar("shardserve_request_id", default=None)
 
 _CLIENT_ID = re.compile(r"[A-Za-z0-9._:/+=-]{1,128}")
+_posts = [0]  # POST requests in flight (a list: no global statement needed)
+
+
+@contextlib.contextmanager
+def post_in_flight() -> Iterator[None]:
+    """Count one POST request in :func:`posts_in_flight` while the block runs."""
+    _posts[0] += 1
+    try:
+        yield
+    finally:
+        _posts[0] -= 1
+
+
+def posts_in_flight() -> int:
+    return _posts[0]
 
 
 def choose_request_id(client_value: str | None) -> str:

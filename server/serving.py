@@ -17,14 +17,19 @@ request is a 400, a dead engine a 503.
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from server import choices
 from server.engine_client import Engine, EngineDeadError, EngineRequestError
 from server.errors import APIError
 from server.generation import TextDelta
+from server.media import MediaOptions
 from server.metrics import Metrics
 from server.tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    from server.multimodal import ImageModel
 
 
 @dataclass(frozen=True)
@@ -34,6 +39,9 @@ class Serving:
     model_name: str
     max_model_len: int
     metrics: Metrics
+    tool_parser: str | None = None  # the --tool-call-parser (or the template's) name
+    image_model: ImageModel | None = None  # a vision-language model's image intake
+    media_options: MediaOptions = field(default_factory=MediaOptions)  # the media flags
 
     def check(self, model: str | None, task: str = "generate") -> int:
         """Raise the 404 (unknown ``model``), 503 (engine not serviceable) or 400 (``task``
@@ -70,6 +78,17 @@ class Serving:
     ) -> AsyncGenerator[tuple[int, TextDelta], None]:
         """``(choice index, text delta)`` pairs as the choices of ``work`` produce them."""
         return choices.merge(work, self.engine, self.tokenizer, stop, self.metrics)
+
+
+def bad_words_ids(tokenizer: Tokenizer, words: list[str] | None) -> list[list[int]]:
+    """Each bad word's ids as written and after a space (vLLM's two spellings), once each."""
+    out: list[list[int]] = []
+    for word in words or []:
+        for text in (word.lstrip(), " " + word.lstrip()):
+            ids = tokenizer.encode(text, add_special_tokens=False)
+            if ids and ids not in out:
+                out.append(ids)
+    return out
 
 
 def check_ids(ids: list[int], vocab_size: int, param: str) -> None:

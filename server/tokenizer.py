@@ -27,6 +27,8 @@ from typing import Any
 
 from tokenizers import Tokenizer as _HFTokenizer
 
+from server import ttft_trace
+
 
 def _token_string(value: Any) -> str | None:
     """A special token in tokenizer_config.json is a string or an AddedToken dict."""
@@ -114,7 +116,10 @@ class Tokenizer:
         A rendered chat template already holds its special tokens: encode it with
         ``add_special_tokens=False``, as ``apply_chat_template`` does.
         """
-        return list(self._backend.encode(text, add_special_tokens=add_special_tokens).ids)
+        ttft_trace.mark("tokenize_start")
+        ids = list(self._backend.encode(text, add_special_tokens=add_special_tokens).ids)
+        ttft_trace.mark("tokenized", last=True)
+        return ids
 
     def encode_truncated(self, text: str, max_tokens: int) -> list[int]:
         """Ids with special tokens, the text cut so the whole fits ``max_tokens`` (as

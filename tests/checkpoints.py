@@ -201,9 +201,10 @@ def build_tiny_qwen2(path: Path) -> Path:
 
 
 def load_hf_model(path: Path) -> transformers.PreTrainedModel:
-    """Load ``path`` with transformers: float32, eager attention, eval mode."""
+    """Load ``path`` with transformers: float32, eager attention (and eager MoE experts: the
+    default grouped_mm refuses the tiny checkpoints' odd sizes on CPU), eval mode."""
     model = transformers.AutoModelForCausalLM.from_pretrained(
-        path, dtype=torch.float32, attn_implementation="eager"
+        path, dtype=torch.float32, attn_implementation="eager", experts_implementation="eager"
     )
     model.eval()
     return model

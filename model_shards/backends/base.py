@@ -37,7 +37,9 @@ class PrefillMeta:
     positions ``0 .. start_positions[n] + i`` of its sequence, read through
     ``block_tables[n]`` (prefix-cached context included: its own K/V are already in
     the pool when attention runs). Tensors on the step's device, int64; the ``*_list``
-    fields are the same numbers as Python ints (for the reference loop).
+    fields are the same numbers as Python ints (for the reference loop). ``window``: a
+    sliding window — query ``p`` then sees only positions ``> p - window`` (the table's
+    earlier entries may be stale: never read them unmasked).
     """
 
     q_starts: torch.Tensor  # [N]
@@ -48,6 +50,7 @@ class PrefillMeta:
     q_lens_list: list[int]
     start_positions_list: list[int]
     block_size: int
+    window: int | None = None
 
     @property
     def num_chunks(self) -> int:
@@ -79,11 +82,36 @@ class RotaryStep:
 class DecodeMeta:
     """The single-token rows of a step: ``block_tables [B, nblk]`` (padded with 0) and
     ``context_lens [B]`` (the new token included), int64; ``max_context_len`` an upper
-    bound of the lengths known on the host (``None``: the table width × block size)."""
+    bound of the lengths known on the host (``None``: the table width × block size);
+    ``window``: a sliding window, as in :class:`PrefillMeta`."""
 
     block_tables: torch.Tensor
     context_lens: torch.Tensor
     max_context_len: int | None = None
+    window: int | None = None
+
+
+@dataclass(frozen=True)
+class ExpertWeights:
+    """The stacked weights of a rank's ``E`` experts (an MoE layer's, see
+    :mod:`model_shards.layers.moe`): ``w13 [E, 2I, H]`` (each expert's gate rows, then its
+    up rows), ``w2 [E, H, I]`` (down); ``packed13`` / ``packed2``: per expert, what
+    :meth:`Backend.pack_linear` returned for ``w13[e]`` / ``w2[e]`` (empty: not packed)."""
+
+    w13: torch.Tensor
+    w2: torch.Tensor
+    packed13: tuple[object | None, ...] = ()
+    packed2: tuple[object | None, ...] = ()
+
+    @property
+    def num_experts(self) -> int:
+        return int(self.w13.shape[0])
+
+    def packed(self, e: int) -> tuple[object | None, object | None]:
+        """Expert ``e``'s packed gate/up and down weights (``None``: the dense slices)."""
+        if not self.packed13:
+            return None, None
+        return self.packed13[e], self.packed2[e]
 
 
 class Backend(ABC):
@@ -123,11 +151,19 @@ class Backend(ABC):
 
     @abstractmethod
     def decode_attention(
-        self, q: torch.Tensor, pool: KVPool, meta: DecodeMeta, scale: float
+        self,
+        q: torch.Tensor,
+        pool: KVPool,
+        meta: DecodeMeta,
+        scale: float,
+        softcap: float | None = None,
     ) -> torch.Tensor:
         """Single-token queries ``q: [B, nh, D]`` over their whole context → ``[B, nh, D]``.
 
-        Row ``b`` attends to positions ``0 .. meta.context_lens[b] - 1`` through
+        Scores ``s = scale * q·k``, squashed to ``softcap * tanh(s / softcap)`` when
+        ``softcap`` is given (Gemma 2), softmax in float32.
+        Row ``b`` attends to positions ``0 .. meta.context_lens[b] - 1`` (only the last
+        ``meta.window`` of them with a window) through
         ``meta.block_tables[b]`` (``[B, nblk]``); query head ``h`` reads KV head
         ``h // (nh / nkv)``. A row with context length 0 (padding) answers zeros.
         ``meta.max_context_len``: a host-side bound of the lengths (kernels size their
@@ -136,11 +172,18 @@ class Backend(ABC):
 
     @abstractmethod
     def prefill_attention(
-        self, q: torch.Tensor, pool: KVPool, meta: PrefillMeta, scale: float, out: torch.Tensor
+        self,
+        q: torch.Tensor,
+        pool: KVPool,
+        meta: PrefillMeta,
+        scale: float,
+        out: torch.Tensor,
+        softcap: float | None = None,
     ) -> None:
-        """Causal attention of every prefill chunk of a step (:class:`PrefillMeta`): reads
-        ``q: [T, nh, D]`` at the chunks' rows and writes those rows of ``out: [T, nh, D]``
-        (other rows untouched)."""
+        """Causal attention of every prefill chunk of a step (:class:`PrefillMeta`, its
+        window included): reads ``q: [T, nh, D]`` at the chunks' rows and writes those
+        rows of ``out: [T, nh, D]`` (other rows untouched); ``softcap`` as in
+        :meth:`decode_attention`."""
 
     # ---- GEMM ------------------------------------------------------------------------
     def pack_linear(self, weight: torch.Tensor) -> object | None:
@@ -154,6 +197,23 @@ class Backend(ABC):
     ) -> torch.Tensor:
         """``x [T, in]`` → ``x W^T + b: [T, out]``; ``packed`` is what :meth:`pack_linear`
         returned for ``weight``."""
+
+    # ---- mixture of experts ---------------------------------------------------------
+    @abstractmethod
+    def fused_moe(
+        self,
+        x: torch.Tensor,
+        experts: ExpertWeights,
+        topk_weights: torch.Tensor,
+        topk_ids: torch.Tensor,
+    ) -> torch.Tensor:
+        """The routed experts of a step: ``x [T, H]``, ``topk_ids [T, k]`` int64 indices
+        into this rank's experts (``-1``: an expert another rank holds, skipped),
+        ``topk_weights [T, k]`` float32 → ``[T, H]`` in ``x.dtype``:
+        ``out[t] = sum_j w[t, j] * down_e(silu(gate_e x[t]) * up_e x[t])``, ``e = ids[t, j]``,
+        summed in float32 in ascending expert order and rounded once; a row routed to no
+        local expert answers zeros. Where the backend's GEMM computes each row on its own
+        (the cpu backend's packed GEMM), so does this: row ``t`` depends on row ``t`` only."""
 
     # ---- sampling --------------------------------------------------------------------
     @abstractmethod

@@ -4,7 +4,8 @@
 Chosen for CPU ranks in float32 and bfloat16 when the kernels build; each op rounds
 like the reference backend and computes every row on its own, so outputs do not
 depend on batch composition. Prefill attention is the reference's (one SDPA per
-chunk, which PyTorch's CPU kernels already run well).
+chunk, which PyTorch's CPU kernels already run well, Gemma's windows and soft-caps
+included); decode attention is the C++ kernels', windows and soft-caps included.
 
 GEMM: F.linear hands MKL a plain row-major ``W`` on every call; for the short, wide
 products of decoding (a few dozen rows against a large matrix) that runs at a third
@@ -18,6 +19,10 @@ to a half of the machine's matmul peak. :meth:`CpuBackend.pack_linear` reorders 
   batches.
 
 Either way the result of a row does not depend on the other rows of the batch.
+
+MoE (:meth:`CpuBackend.fused_moe`): the step's (token, expert) pairs sorted by expert, so
+each expert's rows are contiguous; one packed GEMM per expert over its rows for gate/up,
+one fused SiLU-and-mul over all rows, one GEMM per expert for down, one weighted scatter-add.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
-from model_shards.backends.base import DecodeMeta, KVPool, RotaryStep
+from model_shards.backends.base import DecodeMeta, ExpertWeights, KVPool, RotaryStep
 from model_shards.backends.reference import ReferenceBackend
 
 
@@ -68,10 +73,18 @@ class CpuBackend(ReferenceBackend):
         return qkv.view(qkv.shape[0], -1, pool.k.shape[-1])[:, : heads[0]]  # rotated in place
 
     def decode_attention(
-        self, q: torch.Tensor, pool: KVPool, meta: DecodeMeta, scale: float
+        self,
+        q: torch.Tensor,
+        pool: KVPool,
+        meta: DecodeMeta,
+        scale: float,
+        softcap: float | None = None,
     ) -> torch.Tensor:
-        tables, lens = meta.block_tables, meta.context_lens
-        return self._ops.decode_attention(q, pool.k, pool.v, tables, lens, pool.block_size, scale)
+        tables, lens, bs = meta.block_tables, meta.context_lens, pool.block_size
+        window, cap = meta.window or 0, softcap or 0.0  # 0: none
+        return self._ops.decode_attention(
+            q, pool.k, pool.v, tables, lens, bs, scale, True, window, cap
+        )
 
     def pack_linear(self, weight: torch.Tensor) -> PackedGemm | None:
         weight = weight.detach()
@@ -89,6 +102,47 @@ class CpuBackend(ReferenceBackend):
         if packed.out_features:
             return self._ops.gemm(x, packed.data, packed.out_features, bias)
         return torch.ops.mkldnn._linear_pointwise(x, packed.data, bias, "none", [], "")
+
+    def fused_moe(
+        self,
+        x: torch.Tensor,
+        experts: ExpertWeights,
+        topk_weights: torch.Tensor,
+        topk_ids: torch.Tensor,
+    ) -> torch.Tensor:
+        k = topk_ids.shape[1]
+        flat = topk_ids.reshape(-1)  # [T k]
+        # [1 + E]: pairs of remote experts (-1), then of each local expert
+        counts = torch.bincount(flat + 1, minlength=experts.num_experts + 1).tolist()
+        out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)  # [T, H]
+        if counts[0] == flat.numel():
+            return out.to(x.dtype)
+        order = torch.argsort(flat, stable=True)[counts[0] :]  # [N] local pairs by expert
+        rows = order // k  # [N] each pair's token
+        spans, start = [], 0
+        for e, n in enumerate(counts[1:]):
+            if n:
+                spans.append((e, start, start + n))
+            start += n
+        gate_up = self._per_expert(x.index_select(0, rows), experts.w13, experts, spans)
+        y = self._per_expert(self.silu_and_mul(gate_up), experts.w2, experts, spans)  # [N, H]
+        out.index_add_(0, rows, y.float() * topk_weights.reshape(-1)[order, None])
+        return out.to(x.dtype)
+
+    def _per_expert(
+        self,
+        rows: torch.Tensor,
+        weights: torch.Tensor,
+        experts: ExpertWeights,
+        spans: list[tuple[int, int, int]],
+    ) -> torch.Tensor:
+        """``rows [N, in]`` grouped by expert (``spans``: expert, first row, end row) times
+        each expert's ``weights[e]`` (``experts.w13`` or ``w2``) → ``[N, out]``."""
+        which = 0 if weights is experts.w13 else 1
+        parts = [
+            self.linear(rows[a:b], weights[e], experts.packed(e)[which], None) for e, a, b in spans
+        ]
+        return torch.cat(parts)
 
     def argmax(self, x: torch.Tensor) -> torch.Tensor:
         return self._ops.argmax(x if x.stride(-1) == 1 else x.contiguous())

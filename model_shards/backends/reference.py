@@ -6,7 +6,14 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from model_shards.backends.base import Backend, DecodeMeta, KVPool, PrefillMeta, RotaryStep
+from model_shards.backends.base import (
+    Backend,
+    DecodeMeta,
+    ExpertWeights,
+    KVPool,
+    PrefillMeta,
+    RotaryStep,
+)
 from model_shards.splitmix import FINAL_SHIFT, GOLDEN, MIX_ROUNDS
 
 
@@ -35,6 +42,43 @@ def race_uniforms(seeds: torch.Tensor, vocab: int) -> torch.Tensor:
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def attend(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None,
+    scale: float,
+    softcap: float | None,
+) -> torch.Tensor:
+    """``q: (B, nh, L, D)`` over ``k, v: (B, nkv, S, D)`` (grouped-query when ``nkv < nh``)
+    with a boolean ``mask`` broadcastable to ``(B, nh, L, S)`` (``None``: causal) →
+    ``(B, nh, L, D)``. Without ``softcap`` one SDPA; with it the scores are squashed to
+    ``softcap * tanh(s / softcap)`` first (transformers' eager Gemma 2), in float32."""
+    nh, nkv = q.shape[1], k.shape[1]
+    if softcap is None:
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=mask is None, scale=scale, enable_gqa=nh != nkv
+        )
+    assert mask is not None, "soft-capped attention takes an explicit mask"
+    kf = k.float().repeat_interleave(nh // nkv, dim=1)  # (B, nh, S, D)
+    vf = v.float().repeat_interleave(nh // nkv, dim=1)
+    scores = torch.matmul(q.float(), kf.transpose(-1, -2)) * scale  # (B, nh, L, S)
+    scores = torch.tanh(scores / softcap) * softcap
+    scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.matmul(torch.softmax(scores, dim=-1), vf).to(q.dtype)
+
+
+def _window_blocks(
+    tables: torch.Tensor, lens: torch.Tensor, window: int, block_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The columns of ``tables [B, nblk]`` a sliding window can reach: ``[B, n]`` (``n``
+    the most blocks ``window`` positions span) and each row's first position ``[B]``."""
+    n = min(tables.shape[1], -(-(window - 1) // block_size) + 1)
+    first_block = ((lens - window).clamp(min=0) // block_size).clamp(max=tables.shape[1] - n)
+    columns = first_block[:, None] + torch.arange(n, device=tables.device)  # [B, n]
+    return tables.gather(1, columns), first_block * block_size
 
 
 def block_slots(table: torch.Tensor, start: int, end: int, block_size: int) -> torch.Tensor:
@@ -78,10 +122,15 @@ class ReferenceBackend(Backend):
         return q
 
     def decode_attention(
-        self, q: torch.Tensor, pool: KVPool, meta: DecodeMeta, scale: float
+        self,
+        q: torch.Tensor,
+        pool: KVPool,
+        meta: DecodeMeta,
+        scale: float,
+        softcap: float | None = None,
     ) -> torch.Tensor:
-        """The whole blocks of every row gathered and padded, one masked SDPA."""
-        b, nh, d = q.shape
+        """The whole blocks of every row gathered and padded, one masked attention."""
+        b, d = q.shape[0], q.shape[2]
         k_pool, v_pool, block_tables, context_lens = (
             pool.k,
             pool.v,
@@ -89,6 +138,9 @@ class ReferenceBackend(Backend):
             meta.context_lens,
         )
         nkv, bs = k_pool.shape[1], pool.block_size
+        first = torch.zeros_like(context_lens)  # [B] first position gathered
+        if meta.window is not None:
+            block_tables, first = _window_blocks(block_tables, context_lens, meta.window, bs)
         blocks = block_tables.reshape(-1)
         # whole blocks: (B * nblk, bs, nkv, D) -> (B, nkv, nblk * bs, D)
         kd = k_pool.view(-1, bs, nkv, d).index_select(0, blocks).view(b, -1, nkv, d)
@@ -98,20 +150,26 @@ class ReferenceBackend(Backend):
             # CPU attention kernels run single-token queries ~4x slower in 16-bit
             # than in float32, conversions included
             qd, kd, vd = qd.float(), kd.float(), vd.float()
-        span = torch.arange(kd.shape[2], device=q.device)
-        mask = (span.unsqueeze(0) < context_lens.unsqueeze(1))[:, None, None, :]
-        od = F.scaled_dot_product_attention(
-            qd, kd, vd, attn_mask=mask, scale=scale, enable_gqa=nh != nkv
-        )  # (B, nh, 1, D)
+        span = torch.arange(kd.shape[2], device=q.device).unsqueeze(0) + first[:, None]  # [B, S]
+        lens = context_lens.unsqueeze(1)  # [B, 1]
+        mask = span < lens
+        if meta.window is not None:
+            mask &= span >= lens - meta.window
+        od = attend(qd, kd, vd, mask[:, None, None, :], scale, softcap)  # (B, nh, 1, D)
         od = torch.where(context_lens[:, None, None, None] > 0, od, 0.0)  # padding rows
         return od.squeeze(2).to(q.dtype)
 
     def prefill_attention(
-        self, q: torch.Tensor, pool: KVPool, meta: PrefillMeta, scale: float, out: torch.Tensor
+        self,
+        q: torch.Tensor,
+        pool: KVPool,
+        meta: PrefillMeta,
+        scale: float,
+        out: torch.Tensor,
+        softcap: float | None = None,
     ) -> None:
-        """One causal SDPA per chunk over its gathered context."""
+        """One causal attention per chunk over its gathered context."""
         k_pool, v_pool = pool.k, pool.v
-        nh, nkv = q.shape[1], k_pool.shape[1]
         for n in range(meta.num_chunks):
             row, length = meta.q_starts_list[n], meta.q_lens_list[n]
             start = meta.start_positions_list[n]
@@ -119,25 +177,38 @@ class ReferenceBackend(Backend):
             qp = q[row : row + length].transpose(0, 1).unsqueeze(0)  # (1, nh, L, D)
             kp = k_pool[slots].transpose(0, 1).unsqueeze(0)  # (1, nkv, S + L, D)
             vp = v_pool[slots].transpose(0, 1).unsqueeze(0)
-            mask = None
-            if start > 0:
-                qpos = torch.arange(length, device=q.device).unsqueeze(1) + start
-                mask = torch.arange(start + length, device=q.device).unsqueeze(0) <= qpos
-            op = F.scaled_dot_product_attention(
-                qp,
-                kp,
-                vp,
-                attn_mask=mask,
-                is_causal=start == 0,
-                scale=scale,
-                enable_gqa=nh != nkv,
-            )  # (1, nh, L, D)
+            mask = None  # causal from position 0: SDPA's own
+            if start > 0 or meta.window is not None or softcap is not None:
+                qpos = torch.arange(length, device=q.device).unsqueeze(1) + start  # [L, 1]
+                kpos = torch.arange(start + length, device=q.device).unsqueeze(0)  # [1, S+L]
+                mask = kpos <= qpos
+                if meta.window is not None:
+                    mask &= kpos > qpos - meta.window
+            op = attend(qp, kp, vp, mask, scale, softcap)  # (1, nh, L, D)
             out[row : row + length] = op[0].transpose(0, 1)
 
     def linear(
         self, x: torch.Tensor, weight: torch.Tensor, packed: object, bias: torch.Tensor | None
     ) -> torch.Tensor:
         return F.linear(x, weight, bias)
+
+    def fused_moe(
+        self,
+        x: torch.Tensor,
+        experts: ExpertWeights,
+        topk_weights: torch.Tensor,
+        topk_ids: torch.Tensor,
+    ) -> torch.Tensor:
+        """One expert at a time over the rows routed to it (as Hugging Face's loop)."""
+        out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)  # [T, H]
+        for e in range(experts.num_experts):
+            rows, slots = (topk_ids == e).nonzero(as_tuple=True)  # [n], [n]
+            if rows.numel() == 0:
+                continue
+            gate, up = F.linear(x[rows], experts.w13[e]).chunk(2, dim=-1)  # [n, I] each
+            y = F.linear(F.silu(gate) * up, experts.w2[e])  # [n, H]
+            out.index_add_(0, rows, y.float() * topk_weights[rows, slots, None])
+        return out.to(x.dtype)
 
     def argmax(self, x: torch.Tensor) -> torch.Tensor:
         return x.argmax(dim=-1)

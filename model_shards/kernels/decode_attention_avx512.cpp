@@ -131,12 +131,24 @@ inline void store_normalized(const float* acc, const float* l, int64_t nh, T* ou
   }
 }
 
+// scale * q . k of a chunk's tokens, soft-capped to cap * tanh(s / cap) when cap > 0, with
+// tanh(x) = 1 - 2 / (e^(2x) + 1) and 2x clamped to +-40 (where tanh is +-1 in float32).
+inline __m512 chunk_scores(__m512 dots, __m512 vscale, float cap) {
+  const __m512 s = _mm512_mul_ps(dots, vscale);
+  if (cap <= 0.f) return s;
+  const __m512 c = _mm512_set1_ps(cap), one = _mm512_set1_ps(1.f), two = _mm512_set1_ps(2.f);
+  __m512 x2 = _mm512_mul_ps(two, _mm512_div_ps(s, c));
+  x2 = _mm512_max_ps(_mm512_min_ps(x2, _mm512_set1_ps(40.f)), _mm512_set1_ps(-40.f));
+  const __m512 tanh = _mm512_sub_ps(one, _mm512_div_ps(two, _mm512_add_ps(exp512(x2), one)));
+  return _mm512_mul_ps(c, tanh);
+}
+
 // kD: the head dim, a compile-time constant so that a head's q and its running sum of p v
-// stay in registers.
+// stay in registers. window > 0: only the last window positions; softcap > 0: capped scores.
 template <typename S, int64_t kD>
 void run(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor& v_pool,
          const at::Tensor& block_tables, const at::Tensor& context_lens, int64_t block_size,
-         double scale, at::Tensor& out) {
+         double scale, int64_t window, double softcap, at::Tensor& out) {
   using T = typename S::T;
   constexpr int64_t kChunks = kD / kLanes;
   const DecodeAttentionArgs<T> a(q, k_pool, v_pool, block_tables, context_lens, out, kD);
@@ -144,6 +156,7 @@ void run(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor& v_pool
   const T *kp = a.k, *vp = a.v;
   const __m512 vscale = _mm512_set1_ps(static_cast<float>(scale));
   const __m512 neg_inf = _mm512_set1_ps(-INFINITY);
+  const float cap = static_cast<float>(softcap);
   at::parallel_for(0, a.B, 1, [&](int64_t begin, int64_t end) {
     // acc: [nh, D] running sums of p v; m, l: running max and sum of e^(s - m) per head.
     std::vector<float> acc(nh * kD), m(nh), l(nh);
@@ -156,7 +169,7 @@ void run(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor& v_pool
       reset_online_softmax(acc, l, m);
       // One chunk at a time (chunk_tokens); the next chunk's K and V are prefetched while
       // this one runs.
-      for (int64_t t0 = 0, n = 0; t0 < len; t0 += n) {
+      for (int64_t t0 = window_first(len, window), n = 0; t0 < len; t0 += n) {
         n = chunk_tokens(len, t0, block_size);
         const int64_t first_slot = chunk_slot(table, t0, block_size);
         prefetch_next_chunk(a, block_size, table, len, t0 + n, b, end);
@@ -169,7 +182,7 @@ void run(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor& v_pool
           for (int64_t i = 0; i < n; ++i) partial[i] = S::template dot<kD>(qh, k0 + i * slot_stride);
           for (int64_t i = n; i < kLanes; ++i) partial[i] = _mm512_setzero_ps();
           const __m512 s =
-              _mm512_mask_blend_ps(valid, neg_inf, _mm512_mul_ps(hsum16(partial), vscale));
+              _mm512_mask_blend_ps(valid, neg_inf, chunk_scores(hsum16(partial), vscale, cap));
           const float m_new = std::max(m[h], _mm512_reduce_max_ps(s));
           const float correction = exp1(m[h] - m_new);
           const __m512 p = _mm512_maskz_mov_ps(valid, exp512(_mm512_sub_ps(s, _mm512_set1_ps(m_new))));
@@ -198,9 +211,10 @@ void run(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor& v_pool
 template <typename S>
 bool run_for_head_dim(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor& v_pool,
                       const at::Tensor& block_tables, const at::Tensor& context_lens,
-                      int64_t block_size, double scale, at::Tensor& out) {
+                      int64_t block_size, double scale, int64_t window, double softcap,
+                      at::Tensor& out) {
   auto go = [&](auto kernel) {
-    kernel(q, k_pool, v_pool, block_tables, context_lens, block_size, scale, out);
+    kernel(q, k_pool, v_pool, block_tables, context_lens, block_size, scale, window, softcap, out);
     return true;
   };
   switch (q.size(2)) {
@@ -233,18 +247,20 @@ bool decode_attention_avx512_supports(at::ScalarType dtype, int64_t head_dim) {
 bool decode_attention_avx512(const at::Tensor& q, const at::Tensor& k_pool,
                              const at::Tensor& v_pool, const at::Tensor& block_tables,
                              const at::Tensor& context_lens, int64_t block_size, double scale,
-                             at::Tensor& out) {
+                             int64_t window, double softcap, at::Tensor& out) {
   if (!decode_attention_avx512_supports(q.scalar_type(), q.size(2))) return false;
 #if defined(__AVX512F__)
   if (q.scalar_type() == at::kFloat)
-    return run_for_head_dim<F32>(q, k_pool, v_pool, block_tables, context_lens, block_size, scale, out);
+    return run_for_head_dim<F32>(q, k_pool, v_pool, block_tables, context_lens, block_size, scale,
+                                 window, softcap, out);
 #if defined(__AVX512BF16__) && defined(__AVX512BW__)
   if (q.scalar_type() == at::kBFloat16)
-    return run_for_head_dim<BF16>(q, k_pool, v_pool, block_tables, context_lens, block_size, scale, out);
+    return run_for_head_dim<BF16>(q, k_pool, v_pool, block_tables, context_lens, block_size, scale,
+                                  window, softcap, out);
 #endif
 #endif
   (void)k_pool, (void)v_pool, (void)block_tables, (void)context_lens, (void)block_size,
-      (void)scale, (void)out;
+      (void)scale, (void)window, (void)softcap, (void)out;
   return false;
 }
 

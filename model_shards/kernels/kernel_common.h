@@ -54,6 +54,11 @@ struct DecodeAttentionArgs {
         lens(context_lens.data_ptr<int64_t>()) {}
 };
 
+// The first position a decode row reads: len - window with a sliding window (window > 0).
+inline int64_t window_first(int64_t len, int64_t window) {
+  return window > 0 ? std::max<int64_t>(0, len - window) : 0;
+}
+
 // The running state of decode attention's online softmax before a sequence's first keys: the
 // sums of p v (acc) and of p (l) 0, the maxima (m) -inf.
 inline void reset_online_softmax(std::vector<float>& acc, std::vector<float>& l,

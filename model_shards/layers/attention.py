@@ -32,9 +32,22 @@ def _padded(tables: list[list[int]]) -> torch.Tensor:
     )
 
 
+@dataclass(frozen=True)
+class GroupMeta:
+    """One KV group's view of a step (:mod:`model_shards.kv_groups`): where each token's
+    K/V goes in that group's blocks, and the decode and prefill block tables."""
+
+    slot_mapping: torch.Tensor  # [T] (< 0: padding)
+    decode: DecodeMeta
+    prefill: PrefillMeta | None
+
+
 @dataclass
 class ForwardBatch:
-    """Metadata of one packed step, the same on every rank of a stage."""
+    """Metadata of one packed step, the same on every rank of a stage.
+
+    ``slot_mapping``, ``decode`` and ``prefill`` are KV group 0's; ``windows`` the
+    other groups' (:class:`GroupMeta`, empty for a model with one group)."""
 
     positions: torch.Tensor  # [T] absolute position of each token
     slot_mapping: torch.Tensor  # [T] where each token's K/V is written (< 0: padding)
@@ -43,15 +56,26 @@ class ForwardBatch:
     prefill: PrefillMeta | None  # the multi-token chunks, None when there are none
     kv: PagedKVCache
     rotary: RotaryEmbedding | None = None  # the model's tables, set per step
-    _rotary_step: RotaryStep | None = field(default=None, repr=False)
+    windows: list[GroupMeta] = field(default_factory=list)
+    _rotary_steps: dict[tuple[int, int], RotaryStep] = field(default_factory=dict, repr=False)
 
-    def rotary_step(self) -> RotaryStep:
-        """Positions, rotary tables and K/V slots of the step (made once, for every layer)."""
-        if self._rotary_step is None:
-            assert self.rotary is not None, "the model sets the batch's rotary tables"
-            tables = self.rotary.cos_cached, self.rotary.sin_cached
-            self._rotary_step = RotaryStep(self.positions, *tables, self.slot_mapping)
-        return self._rotary_step
+    def group(self, g: int) -> GroupMeta:
+        """KV group ``g``'s slots and block tables for this step."""
+        if g == 0:
+            return GroupMeta(self.slot_mapping, self.decode, self.prefill)
+        return self.windows[g - 1]
+
+    def rotary_step(self, group: int = 0, rotary: RotaryEmbedding | None = None) -> RotaryStep:
+        """Positions, rotary tables (``rotary``, else the model's) and K/V slots of KV group
+        ``group`` for this step (made once, for every layer that reads them)."""
+        tables = rotary or self.rotary
+        assert tables is not None, "the model sets the batch's rotary tables"
+        key = (group, id(tables))
+        if key not in self._rotary_steps:
+            slots = self.group(group).slot_mapping
+            cos, sin = tables.cos_cached, tables.sin_cached
+            self._rotary_steps[key] = RotaryStep(self.positions, cos, sin, slots)
+        return self._rotary_steps[key]
 
     @property
     def num_tokens(self) -> int:
@@ -61,83 +85,144 @@ class ForwardBatch:
     def build(chunks: list[SeqChunk], kv: PagedKVCache) -> ForwardBatch:
         # Python ints, one tensor each at the end: a decode row costs no tensor ops
         positions: list[int] = []
-        slots: list[int] = []
         decode_rows: list[int] = []
-        decode_tables: list[list[int]] = []
         decode_lens: list[int] = []
         prefill_rows: list[int] = []
         prefill_lens: list[int] = []
         prefill_starts: list[int] = []
-        prefill_tables: list[list[int]] = []
-        bs = kv.block_size
+        groups = [_GroupLists() for _ in range(kv.layout.num_groups)]
         row = 0
         for c in chunks:
             n = len(c.token_ids)
             end = c.start_pos + n
             positions.extend(range(c.start_pos, end))
-            table = kv.table_prefix(c.seq_id, end)
             if n == 1:
-                slots.append(kv.slot(c.seq_id, c.start_pos))
                 decode_rows.append(row)
-                decode_tables.append(table)
                 decode_lens.append(end)
             else:
-                slots.extend(kv.slot_list(c.seq_id, c.start_pos, end))
                 prefill_rows.append(row)
                 prefill_lens.append(n)
                 prefill_starts.append(c.start_pos)
-                prefill_tables.append(table)
+            for g, lists in enumerate(groups):
+                lists.add(kv, g, c, end)
             row += n
         dev = kv.device
-        prefill = None
-        if prefill_rows:
-            prefill = PrefillMeta(
-                q_starts=torch.tensor(prefill_rows, dtype=torch.int64, device=dev),
-                q_lens=torch.tensor(prefill_lens, dtype=torch.int64, device=dev),
-                start_positions=torch.tensor(prefill_starts, dtype=torch.int64, device=dev),
-                block_tables=_padded(prefill_tables).to(dev),
-                q_starts_list=prefill_rows,
-                q_lens_list=prefill_lens,
-                start_positions_list=prefill_starts,
-                block_size=bs,
-            )
+        shared = _StepShape(
+            decode_lens, max(decode_lens, default=0), prefill_rows, prefill_lens, prefill_starts
+        )
+        metas = [
+            lists.meta(shared, dev, kv.block_size, window)
+            for lists, window in zip(groups, kv.layout.windows, strict=True)
+        ]
         return ForwardBatch(
             positions=torch.tensor(positions, dtype=torch.int64, device=dev),
-            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
+            slot_mapping=metas[0].slot_mapping,
             decode_rows=torch.tensor(decode_rows, dtype=torch.int64, device=dev),
-            decode=DecodeMeta(
-                _padded(decode_tables).to(dev),
-                torch.tensor(decode_lens, dtype=torch.int64, device=dev),
-                max(decode_lens, default=0),
-            ),
-            prefill=prefill,
+            decode=metas[0].decode,
+            prefill=metas[0].prefill,
             kv=kv,
+            windows=metas[1:],
         )
 
 
+@dataclass(frozen=True)
+class _StepShape:
+    """What every KV group's metadata of a step shares: the chunks' lengths and starts."""
+
+    decode_lens: list[int]
+    max_decode_len: int
+    prefill_rows: list[int]
+    prefill_lens: list[int]
+    prefill_starts: list[int]
+
+
+@dataclass
+class _GroupLists:
+    """One KV group's slots and block tables of a step, as Python ints while it is built."""
+
+    slots: list[int] = field(default_factory=list)
+    decode_tables: list[list[int]] = field(default_factory=list)
+    prefill_tables: list[list[int]] = field(default_factory=list)
+
+    def add(self, kv: PagedKVCache, group: int, chunk: SeqChunk, end: int) -> None:
+        table = kv.table_prefix(chunk.seq_id, end, group)
+        if end - chunk.start_pos == 1:
+            self.slots.append(kv.slot(chunk.seq_id, chunk.start_pos, group))
+            self.decode_tables.append(table)
+        else:
+            self.slots.extend(kv.slot_list(chunk.seq_id, chunk.start_pos, end, group))
+            self.prefill_tables.append(table)
+
+    def meta(
+        self, shape: _StepShape, dev: torch.device, block_size: int, window: int | None
+    ) -> GroupMeta:
+        prefill = None
+        if shape.prefill_rows:
+            prefill = PrefillMeta(
+                q_starts=torch.tensor(shape.prefill_rows, dtype=torch.int64, device=dev),
+                q_lens=torch.tensor(shape.prefill_lens, dtype=torch.int64, device=dev),
+                start_positions=torch.tensor(shape.prefill_starts, dtype=torch.int64, device=dev),
+                block_tables=_padded(self.prefill_tables).to(dev),
+                q_starts_list=shape.prefill_rows,
+                q_lens_list=shape.prefill_lens,
+                start_positions_list=shape.prefill_starts,
+                block_size=block_size,
+                window=window,
+            )
+        decode = DecodeMeta(
+            _padded(self.decode_tables).to(dev),
+            torch.tensor(shape.decode_lens, dtype=torch.int64, device=dev),
+            shape.max_decode_len,
+            window,
+        )
+        slots = torch.tensor(self.slots, dtype=torch.int64, device=dev)
+        return GroupMeta(slots, decode, prefill)
+
+
 class Attention(nn.Module):
+    """Paged attention of one layer. ``scale``: the score scale (``head_dim ** -0.5`` by
+    default); ``softcap``: scores squashed to ``softcap * tanh(s / softcap)`` before the
+    mask and softmax (Gemma 2), ``None`` for none; ``rotary``: this layer's own RoPE
+    tables (Gemma 3's sliding layers), else the model's. The window, if any, is the
+    layer's KV group's (:mod:`model_shards.kv_groups`), in the step's metadata."""
+
     def __init__(
-        self, layer_idx: int, num_heads: int, num_kv_heads: int, head_dim: int, ops: Backend
+        self,
+        layer_idx: int,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        ops: Backend,
+        *,
+        scale: float | None = None,
+        softcap: float | None = None,
+        rotary: RotaryEmbedding | None = None,
     ) -> None:
         super().__init__()
         self.layer_idx = layer_idx
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
-        self.scale = head_dim**-0.5
+        self.scale = head_dim**-0.5 if scale is None else scale
+        self.softcap = softcap
+        self.rotary = rotary
         self.ops = ops
 
     def forward(self, qkv: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         """``qkv: [T, (nh + 2 nkv) * D]`` → ``[T, nh * D]``; writes this step's K/V."""
         pool = batch.kv.pools[self.layer_idx]  # [slots, nkv, D] each
+        group = batch.kv.group_of[self.layer_idx]
+        meta = batch.group(group)
         heads = (self.num_heads, self.num_kv_heads)
-        q = self.ops.rotary_and_cache(qkv, batch.rotary_step(), pool, heads)  # [T, nh, D]
-        if batch.prefill is None:
-            out = self.ops.decode_attention(q, pool, batch.decode, self.scale)
+        step = batch.rotary_step(group, self.rotary)
+        q = self.ops.rotary_and_cache(qkv, step, pool, heads)  # [T, nh, D]
+        scale, cap = self.scale, self.softcap
+        if meta.prefill is None:
+            out = self.ops.decode_attention(q, pool, meta.decode, scale, cap)
         else:
             out = torch.empty_like(q)  # [T, nh, D]
             if batch.decode_rows.numel():
                 rows = batch.decode_rows
-                out[rows] = self.ops.decode_attention(q[rows], pool, batch.decode, self.scale)
-            self.ops.prefill_attention(q, pool, batch.prefill, self.scale, out)
+                out[rows] = self.ops.decode_attention(q[rows], pool, meta.decode, scale, cap)
+            self.ops.prefill_attention(q, pool, meta.prefill, scale, out, cap)
         return out.reshape(out.shape[0], self.num_heads * self.head_dim)

@@ -17,6 +17,12 @@ class ShardContext:
     comm: Comm  # collectives (no-ops at group size 1)
     ops: Backend  # chosen once per worker (model_shards.backends.select_backend)
     dtype: torch.dtype
+    # MoE layers: each TP rank holds whole experts (E / tp of them) instead of a slice of
+    # every expert (--enable-expert-parallel; see model_shards.moe_config)
+    expert_parallel: bool = False
+    # data-parallel attention: the group of every replica's rank whose MoE layers exchange
+    # tokens (all-to-all); ``comm`` is then this replica's own (tp = 1)
+    ep_comm: Comm | None = None
 
     @property
     def ps(self) -> ParallelState:

@@ -19,7 +19,7 @@ parameter in ``packed``.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import torch
 from torch import nn
@@ -79,9 +79,18 @@ class HasModules(Protocol):
     def modules(self) -> Iterator[nn.Module]: ...
 
 
+@runtime_checkable
+class PreparesWeights(Protocol):
+    """A module whose weights the backend may lay out after loading: every
+    :class:`LinearBase`, and the stacked experts of an MoE layer (``layers/moe.py``)."""
+
+    def prepare(self) -> bool: ...
+
+
 def prepare_weights(model: HasModules) -> int:
-    """:meth:`LinearBase.prepare` every linear module of ``model``; how many were packed."""
-    return sum(m.prepare() for m in model.modules() if isinstance(m, LinearBase))
+    """``prepare()`` every module of ``model`` that has one (:class:`PreparesWeights`); how
+    many were packed."""
+    return sum(m.prepare() for m in model.modules() if isinstance(m, PreparesWeights))
 
 
 class ReplicatedLinear(LinearBase):

@@ -1,4 +1,6 @@
-"""Rotary position embeddings (RoPE), with ``linear``, ``llama3`` and ``longrope`` scaling.
+"""Rotary position embeddings (RoPE), with ``linear``, ``llama3``, ``longrope`` and ``yarn``
+scaling (``yarn``: the frequencies of :func:`_yarn_frequencies`, cos and sin multiplied by
+``rope.attention_factor`` as for ``longrope``).
 
 Half-split ("NeoX") layout as in Hugging Face Llama: for each head,
 ``x' = x * cos + rotate_half(x) * sin`` with ``rotate_half([a, b]) = [-b, a]``.
@@ -50,6 +52,8 @@ def inverse_frequencies(head_dim: int, rope: RopeConfig, *, long: bool = False) 
             )
         return 1.0 / (factors * rope.theta**exponents)
     inv_freq = 1.0 / (rope.theta**exponents)
+    if rope.rope_type == "yarn":
+        return _yarn_frequencies(head_dim, inv_freq, rope)
     if rope.rope_type == "linear":
         return inv_freq / rope.factor
     if rope.rope_type == "llama3":
@@ -64,6 +68,25 @@ def inverse_frequencies(head_dim: int, rope: RopeConfig, *, long: bool = False) 
         is_medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
         return torch.where(is_medium, smoothed, scaled)
     return inv_freq
+
+
+def _yarn_frequencies(head_dim: int, inv_freq: torch.Tensor, rope: RopeConfig) -> torch.Tensor:
+    """YaRN (as transformers computes it): frequencies that turn fewer than ``beta_slow``
+    times over the original context are interpolated (divided by ``factor``), those
+    turning more than ``beta_fast`` times kept, a linear ramp between."""
+
+    def correction_dim(rotations: float) -> float:
+        turns = rope.original_max_position_embeddings / (rotations * 2 * math.pi)
+        return head_dim * math.log(turns) / (2 * math.log(rope.theta))
+
+    low, high = correction_dim(rope.beta_fast), correction_dim(rope.beta_slow)
+    if rope.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, head_dim - 1)
+    high = high + 0.001 if low == high else high  # no singularity
+    ramp = ((torch.arange(head_dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    keep = 1 - ramp  # 1: extrapolate (the high frequencies), 0: interpolate
+    return inv_freq / rope.factor * (1 - keep) + inv_freq * keep
 
 
 def rotary_angles(rotary_dim: int, max_positions: int, rope: RopeConfig) -> torch.Tensor:
@@ -106,7 +129,7 @@ class RotaryEmbedding(nn.Module):
         rotary_head_order(head_dim, rotary_dim)  # checks the split
         freqs = rotary_angles(rotary_dim, max_positions, rope)  # [P, R/2]
         cos, sin = freqs.cos(), freqs.sin()
-        if rope.rope_type == "longrope":
+        if rope.rope_type in ("longrope", "yarn"):
             cos, sin = cos * rope.attention_factor, sin * rope.attention_factor
         if rotary_dim < head_dim:  # the pass-through dims: angle 0, no scaling
             rest = (max_positions, (head_dim - rotary_dim) // 2)

@@ -11,18 +11,30 @@ from types import MappingProxyType
 
 from model_shards.architectures import DECODER_FAMILIES
 from model_shards.models.decoder import DecoderModel, DecoderModelClass
+from model_shards.models.deepseek_v2 import DeepseekV2ForCausalLM
+from model_shards.models.gemma import GemmaForCausalLM
 from model_shards.models.gpt2 import GPT2LMHeadModel
 from model_shards.models.llama import LlamaForCausalLM
+from model_shards.models.llava import LlavaForConditionalGeneration
+from model_shards.models.mixtral import MixtralForCausalLM
 from model_shards.models.olmo2 import Olmo2ForCausalLM
 from model_shards.models.phi3 import Phi3ForCausalLM
+from model_shards.models.qwen2_moe import Qwen2MoeForCausalLM
 from model_shards.models.qwen3 import Qwen3ForCausalLM
+from model_shards.models.qwen3_moe import Qwen3MoeForCausalLM
 
 _FAMILY_CLASSES: Mapping[str, DecoderModelClass] = {
+    "deepseek_v2": DeepseekV2ForCausalLM,
+    "gemma": GemmaForCausalLM,
     "gpt2": GPT2LMHeadModel,
     "llama": LlamaForCausalLM,
+    "llava": LlavaForConditionalGeneration,
+    "mixtral": MixtralForCausalLM,
     "olmo2": Olmo2ForCausalLM,
     "phi3": Phi3ForCausalLM,
+    "qwen2_moe": Qwen2MoeForCausalLM,
     "qwen3": Qwen3ForCausalLM,
+    "qwen3_moe": Qwen3MoeForCausalLM,
 }
 
 MODEL_REGISTRY: Mapping[str, DecoderModelClass] = MappingProxyType(

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from model_shards.config import ModelConfig
+from model_shards.kv_groups import WINDOWED_ARCHITECTURES
 from model_shards.layers.attention import Attention, ForwardBatch
 from model_shards.layers.context import ShardContext
 from model_shards.layers.linear import (
@@ -135,11 +136,16 @@ class LlamaModel(nn.Module):
         self.norm: RMSNorm | None = None
         if ps.is_last_stage:
             self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ctx)
+        self.embed_scale: torch.Tensor | None = None  # Gemma: embeddings times sqrt(H)
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
-        """``x``: token ids ``[T]`` on stage 0, else hidden ``[T, H]``; returns ``[T, H]``."""
-        if self.embed_tokens is not None:
+        """``x``: token ids ``[T]`` on stage 0, else hidden ``[T, H]``; returns ``[T, H]``.
+        Stage 0 also takes input embeddings ``[T, H]`` (a vision-language model's, images
+        already scattered in: ``models/llava.py``)."""
+        if self.embed_tokens is not None and not x.is_floating_point():
             x = self.embed_tokens(x)  # [T, H]
+            if self.embed_scale is not None:
+                x = x * self.embed_scale
         batch.rotary = self.rotary
         residual: torch.Tensor | None = None
         for i in range(self.start, self.end):
@@ -203,10 +209,13 @@ class LlamaForCausalLM(CausalLM):
 
 
 def check_no_window(cfg: ModelConfig, max_model_len: int) -> None:
-    """``ValueError`` unless sliding-window attention would change nothing: Qwen's
+    """For a family whose windows are not served (``kv_groups.WINDOWED_ARCHITECTURES``
+    are): ``ValueError`` unless sliding-window attention would change nothing: Qwen's
     ``use_sliding_window`` off (then its ``sliding_window`` is unused), else any
-    ``sliding_window`` (Mistral) at least ``max_model_len`` (a sequence no longer than the
-    window attends to all of it). Windows are not served yet."""
+    ``sliding_window`` at least ``max_model_len`` (a sequence no longer than the window
+    attends to all of it)."""
+    if cfg.architecture in WINDOWED_ARCHITECTURES:
+        return
     if "use_sliding_window" in cfg.extra:  # Qwen2 / Qwen3: the window applies only when on
         if cfg.extra["use_sliding_window"]:
             raise ValueError(

@@ -17,9 +17,8 @@ Llama's layer (pre-norm RMSNorm, grouped-query attention, SwiGLU MLP, no biases,
   :func:`~model_shards.layers.rotary.rotary_head_order`'s order, so the backend's
   whole-head rotation is that partial one.
 
-``sliding_window`` is accepted when it cannot matter: ``None`` or at least the served
-maximum length (a token attends to the ``sliding_window`` latest positions, itself
-included); a smaller one is refused (windows are not supported yet).
+``sliding_window`` applies to every layer (a token attends to the ``sliding_window``
+latest positions, itself included), served through :mod:`model_shards.kv_groups`.
 
 The stack, the stage ownership and the (possibly tied) LM head are Llama's
 (:class:`~model_shards.models.llama.LlamaForCausalLM`).
@@ -66,15 +65,9 @@ class Phi3Options:
     @staticmethod
     def parse(cfg: ModelConfig, max_positions: int) -> Phi3Options:
         """Read ``cfg.extra``; ``ValueError`` naming the field when it asks for something not
-        supported (a window shorter than ``max_positions``, a partial rotary split with an
-        odd part, longrope factors not one per rotated frequency)."""
-        window = cfg.extra.get("sliding_window")
-        if window is not None and int(window) < max_positions:
-            raise ValueError(
-                f"config.json: sliding_window {window} is shorter than the served length "
-                f"{max_positions}, and sliding-window attention is not supported yet; serve "
-                f"with --max-model-len {window} or less (the window then has no effect)"
-            )
+        supported (a partial rotary split with an odd part, longrope factors not one per
+        rotated frequency)."""
+        window = cfg.extra.get("sliding_window")  # served (model_shards.kv_groups)
         r = rotary_dim(cfg)
         try:
             rotary_head_order(cfg.head_dim, r)

@@ -5,7 +5,8 @@ RMS-normalised on its own, ``q_h = w_q * q_h / rms(q_h)`` and ``k_h = w_k * k_h 
 (``q_norm``/``k_norm``, weights ``[head_dim]`` shared by all heads, so replicated on every
 TP rank; the statistics in float32, eps ``rms_norm_eps``). ``head_dim`` is the config's,
 independent of ``hidden_size / num_attention_heads``; q/k/v and o carry a bias only when
-``attention_bias`` says so. Sliding-window attention is refused (not supported yet).
+``attention_bias`` says so. Sliding windows (``use_sliding_window``) are served through the
+KV groups of :mod:`model_shards.kv_groups`.
 
 The stack, the checkpoint names and the (possibly tied) LM head are Llama's
 (:class:`~model_shards.models.llama.LlamaForCausalLM`).
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from model_shards.config import ModelConfig
+from model_shards.kv_groups import WINDOWED_ARCHITECTURES
 from model_shards.layers.attention import ForwardBatch
 from model_shards.layers.context import ShardContext
 from model_shards.layers.norm import RMSNorm
@@ -41,6 +43,8 @@ class Qwen3Options:
             use_sliding_window=bool(raw.get("use_sliding_window", False)),
             layer_types=tuple(str(t) for t in raw.get("layer_types") or ()),
         )
+        if cfg.architecture in WINDOWED_ARCHITECTURES:
+            return options  # windows served (model_shards.kv_groups)
         if options.use_sliding_window:
             raise ValueError(
                 "config.json: use_sliding_window is true, but sliding-window attention is not "
@@ -67,19 +71,24 @@ class Qwen3Attention(LlamaAttention):
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         qkv = self.qkv_proj(x)  # [T, (nh + 2 nkv) * D]
-        self._normalize_heads(qkv)
+        heads = (self.num_heads, self.num_kv_heads)
+        normalize_heads(qkv, heads, self.head_dim, self.q_norm, self.k_norm)
         o = self.attn(qkv, batch)  # [T, nh * D]
         return self.o_proj(o)  # [T, H]
 
-    def _normalize_heads(self, qkv: torch.Tensor) -> None:
-        """RMSNorm each q and k head of ``qkv [T, (nh + 2 nkv) * D]`` in place (v untouched),
-        through the backend's ``rms_norm`` on ``[T * heads, D]`` rows."""
-        t, d = qkv.shape[0], self.head_dim
-        q_size, kv_size = self.num_heads * d, self.num_kv_heads * d
-        q = qkv[:, :q_size].reshape(t * self.num_heads, d)  # [T * nh, D] (a copy)
-        k = qkv[:, q_size : q_size + kv_size].reshape(t * self.num_kv_heads, d)  # [T * nkv, D]
-        qkv[:, :q_size] = self.q_norm(q)[0].view(t, q_size)
-        qkv[:, q_size : q_size + kv_size] = self.k_norm(k)[0].view(t, kv_size)
+
+def normalize_heads(
+    qkv: torch.Tensor, heads: tuple[int, int], head_dim: int, q_norm: RMSNorm, k_norm: RMSNorm
+) -> None:
+    """RMSNorm each q and k head of ``qkv [T, (nh + 2 nkv) * D]`` in place (v untouched),
+    ``heads = (nh, nkv)``, through the norms' backend ``rms_norm`` on ``[T * heads, D]``
+    rows (Qwen3, Gemma 3)."""
+    t, d = qkv.shape[0], head_dim
+    q_size, kv_size = heads[0] * d, heads[1] * d
+    q = qkv[:, :q_size].reshape(t * heads[0], d)  # [T * nh, D] (a copy)
+    k = qkv[:, q_size : q_size + kv_size].reshape(t * heads[1], d)  # [T * nkv, D]
+    qkv[:, :q_size] = q_norm(q)[0].view(t, q_size)
+    qkv[:, q_size : q_size + kv_size] = k_norm(k)[0].view(t, kv_size)
 
 
 class Qwen3DecoderLayer(LlamaDecoderLayer):

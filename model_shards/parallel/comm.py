@@ -59,6 +59,27 @@ def tp_all_gather_last_dim(x: torch.Tensor, comm: Comm) -> torch.Tensor:
     return torch.cat(parts, dim=-1)
 
 
+def ep_all_to_all(
+    x: torch.Tensor, send_counts: list[int], comm: Comm, recv_counts: list[int] | None = None
+) -> tuple[torch.Tensor, list[int]]:
+    """Expert parallelism's exchange over the TP group (the EP group): the rows of
+    ``x [N, ...]``, grouped by destination, ``send_counts[r]`` of them to rank ``r`` → the
+    rows sent here, grouped by source rank, and how many came from each. The counts travel
+    first (one all-to-all of ints) unless ``recv_counts`` says them; any rank may send or
+    receive no rows at all. At group size 1: ``x`` itself."""
+    ps = comm.ps
+    if ps.tp_size == 1:
+        return x, [int(x.shape[0])]
+    if recv_counts is None:
+        counts = torch.tensor(send_counts, dtype=torch.int64, device=x.device)
+        received = torch.empty_like(counts)
+        dist.all_to_all_single(received, counts, group=ps.tp_group)
+        recv_counts = [int(n) for n in received.tolist()]
+    out = x.new_empty((sum(recv_counts), *x.shape[1:]))
+    dist.all_to_all_single(out, x.contiguous(), recv_counts, send_counts, group=ps.tp_group)
+    return out, recv_counts
+
+
 @dataclass
 class Pending:
     """Non-blocking sends in progress, oldest first; each buffer stays referenced until its

@@ -46,6 +46,10 @@ no file is left in ``/dev/shm`` however the processes end later; a segment
 whose creator died during that short window is removed by the next group
 created on the host. :meth:`close` unmaps.
 
+Waiting: spin ~0.1 ms, ``sched_yield`` up to 5 ms, then 50 us sleeps; when the
+rank's cores are filled (``SHARDSERVE_SPIN_US``, see :mod:`model_shards.cpu_budget`)
+spin that long, then sleep, which lets a preempted peer run here.
+
 Off switch: ``SHARDSERVE_SHM_ALLREDUCE=0`` (also ``false``/``off``/``no``) keeps
 gloo. It is also gloo when the TP ranks are on different hosts, on other
 platforms, or when ``/dev/shm`` has no room for the segment.
@@ -66,6 +70,7 @@ import time
 import torch
 import torch.distributed as dist
 
+from model_shards.cpu_budget import spin_budget_s
 from model_shards.parallel.same_host import all_agree, all_on_one_host, switched_off
 
 log = logging.getLogger(__name__)
@@ -78,6 +83,7 @@ _NAME_LEN = 64  # bytes of the broadcast name buffer
 _LINE = 128  # header bytes per rank: seq, pid, start time, pid ns; no false sharing
 _Q_PER_LINE = _LINE // 8
 _SPIN_POLLS = 2000  # busy polls (~0.1 ms) before yielding the CPU
+_POLL_S = 50e-9  # one poll, for a spin budget given in time
 _YIELD_S = 0.005  # then sched_yield until this long, then short sleeps
 _LIVENESS_S = 1.0  # how often a waiting rank checks that the peer still exists
 _SUM_IN_FLOAT32 = (torch.float16, torch.bfloat16)
@@ -201,6 +207,11 @@ class ShmAllReduce:
         }
         self._seq = 0
         self._broken: str | None = None
+        # Cores filled (cpu_budget's spin budget set): spin that long, then sleep at once,
+        # so that a preempted peer can run on this core; else spin, yield 5 ms, sleep.
+        budget = spin_budget_s()
+        self._spin_polls = _SPIN_POLLS if budget is None else int(budget / _POLL_S)
+        self._yield_s = _YIELD_S if budget is None else 0.0
 
     @classmethod
     def create(
@@ -323,7 +334,7 @@ class ShmAllReduce:
         for peer in self._peers:
             at = peer * _Q_PER_LINE
             if flags[at] < seq:
-                for _ in range(_SPIN_POLLS):
+                for _ in range(self._spin_polls):
                     if flags[at] >= seq:
                         break
                 else:
@@ -342,7 +353,7 @@ class ShmAllReduce:
                 started = self._started[peer]
                 if started is not None and _start_time(self._pids[peer]) != started:
                     self._fail(peer, seq, "has exited")
-            if now - start < _YIELD_S:
+            if now - start < self._yield_s:
                 os.sched_yield()
             else:
                 time.sleep(50e-6)

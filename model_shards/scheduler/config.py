@@ -17,6 +17,10 @@ class SchedulerConfig:
     ``block_size`` token slots each, shared by all sequences.
     ``enable_prefix_caching``: reuse full blocks whose tokens were computed before.
     ``eos_token_ids``: tokens that end a sequence ("stop") unless ``ignore_eos``.
+    ``kv_windows``: the attention window of each KV group (:mod:`model_shards.kv_groups`),
+    group 0 first; ``None`` attends to the whole context. Each group keeps its own block
+    table per sequence (block ids from the one pool); a windowed group's blocks wholly
+    outside every later query's window are released as the sequence advances.
     """
 
     max_num_seqs: int
@@ -26,6 +30,11 @@ class SchedulerConfig:
     num_blocks: int
     enable_prefix_caching: bool = True
     eos_token_ids: tuple[int, ...] = ()
+    kv_windows: tuple[int | None, ...] = (None,)
+
+    @property
+    def num_kv_groups(self) -> int:
+        return len(self.kv_windows)
 
     def __post_init__(self) -> None:
         check_step_limits(self.max_num_seqs, self.max_num_batched_tokens, self.block_size)

@@ -17,7 +17,8 @@ from model_shards.scheduler.step_builder import StepBuilder
 def schedule_decode(state: SchedulerState, seq: Sequence, step: StepBuilder) -> None:
     """Add ``seq``'s next token to ``step``, preempting others if it needs a block."""
     end = seq.num_computed + 1
-    need = state.blocks.blocks_for(end) - len(seq.block_table)
+    state.release_outside_windows(seq)
+    need = state.blocks_to_extend(seq, end)
     if make_room(state, seq, need, step):
         state.extend_and_add(seq, end, step)
 

@@ -47,10 +47,12 @@ def _backlog(state: SchedulerState) -> int:
 
 def schedule_prefill(state: SchedulerState, seq: Sequence, step: StepBuilder) -> None:
     """The next prompt chunk, shrunk to the blocks that can be had (preempting if none)."""
-    bs = state.config.block_size
+    bs, groups = state.config.block_size, state.config.num_kv_groups
+    state.release_outside_windows(seq)
     table_full = len(seq.block_table) * bs == seq.num_computed
-    if not make_room(state, seq, 1 if table_full else 0, step):
+    if not make_room(state, seq, groups if table_full else 0, step):
         return
-    capacity = (len(seq.block_table) + state.blocks.num_free) * bs - seq.num_computed
+    blocks_free = state.blocks.num_free // groups  # each block of positions takes one per group
+    capacity = (len(seq.block_table) + blocks_free) * bs - seq.num_computed
     n = min(len(seq.token_ids) - seq.num_computed, step.budget, capacity)
     state.extend_and_add(seq, seq.num_computed + n, step)

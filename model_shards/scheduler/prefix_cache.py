@@ -24,10 +24,13 @@ from collections.abc import Sequence
 BlockHash = bytes
 
 
-def hash_block(parent: BlockHash | None, tokens: Sequence[int]) -> BlockHash:
-    """The chained content hash of one full block (see the module docstring)."""
+def hash_block(parent: BlockHash | None, tokens: Sequence[int], extra: bytes = b"") -> BlockHash:
+    """The chained content hash of one full block (see the module docstring). ``extra``:
+    what else the block's K/V depends on (the content hashes of the images whose
+    placeholders it holds, see ``Sequence.block_hashes``), hashed after the tokens."""
     h = hashlib.sha256(parent or b"")
     h.update(struct.pack(f"<{len(tokens)}q", *tokens))
+    h.update(extra)
     return h.digest()
 
 

@@ -31,6 +31,12 @@ tokens and decides finishes. Steps run on every stage in the order they were
 scheduled, so a block released by an abort can be handed to a later step at
 once.
 
+A model with sliding-window layers (:mod:`model_shards.kv_groups`) keeps one block
+table per KV group and sequence, all from the one pool; before a sequence's next
+chunk is scheduled, the blocks of its windowed tables that no query from then on can
+read are released (their ids go back to the pool at once; the ranks keep the stale
+entries, which windowed attention never reads). Such models serve no prefix-cache hits.
+
 Invariant: a block is written only by the one sequence that holds it. Shared
 blocks are full, computed, cached blocks: a hit never covers the block of the
 last token to compute (at most ``(len - 1) // block_size`` blocks hit), and
@@ -49,6 +55,7 @@ from collections import deque
 
 import msgspec
 
+from model_shards.kv_groups import peak_blocks
 from model_shards.messages import FinishReason, GenerateRequest, RequestOutput
 from model_shards.request_checks import fit_problem
 from model_shards.scheduler.admission import admit
@@ -211,6 +218,11 @@ class Scheduler:
             updates.append(SeqUpdate(seq, output))
         return updates
 
+    def _peak_blocks(self, tokens: int) -> int:
+        """Blocks one sequence of ``tokens`` KV positions holds at most, every KV group's."""
+        cfg = self.config
+        return peak_blocks(cfg.kv_windows, tokens, cfg.block_size, cfg.max_num_batched_tokens)
+
     def _finish_reason(self, seq: Sequence, token: int) -> FinishReason | None:
         req = seq.request
         num_out = len(seq.output_ids)
@@ -227,6 +239,8 @@ class Scheduler:
         if request.request_id in self._by_request:
             raise ValueError(f"request id {request.request_id!r} is already running")
         cfg = self.config
-        problem = fit_problem(request, cfg.max_model_len, cfg.block_size, cfg.num_blocks)
+        problem = fit_problem(
+            request, cfg.max_model_len, cfg.block_size, cfg.num_blocks, self._peak_blocks
+        )
         if problem:
             raise ValueError(problem)

@@ -26,8 +26,9 @@ class Sequence:
     """A request being generated.
 
     ``token_ids`` is prompt + output so far; positions ``< num_computed`` are
-    in the KV cache (covered by ``block_table``). A running sequence is
-    *decoding* when exactly its last token is not yet computed, else
+    in the KV cache (covered by ``block_table``, and by ``window_tables``: the tables of
+    KV groups 1.. when the model has several, ``-1`` where a block left the window).
+    A running sequence is *decoding* when exactly its last token is not yet computed, else
     *prefilling*. ``sampling`` always carries a seed.
     """
 
@@ -41,6 +42,7 @@ class Sequence:
     num_computed: int = 0
     prefill_end: int = 0  # len(token_ids) when last admitted: positions below are prefill
     block_table: list[int] = field(default_factory=list)
+    window_tables: list[list[int]] = field(default_factory=list)
     num_registered_blocks: int = 0  # leading full blocks offered to the prefix cache
     _hashes: list[BlockHash] = field(default_factory=list, repr=False)
 
@@ -68,16 +70,22 @@ class Sequence:
         """Chained hashes of the first ``num_blocks`` full blocks of ``token_ids``.
 
         Computed once per block and kept: tokens are only ever appended, so a
-        full block's hash never changes (not even across a preemption).
+        full block's hash never changes (not even across a preemption). A block holding
+        placeholders of an image also hashes that image's content hash and offset, so
+        two different images never share K/V and the same image twice does.
         """
         if num_blocks * block_size > len(self.token_ids):
             raise ValueError(f"sequence {self.seq_id} has fewer than {num_blocks} full blocks")
         while len(self._hashes) < num_blocks:
             i = len(self._hashes)
             parent = self._hashes[-1] if self._hashes else None
-            self._hashes.append(
-                hash_block(parent, self.token_ids[i * block_size : (i + 1) * block_size])
+            lo, hi = i * block_size, (i + 1) * block_size
+            extra = b"".join(
+                m.content_hash + m.offset.to_bytes(8, "little")
+                for m in self.request.media
+                if m.offset < hi and m.offset + m.length > lo
             )
+            self._hashes.append(hash_block(parent, self.token_ids[lo:hi], extra))
         return self._hashes[:num_blocks]
 
 

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from collections import deque
 
+from model_shards.kv_groups import window_start
 from model_shards.scheduler.block_manager import BlockManager
 from model_shards.scheduler.config import SchedulerConfig
+from model_shards.scheduler.group_hits import group_hash
 from model_shards.scheduler.sequence import SeqStatus, Sequence
 from model_shards.scheduler.stats import SchedulerCounters
 from model_shards.scheduler.step_builder import StepBuilder
@@ -48,21 +50,51 @@ class SchedulerState:
         )
 
     def extend_and_add(self, seq: Sequence, end: int, step: StepBuilder) -> None:
-        """Grow a running sequence's block table to cover ``end`` tokens; add its chunk."""
+        """Grow a running sequence's block tables (one per KV group) to cover ``end``
+        tokens; add its chunk."""
         self.counters.prefill_tokens += max(0, min(end, seq.prefill_end) - seq.num_computed)
-        new_blocks = self.blocks.allocate(self.blocks.blocks_for(end) - len(seq.block_table))
+        n = self.blocks.blocks_for(end) - len(seq.block_table)
+        new_blocks = self.blocks.allocate(n)
         seq.block_table.extend(new_blocks)
-        step.add(seq, seq.num_computed, end, new_blocks)
+        window_blocks = [self.blocks.allocate(n) for _ in seq.window_tables]
+        for table, new in zip(seq.window_tables, window_blocks, strict=True):
+            table.extend(new)
+        step.add(seq, seq.num_computed, end, new_blocks, window_blocks)
+
+    def blocks_to_extend(self, seq: Sequence, end: int) -> int:
+        """Block ids growing every table of ``seq`` to cover ``end`` tokens takes."""
+        groups = self.config.num_kv_groups
+        return groups * max(0, self.blocks.blocks_for(end) - len(seq.block_table))
+
+    def release_outside_windows(self, seq: Sequence) -> None:
+        """Release the blocks of ``seq``'s windowed tables that no query from
+        ``num_computed`` on can attend to (entry ``-1``); the ranks keep their stale
+        ids, which every windowed read skips."""
+        bs = self.config.block_size
+        for window, table in zip(self.config.kv_windows, self.tables(seq), strict=True):
+            dead = window_start(window, seq.num_computed) // bs  # blocks wholly before it
+            for i in range(min(dead, len(table))):
+                if table[i] >= 0:
+                    self.blocks.release([table[i]])
+                    table[i] = -1
+
+    @staticmethod
+    def tables(seq: Sequence) -> list[list[int]]:
+        """Every KV group's block table of ``seq``, group 0 first."""
+        return [seq.block_table, *seq.window_tables]
 
     def register_computed_blocks(self, seq: Sequence) -> None:
-        """Offer the sequence's newly computed full blocks to the prefix cache."""
-        if not self.config.enable_prefix_caching:
+        """Offer the sequence's newly computed full blocks, every KV group's, to the prefix
+        cache (a windowed group's blocks already released are skipped)."""
+        if not self.blocks.enable_caching:
             return
         bs = self.config.block_size
         full = seq.num_computed // bs
         hashes = seq.block_hashes(full, bs)
-        for i in range(seq.num_registered_blocks, full):
-            self.blocks.register(seq.block_table[i], hashes[i])
+        for g, table in enumerate(self.tables(seq)):
+            for i in range(seq.num_registered_blocks, full):
+                if table[i] >= 0:
+                    self.blocks.register(table[i], group_hash(g, hashes[i]))
         seq.num_registered_blocks = max(seq.num_registered_blocks, full)
 
     def retire(self, seq: Sequence) -> None:
@@ -77,5 +109,7 @@ class SchedulerState:
         """Give back every block of ``seq``'s table (cached ones stay parked)."""
         # Tail first, so a sequence's deepest cached blocks are evicted before its
         # shared-prefix blocks (an evicted parent would make its children unreachable).
-        self.blocks.release(reversed(seq.block_table))
+        for table in reversed(self.tables(seq)):
+            self.blocks.release(b for b in reversed(table) if b >= 0)
         seq.block_table = []
+        seq.window_tables = []

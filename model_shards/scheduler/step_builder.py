@@ -25,12 +25,19 @@ class StepBuilder:
         self.scheduled: set[int] = set()
         self.preempted = False
 
-    def add(self, seq: Sequence, start: int, end: int, new_blocks: list[int]) -> None:
-        """Add the chunk of positions ``start .. end - 1``; it samples if it reaches the end."""
+    def add(
+        self,
+        seq: Sequence,
+        start: int,
+        end: int,
+        new_blocks: list[int],
+        window_blocks: list[list[int]],
+    ) -> None:
+        """Add the chunk of positions ``start .. end - 1``; it samples if it reaches the end.
+        ``new_blocks``/``window_blocks``: the ids appended to KV group 0's / 1..'s tables."""
         sample = end == len(seq.token_ids)
-        self.chunks.append(
-            SeqChunk(seq.seq_id, start, seq.token_ids[start:end], sample, new_blocks)
-        )
+        tokens = seq.token_ids[start:end]
+        self.chunks.append(SeqChunk(seq.seq_id, start, tokens, sample, new_blocks, window_blocks))
         self.sequences.append(seq)
         self.scheduled.add(seq.seq_id)
         self.budget -= end - start

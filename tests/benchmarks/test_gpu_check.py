@@ -194,9 +194,10 @@ def test_smoke_settings_keep_the_real_reports() -> None:
 
 def test_wheel_list_covers_pyproject() -> None:
     script = (REPO / "benchmarks" / "gpu_wheels.sh").read_text()
-    start = script.index("REQUIREMENTS=(")
-    block = script[start : script.index(")\n", start)]
-    wheels = set(re.findall(r'"([^"]+)"', block))
+    wheels: set[str] = set()
+    for name in ("REQUIREMENTS=(", "NO_DEPS=("):  # with and without their dependencies
+        start = script.index(name)
+        wheels |= set(re.findall(r'"([^"]+)"', script[start : script.index(")\n", start)]))
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     needed = {d for d in project["dependencies"] if not d.startswith("torch")}
     test_extras = {"pytest>=8", "pytest-timeout>=2.3", "pytest-asyncio>=0.23", "psutil>=5.9"}

@@ -12,7 +12,8 @@ from benchmarks.roofline import attainable_gflops
 
 def test_shapes_have_smollm_135m_size() -> None:
     for shape in SHAPES.values():
-        assert shape.total_params() == 134_515_008  # SmolLM-135M's count
+        qk_norms = 2 * shape.head_dim * shape.layers if shape.qk_norm else 0  # Qwen3's
+        assert shape.total_params() == 134_515_008 + qk_norms  # SmolLM-135M's count
         assert shape.matmul_params() == 134_479_872
     # Decode alone is 2 FLOPs per matmul weight; prefill and attention come on top.
     assert SHAPES["main"].flops_per_output_token(32, 64) > 2 * 134_479_872
@@ -75,13 +76,20 @@ def test_readme_has_ratios(tmp_path: Path) -> None:
             _row("hf-generate", 32, 80.0, "batch"),
             _repeated("pp2 overlapped", [97.0, 84.0, 90.0]),
             _row("shardserve", 32, 60.0, "pp2 not overlapped"),
+            _row("shardserve", 32, 90.0, "qwen3-shaped"),
+            _row("hf-serve", 32, 30.0, "qwen3-shaped"),
+            _row("hf-generate", 32, 45.0, "qwen3-shaped"),
         ],
         "notes": [],
         "wall_s": 60.0,
     }
+    result["rows"][0]["metrics"] = {"ttft_ms": {"p50": 212.4}}  # the load tester's TTFT
     path = tmp_path / "README.md"
     report.write_readme(result, path)
     text = path.read_text()
-    assert "| shardserve | float32 | 32 | 100.0 | 2.00× | 1.25× | 30.0 | 30% | 0.0 |" in text
+    assert "| shardserve | float32 | 32 | 100.0 | 2.00× | 1.25× | 30.0 | 30% | 212 | 0.0 |" in text
+    assert "| hf-generate | float32 | 32 | 80.0 | 1.60× |  | 24.0 | 24% | — | 0.0 |" in text
     assert "| pp2 not overlapped | 60.0 | 0.60× vs tp1 pp1 | 18.0 |" in text
     assert "| pp2 overlapped | 90.0 (84–97) | 1.50× vs pp2 not overlapped | 27.0 |" in text
+    assert "| shardserve | 90.0 | 3.00× | 2.00× |" in text  # the Qwen3-shaped row
+    assert "| shardserve | float32 | 32 | 90.0 |" not in text  # not in the Llama table

@@ -18,7 +18,8 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
-COMPOSE_FILES = sorted(DEPLOY.glob("docker-compose*.yml"))
+CPU_OVERRIDE = "docker-compose.multinode.cpu.yml"  # an override: valid only on top of its file
+COMPOSE_FILES = sorted(p for p in DEPLOY.glob("docker-compose*.yml") if p.name != CPU_OVERRIDE)
 
 
 def tool(name: str) -> str:
@@ -50,6 +51,8 @@ def test_dockerfile_contract() -> None:
         "HEALTHCHECK",
         "/health",
         'ENTRYPOINT ["shardserve"]',
+        "ARG PYTHON_IMAGE=",  # the base is a build argument (make deploy-check's Debian)
+        '"${TORCH_INDEX_URL:-$TORCH_INDEX}"',
     ]
     for needle in needles:
         assert needle in text, needle
@@ -81,13 +84,13 @@ def test_compose_config_is_valid(compose: Path, profiles: list[str]) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def _compose(compose: str) -> dict[str, Any]:
-    env = {**os.environ, "MODEL_PATH": "/models/checkpoint", "TP": "2", "DP": "2"}
+def _compose(compose: str, *overrides: str, **env_vars: str) -> dict[str, Any]:
+    env = {**os.environ, "MODEL_PATH": "/models/checkpoint", "TP": "2", "DP": "2", **env_vars}
+    files = [arg for name in (compose, *overrides) for arg in ("-f", str(DEPLOY / name))]
     result = subprocess.run(
         [
             tool("docker-compose"),
-            "-f",
-            str(DEPLOY / compose),
+            *files,
             "--profile",
             "cpu",
             "--profile",
@@ -129,6 +132,27 @@ def test_multinode_compose_runs_two_engine_nodes_and_a_frontend() -> None:
     frontend = services["frontend"]
     assert "--engine" in frontend["command"]
     assert frontend["depends_on"]["node0"]["condition"] == "service_healthy"
+    # two nodes on one host: distinct pids for torchrun's c10d rendezvous
+    assert services["node0"]["pid"] == services["node1"]["pid"] == "host"
+    assert services["node0"]["image"] == "shardserve:cuda"
+
+
+def test_multinode_cpu_override_drops_the_gpu_reservation() -> None:
+    services = _compose("docker-compose.multinode.yml", CPU_OVERRIDE, DEVICE="cpu")["services"]
+    for name in ("node0", "node1"):
+        assert "deploy" not in services[name]
+        assert services[name]["image"] == "shardserve:cpu"
+        command = services[name]["command"]
+        assert command[command.index("--device") + 1] == "cpu"
+    assert services["frontend"]["image"] == "shardserve:cpu"
+
+
+def test_compose_health_tests_survive_podman_splitting_at_spaces() -> None:
+    # podman's Docker API (4.x) splits a compose health test's arguments at spaces
+    for compose in ("docker-compose.yml", "docker-compose.multinode.yml"):
+        for name, service in _compose(compose)["services"].items():
+            test = service.get("healthcheck", {}).get("test", [])
+            assert not any(" " in arg for arg in test[1:]), (compose, name, test)
 
 
 def test_k8s_manifests_probe_health() -> None:

@@ -81,3 +81,36 @@ def test_bad_settings() -> None:
         Batcher(lambda batch: None, window_s=-1)
     with pytest.raises(ValueError):
         Batcher(lambda batch: None, max_batch_size=0)
+
+
+async def test_idle_engine_gets_the_request_on_the_next_tick() -> None:
+    """Nothing on the engine: no window wait (a 10-minute window would outlast the
+    test), yet requests of the same tick still travel together."""
+    sent: list[list[GenerateRequest]] = []
+    asked: list[int] = []
+
+    def idle() -> bool:
+        asked.append(len(sent))
+        return True
+
+    batcher = Batcher(sent.append, window_s=600, idle=idle)
+    batcher.submit(req("a"))
+    batcher.submit(req("b"))  # same tick: joins a's batch, does not ask again
+    assert sent == [] and asked == [0]
+    await asyncio.sleep(0)  # the flush was queued before this task's wake-up
+    assert ids(sent) == [["a", "b"]]
+    batcher.submit(req("c"))
+    await asyncio.sleep(0)
+    assert ids(sent) == [["a", "b"], ["c"]] and asked == [0, 1]
+
+
+async def test_busy_engine_still_waits_for_the_window() -> None:
+    sent: list[list[GenerateRequest]] = []
+    batcher = Batcher(sent.append, window_s=600, idle=lambda: False)
+    batcher.submit(req("a"))
+    for _ in range(5):
+        await asyncio.sleep(0)
+    batcher.submit(req("b"))
+    assert sent == [] and batcher.pending == 2  # batching under load is kept
+    batcher.flush()
+    assert ids(sent) == [["a", "b"]]

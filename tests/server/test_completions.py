@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from server.tokenizer import Tokenizer
-from tests.server.conftest import BOS_ID, EOS_ID, ServeFactory
+from tests.server.conftest import BOS_ID, EOS_ID, Served, ServeFactory
 from tests.server.sse import read_events
 
 pytestmark = pytest.mark.timeout(60)
@@ -126,8 +126,15 @@ async def test_max_tokens_null_fills_the_context(serve: ServeFactory, tokenizer:
 
 
 async def test_concurrent_requests_share_one_batch(serve: ServeFactory) -> None:
-    served = await serve(batch_window_s=0.3)
+    """While the engine is busy, requests arriving within the window travel together."""
+    served = await serve(batch_window_s=0.3, step_s=0.05)
+    busy = {"prompt": "busy", "max_tokens": 200, "stream": True}
+    async with served.http.stream("POST", "/v1/completions", json=busy) as streamed:
+        await anext(streamed.aiter_lines())  # "busy" is on the engine
+        await _share_one_batch(served)
 
+
+async def _share_one_batch(served: Served) -> None:
     async def one(i: int) -> str:
         body = {"prompt": f"request {i}", "max_tokens": 3}
         response = await served.http.post("/v1/completions", json=body)
@@ -135,8 +142,8 @@ async def test_concurrent_requests_share_one_batch(serve: ServeFactory) -> None:
         return str(response.json()["id"])
 
     ids = await asyncio.gather(*(one(i) for i in range(6)))
-    assert sorted(served.engine.batches[0]) == sorted(ids)
-    assert len(served.engine.batches) == 1
+    assert sorted(served.engine.batches[1]) == sorted(ids)
+    assert len(served.engine.batches) == 2
 
 
 async def test_models_endpoint(serve: ServeFactory) -> None:

@@ -10,6 +10,7 @@ import pytest
 
 from model_shards.messages import GenerateRequest
 from server.engine_client import EngineClient, EngineDeadError, EngineRequestError
+from server.request_context import post_in_flight
 from tests.server.fake_engine import FakeEngine
 from tests.waiting import async_wait_until
 
@@ -51,9 +52,11 @@ async def test_connect_timeout_and_dead_before_ready(
 async def test_abort_while_waiting_in_batcher_never_reaches_engine(
     make_engine: Callable[..., FakeEngine],
 ) -> None:
-    engine = make_engine(vocab_size=50, eos_token_ids=[1])
+    engine = make_engine(vocab_size=50, eos_token_ids=[1], step_s=0.05)
     client = EngineClient(engine.address, batch_window_s=5.0)  # the window outlasts the test
     await client.connect(timeout_s=10)
+    busy = client.generate(req("busy", [5], max_tokens=200))  # the engine is not idle
+    await anext(busy)
     stream = client.generate(req("early", [5]))
     task = asyncio.ensure_future(anext(stream))
     await async_wait_until(lambda: client._batcher.pending == 1, "'early' queued in the batcher")
@@ -61,10 +64,46 @@ async def test_abort_while_waiting_in_batcher_never_reaches_engine(
     with contextlib.suppress(asyncio.CancelledError):
         await task
     await stream.aclose()
+    await busy.aclose()  # aborts "busy": the engine is idle again
+    await async_wait_until(lambda: client.num_pending == 0, "'busy' to be closed")
     outputs = [o async for o in client.generate(req("later", [7], max_tokens=1))]
     assert outputs[-1].new_token_ids == [7]
-    assert engine.batches == [["later"]] and engine.aborted == []
+    assert engine.batches == [["busy"], ["later"]] and engine.aborted == ["busy"]
     await client.close()
+
+
+async def test_idle_client_sends_without_the_window(
+    make_engine: Callable[..., FakeEngine],
+) -> None:
+    """Nothing on the engine: a request is sent at once (this window outlasts the test)."""
+    engine = make_engine(vocab_size=50, eos_token_ids=[1])
+    client = EngineClient(engine.address, batch_window_s=600.0)
+    await client.connect(timeout_s=10)
+    for rid in ("first", "second"):  # one after the other: each finds the engine idle
+        outputs = [o async for o in client.generate(req(rid, [5, 6], max_tokens=2))]
+        assert outputs[-1].finish_reason == "length"
+    assert engine.batches == [["first"], ["second"]]
+    await client.close()
+
+
+async def test_a_burst_of_posts_keeps_the_window(make_engine: Callable[..., FakeEngine]) -> None:
+    """Another POST on its way through the front door: wait for the window to batch it."""
+    engine = make_engine(vocab_size=50, eos_token_ids=[1])
+    client = EngineClient(engine.address, batch_window_s=600.0)
+    await client.connect(timeout_s=10)
+    with post_in_flight(), post_in_flight():  # this request's and another's
+        stream = client.generate(req("a", [5], max_tokens=1))
+        task = asyncio.ensure_future(anext(stream))
+        await async_wait_until(lambda: client._batcher.pending == 1, "'a' queued")
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert client._batcher.pending == 1  # not sent on the next tick
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    await stream.aclose()
+    await client.close()
+    assert engine.batches == []
 
 
 async def test_refusal_and_fatal_error(make_engine: Callable[..., FakeEngine]) -> None:

@@ -84,7 +84,8 @@ def test_stop_normalised_and_extras_ignored() -> None:
         ({"prompt": "x", "best_of": 3}, "best_of"),
         ({"prompt": "x", "min_p": -0.1}, "min_p"),
         ({"prompt": "x", "presence_penalty": 2.01}, "presence_penalty"),
-        ({"prompt": "x", "logit_bias": {"5": 1.0}}, "logit_bias"),
+        ({"prompt": "x", "logit_bias": {"five": 1.0}}, "logit_bias"),
+        ({"prompt": "x", "logit_bias": {"5": 100.5}}, "logit_bias"),
     ],
 )
 def test_invalid_fields_name_the_param(fields: dict[str, Any], param: str) -> None:

@@ -11,7 +11,9 @@ read in place (no gather). Query head ``h`` reads KV head ``h // G``, ``G = nh /
 
 Online softmax in float32, in base 2: with ``s = scale * log2(e) * q . k``, a running
 max ``m``, sum ``l = sum 2^(s - m)`` and ``acc = sum 2^(s - m) v`` over tiles of
-``BLOCK_N`` tokens; ``o = acc / l``. Output in ``q``'s dtype.
+``BLOCK_N`` tokens; ``o = acc / l``. Output in ``q``'s dtype. A soft-cap squashes the
+scores first, ``s = c tanh(s / c)`` (``c`` in the same base-2 units); a sliding window
+starts a row's range at ``context - window``.
 
 * single pass (:func:`_decode_kernel`): one program per (row, KV head) holding the ``G``
   query heads of the group together (padded to 16 rows for ``tl.dot``), tiles in
@@ -58,16 +60,30 @@ def pool_rows(
 
 
 @triton.jit
-def softmax_step(q, k, v, keep, m_i, l_i, acc, qk_scale, F32_DOT: tl.constexpr):
+def softcapped(s, cap2):
+    """``cap2 * tanh(s / cap2)`` (scores and cap both in base-2 units), tanh through
+    ``exp2``: ``tanh(x) = 1 - 2 / (e^(2x) + 1)``, exact at both ends."""
+    e = tl.exp2((2.0 * 1.4426950408889634) * (s / cap2))
+    return cap2 * (1.0 - 2.0 / (e + 1.0))
+
+
+@triton.jit
+def softmax_step(
+    q, k, v, keep, m_i, l_i, acc, qk_scale, cap2, F32_DOT: tl.constexpr, HAS_CAP: tl.constexpr
+):
     """One key tile of the online softmax: ``q [M, BD]``, ``k, v [N, BD]``, ``keep [M, N]``
-    (at least one kept key per row) → updated ``(m [M], l [M], acc [M, BD])``, base 2."""
+    → updated ``(m [M], l [M], acc [M, BD])``, base 2; ``HAS_CAP``: scores soft-capped
+    at ``cap2`` (base-2 units) before the mask. A row with no key kept yet stays empty."""
     if F32_DOT:
         k = k.to(tl.float32)
     s = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale  # [M, N]
+    if HAS_CAP:
+        s = softcapped(s, cap2)
     s = tl.where(keep, s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 1))  # finite: a key is kept in every row
-    alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(s - m_new[:, None])
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # a windowed row's empty tile
+    alpha = tl.exp2(m_i - m_use)
+    p = tl.exp2(s - m_use[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
     p = p.to(v.dtype)  # the MMA's input precision
     if F32_DOT:
@@ -78,10 +94,10 @@ def softmax_step(q, k, v, keep, m_i, l_i, acc, qk_scale, F32_DOT: tl.constexpr):
 
 @triton.jit
 def _attend_range(
-    q, k_ptr, v_ptr, bt_row_ptr, kv_head, lo, hi, qk_scale,
+    q, k_ptr, v_ptr, bt_row_ptr, kv_head, lo, hi, qk_scale, cap2,
     stride_ks, stride_kh, stride_kd, stride_vs, stride_vh, stride_vd, D,
     BLOCK_SIZE: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_D: tl.constexpr, F32_DOT: tl.constexpr,
+    BLOCK_D: tl.constexpr, F32_DOT: tl.constexpr, HAS_CAP: tl.constexpr,
 ):
     """Online softmax of ``q [BLOCK_G, BLOCK_D]`` over positions ``lo .. hi - 1`` read
     through one block table row → ``(m [BLOCK_G], l [BLOCK_G], acc [BLOCK_G, BLOCK_D])``
@@ -99,7 +115,9 @@ def _attend_range(
         k = pool_rows(k_ptr, slot, valid, kv_head, stride_ks, stride_kh, stride_kd, D, BLOCK_D)
         v = pool_rows(v_ptr, slot, valid, kv_head, stride_vs, stride_vh, stride_vd, D, BLOCK_D)
         keep = tl.broadcast_to(valid[None, :], (BLOCK_G, BLOCK_N))
-        m_i, l_i, acc = softmax_step(q, k, v, keep, m_i, l_i, acc, qk_scale, F32_DOT)
+        m_i, l_i, acc = softmax_step(
+            q, k, v, keep, m_i, l_i, acc, qk_scale, cap2, F32_DOT, HAS_CAP
+        )
     return m_i, l_i, acc
 
 
@@ -119,23 +137,25 @@ def _load_group_q(
 
 @triton.jit
 def _decode_kernel(
-    q_ptr, k_ptr, v_ptr, bt_ptr, ctx_ptr, out_ptr, qk_scale,
+    q_ptr, k_ptr, v_ptr, bt_ptr, ctx_ptr, out_ptr, qk_scale, cap2, window,
     stride_qb, stride_qh, stride_qd, stride_ks, stride_kh, stride_kd,
     stride_vs, stride_vh, stride_vd, stride_btb, stride_ob, stride_oh, stride_od, GROUP, D,
     BLOCK_SIZE: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_D: tl.constexpr, F32_DOT: tl.constexpr,
+    BLOCK_D: tl.constexpr, F32_DOT: tl.constexpr, HAS_CAP: tl.constexpr,
 ):
-    """Grid ``(B, nkv)``: the whole context of one row for one query-head group."""
+    """Grid ``(B, nkv)``: the whole context (its last ``window`` positions when
+    ``window > 0``) of one row for one query-head group."""
     b = tl.program_id(0)
     kv_head = tl.program_id(1)
     q = _load_group_q(
         q_ptr, b, kv_head, stride_qb, stride_qh, stride_qd, GROUP, D, BLOCK_G, BLOCK_D
     )  # [BLOCK_G, BLOCK_D]
     ctx = tl.load(ctx_ptr + b)
+    lo = tl.where(window > 0, tl.maximum(ctx - window, 0), 0)
     _, l_i, acc = _attend_range(
-        q, k_ptr, v_ptr, bt_ptr + b * stride_btb, kv_head, 0, ctx, qk_scale,
+        q, k_ptr, v_ptr, bt_ptr + b * stride_btb, kv_head, lo, ctx, qk_scale, cap2,
         stride_ks, stride_kh, stride_kd, stride_vs, stride_vh, stride_vd, D,
-        BLOCK_SIZE, BLOCK_G, BLOCK_N, BLOCK_D, F32_DOT,
+        BLOCK_SIZE, BLOCK_G, BLOCK_N, BLOCK_D, F32_DOT, HAS_CAP,
     )
     o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # padding rows: acc == 0
     offs_g = tl.arange(0, BLOCK_G)
@@ -148,11 +168,11 @@ def _decode_kernel(
 
 @triton.jit
 def _decode_split_kernel(
-    q_ptr, k_ptr, v_ptr, bt_ptr, ctx_ptr, m_ptr, l_ptr, acc_ptr, qk_scale,
+    q_ptr, k_ptr, v_ptr, bt_ptr, ctx_ptr, m_ptr, l_ptr, acc_ptr, qk_scale, cap2,
     stride_qb, stride_qh, stride_qd, stride_ks, stride_kh, stride_kd,
     stride_vs, stride_vh, stride_vd, stride_btb, nh, num_parts, split, GROUP, D,
     BLOCK_SIZE: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_D: tl.constexpr, F32_DOT: tl.constexpr,
+    BLOCK_D: tl.constexpr, F32_DOT: tl.constexpr, HAS_CAP: tl.constexpr,
 ):
     """Grid ``(B, nkv, P)``: partition ``j`` (positions ``j*split ..``) of one row and
     group → partials ``m, l: [B, nh, P]``, ``acc: [B, nh, P, D]`` (float32). A partition
@@ -167,9 +187,9 @@ def _decode_split_kernel(
     lo = part.to(tl.int64) * split
     hi = tl.minimum(lo + split, ctx)
     m_i, l_i, acc = _attend_range(
-        q, k_ptr, v_ptr, bt_ptr + b * stride_btb, kv_head, lo, hi, qk_scale,
+        q, k_ptr, v_ptr, bt_ptr + b * stride_btb, kv_head, lo, hi, qk_scale, cap2,
         stride_ks, stride_kh, stride_kd, stride_vs, stride_vh, stride_vd, D,
-        BLOCK_SIZE, BLOCK_G, BLOCK_N, BLOCK_D, F32_DOT,
+        BLOCK_SIZE, BLOCK_G, BLOCK_N, BLOCK_D, F32_DOT, HAS_CAP,
     )
     offs_g = tl.arange(0, BLOCK_G)
     offs_d = tl.arange(0, BLOCK_D)
@@ -256,6 +276,7 @@ def decode_attention(
     q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, block_tables: torch.Tensor,
     context_lens: torch.Tensor, block_size: int, scale: float, *, split_kv: int | None = None,
     batch_invariant: bool = False, max_context_len: int | None = None,
+    window: int | None = None, softcap: float | None = None,
 ) -> torch.Tensor:
     """``q: [B, nh, D]`` → ``[B, nh, D]`` in q's dtype (contract of
     ``Backend.decode_attention``); ``block_tables [B, nblk]`` int32/int64.
@@ -263,7 +284,9 @@ def decode_attention(
     ``split_kv`` forces the split-K path with partitions of that many tokens; ``None``
     chooses (:func:`choose_split`). ``batch_invariant`` forces the single pass.
     ``max_context_len`` is an upper bound of ``context_lens`` from host metadata; without
-    it the table width ``nblk * block_size`` is used (no device sync either way)."""
+    it the table width ``nblk * block_size`` is used (no device sync either way).
+    ``window``/``softcap``: the contract's; a windowed row reads only its window, always
+    in the single pass (the window bounds its context)."""
     _check(q, k_pool, v_pool)
     b, nh, d = q.shape
     nkv = k_pool.shape[1]
@@ -271,19 +294,23 @@ def decode_attention(
     if b == 0:
         return out
     bound = block_tables.shape[1] * block_size if max_context_len is None else max_context_len
-    split = choose_split(b, nkv, bound, split_kv, batch_invariant)
+    if window is not None:
+        bound = min(bound, window)
+    split = None if window is not None else choose_split(b, nkv, bound, split_kv, batch_invariant)
     group = nh // nkv
     block_g = max(16, triton.next_power_of_2(group))
     block_d = max(16, triton.next_power_of_2(d))
     pools = (*k_pool.stride(), *v_pool.stride())
     common = dict(
         BLOCK_SIZE=block_size, BLOCK_G=block_g, BLOCK_D=block_d, F32_DOT=f32_dots(q),
-        num_warps=4,
+        HAS_CAP=softcap is not None, num_warps=4,
     )
     qk_scale = scale * _LOG2E
+    cap2 = (softcap or 1.0) * _LOG2E
     if split is None:
         _decode_kernel[(b, nkv)](
-            q, k_pool, v_pool, block_tables, context_lens, out, qk_scale, *q.stride(), *pools,
+            q, k_pool, v_pool, block_tables, context_lens, out, qk_scale, cap2, window or 0,
+            *q.stride(), *pools,
             block_tables.stride(0), *out.stride(), group, d, BLOCK_N=BLOCK_N, **common,
         )
         return out
@@ -294,7 +321,7 @@ def decode_attention(
     block_n = max(16, min(BLOCK_N, triton.next_power_of_2(split)))
     _decode_split_kernel[(b, nkv, parts)](
         q, k_pool, v_pool, block_tables, context_lens, m_part, l_part, acc_part, qk_scale,
-        *q.stride(), *pools, block_tables.stride(0), nh, parts, split, group, d,
+        cap2, *q.stride(), *pools, block_tables.stride(0), nh, parts, split, group, d,
         BLOCK_N=block_n, **common,
     )
     _decode_reduce_kernel[(b, nh)](

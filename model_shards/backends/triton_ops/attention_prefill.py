@@ -42,12 +42,15 @@ _LOG2E = 1.4426950408889634
 @triton.jit
 def _prefill_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr, q_starts_ptr, q_lens_ptr, starts_ptr, bt_ptr, qk_scale,
-    stride_qt, stride_qh, stride_qd, stride_ks, stride_kh, stride_kd,
+    cap2, window, stride_qt, stride_qh, stride_qd, stride_ks, stride_kh, stride_kd,
     stride_vs, stride_vh, stride_vd, stride_ot, stride_oh, stride_od, stride_btn,
     tiles, group, D, BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, F32_DOT: tl.constexpr,
+    HAS_CAP: tl.constexpr,
 ):
-    """One query tile of one chunk for one query head (see the module docstring)."""
+    """One query tile of one chunk for one query head (see the module docstring);
+    ``window > 0``: each query sees only positions ``> t - window``, and the key loop
+    starts at the tile's first row's window."""
     n = tl.program_id(0) // tiles
     first = (tl.program_id(0) % tiles) * BLOCK_M
     h = tl.program_id(1)
@@ -74,15 +77,18 @@ def _prefill_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    for k0 in range(0, kv_end, BLOCK_N):
+    kv_start = tl.where(window > 0, tl.maximum(start + first - window + 1, 0), 0)
+    for k0 in range(kv_start, kv_end, BLOCK_N):
         pos = k0 + offs_n  # [BLOCK_N] key positions
         valid = pos < kv_end
         slot = paged_slots(bt_row, pos, valid, BLOCK_SIZE)
         k = pool_rows(k_ptr, slot, valid, kv_head, stride_ks, stride_kh, stride_kd, D, BLOCK_D)
         v = pool_rows(v_ptr, slot, valid, kv_head, stride_vs, stride_vh, stride_vd, D, BLOCK_D)
-        # key 0 is kept for every row, so each row's max is finite from the first tile
         keep = valid[None, :] & (pos[None, :] <= q_pos[:, None])  # [BLOCK_M, BLOCK_N]
-        m_i, l_i, acc = softmax_step(q, k, v, keep, m_i, l_i, acc, qk_scale, F32_DOT)
+        keep &= (window <= 0) | (pos[None, :] > q_pos[:, None] - window)
+        m_i, l_i, acc = softmax_step(
+            q, k, v, keep, m_i, l_i, acc, qk_scale, cap2, F32_DOT, HAS_CAP
+        )
     o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     o_ptrs = out_ptr + rows[:, None] * stride_ot + h * stride_oh + offs_d[None, :] * stride_od
     tl.store(o_ptrs, o.to(out_ptr.dtype.element_ty), mask=q_mask)
@@ -90,10 +96,11 @@ def _prefill_kernel(
 
 def prefill_attention(
     q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, meta: PrefillMeta,
-    scale: float, out: torch.Tensor,
+    scale: float, out: torch.Tensor, softcap: float | None = None,
 ) -> None:
     """Write the chunks' rows of ``out: [T, nh, D]`` from ``q: [T, nh, D]`` (contract of
-    ``Backend.prefill_attention``); ``meta``'s tensors on q's device, int32 or int64."""
+    ``Backend.prefill_attention``, ``meta.window`` and ``softcap`` included); ``meta``'s
+    tensors on q's device, int32 or int64."""
     if q.dim() != 3 or out.shape != q.shape or k_pool.dim() != 3 or v_pool.shape != k_pool.shape:
         raise ValueError(f"want q, out [T, nh, D] and equal pools [slots, nkv, D], got "
                          f"{tuple(q.shape)}, {tuple(out.shape)}, {tuple(k_pool.shape)}, "
@@ -108,8 +115,10 @@ def prefill_attention(
     tiles = triton.cdiv(meta.max_q_len, block_m)
     _prefill_kernel[(meta.num_chunks * tiles, nh)](
         q, k_pool, v_pool, out, meta.q_starts, meta.q_lens, meta.start_positions,
-        meta.block_tables, scale * _LOG2E, *q.stride(), *k_pool.stride(), *v_pool.stride(),
+        meta.block_tables, scale * _LOG2E, (softcap or 1.0) * _LOG2E, meta.window or 0,
+        *q.stride(), *k_pool.stride(), *v_pool.stride(),
         *out.stride(), meta.block_tables.stride(0), tiles, nh // nkv, d,
         BLOCK_SIZE=meta.block_size, BLOCK_M=block_m, BLOCK_N=BLOCK_N,
-        BLOCK_D=max(16, triton.next_power_of_2(d)), F32_DOT=f32_dots(q), num_warps=4,
+        BLOCK_D=max(16, triton.next_power_of_2(d)), F32_DOT=f32_dots(q),
+        HAS_CAP=softcap is not None, num_warps=4,
     )

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from model_shards.backends import Backend, ReferenceBackend, select_backend
+from model_shards.backends.base import DecodeMeta, KVPool
 from model_shards.backends.cpu import CpuBackend
 from model_shards.backends.cpu_build import build_and_load
 from model_shards.config import RopeConfig
@@ -82,6 +83,25 @@ def test_vectorized_decode_attention_matches_portable() -> None:
             fast = torch.ops.shardserve_cpu.decode_attention(*args, True)
             portable = torch.ops.shardserve_cpu.decode_attention(*args, False)
             _close(fast, portable, dtype)
+
+
+@pytest.mark.parametrize(("window", "softcap"), [(5, 0.0), (0, 2.0), (7, 1.5)])
+def test_decode_attention_window_and_softcap_match_reference(window: int, softcap: float) -> None:
+    """Gemma's decode attention on the C++ kernels (vectorized and portable): only the last
+    ``window`` positions (the table's earlier entries garbage), soft-capped scores."""
+    g = torch.Generator().manual_seed(13)
+    for dtype in DTYPES:
+        for d, nh, nkv, bs in [(64, 4, 2, 16), (256, 2, 1, 4), (32, 4, 1, 4)]:
+            pool = [torch.randn(100 * bs, nkv, d, generator=g).to(dtype) for _ in range(2)]
+            tables = torch.randperm(100, generator=g)[:48].view(6, 8)
+            lens = torch.tensor([1, 4, bs + 3, 2 * bs, 29, 8 * bs])
+            q = (3 * torch.randn(6, nh, d, generator=g)).to(dtype)
+            meta = DecodeMeta(tables, lens, window=window or None)
+            want = REF.decode_attention(q, KVPool(*pool, bs), meta, d**-0.5, softcap or None)
+            args = (q, *pool, tables, lens, bs, d**-0.5)
+            for vectorized in (True, False):
+                got = torch.ops.shardserve_cpu.decode_attention(*args, vectorized, window, softcap)
+                _close(got, want, dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -219,3 +219,44 @@ def test_prefill_without_chunks_is_a_no_op() -> None:
     before = out.clone()
     prefill_attention(out.clone(), k_pool, v_pool, meta, SCALE, out)
     assert torch.equal(out, before)
+
+
+@pytest.mark.parametrize(("window", "softcap"), [(6, None), (None, 2.0), (5, 1.5)])
+def test_decode_window_and_softcap_match_reference(
+    window: int | None, softcap: float | None
+) -> None:
+    """Gemma's attention: a sliding window (only the last ``window`` positions, the table's
+    earlier entries garbage) and soft-capped scores, against the reference backend."""
+    gen = torch.Generator().manual_seed(11)
+    nh, nkv, d, bs = 4, 2, 32, 4
+    lens = [3, 9, 17, 0, 70]
+    nblk = -(-max(lens) // bs)
+    tables, num_blocks = _tables(len(lens), nblk, 2, gen)
+    k_pool, v_pool = _pools(num_blocks * bs, nkv, d, torch.float32, gen)
+    q = torch.randn(len(lens), nh, d, generator=gen).to(DEVICE)  # [B, nh, D]
+    ctx = torch.tensor(lens, device=DEVICE)
+    got = decode_attention(
+        q, k_pool, v_pool, tables, ctx, bs, SCALE * 4, window=window, softcap=softcap
+    )
+    pool, meta = KVPool(k_pool, v_pool, bs), DecodeMeta(tables, ctx, window=window)
+    want = ReferenceBackend().decode_attention(q, pool, meta, SCALE * 4, softcap)
+    _close(got, want, torch.float32)
+    plain = ReferenceBackend().decode_attention(q, pool, DecodeMeta(tables, ctx), SCALE * 4)
+    assert not torch.allclose(got, plain, atol=1e-3), "the window/cap was meant to matter"
+
+
+@pytest.mark.parametrize(("window", "softcap"), [(6, None), (None, 2.0), (5, 1.5)])
+def test_prefill_window_and_softcap_match_reference(
+    window: int | None, softcap: float | None
+) -> None:
+    gen = torch.Generator().manual_seed(12)
+    nh, nkv, d, bs = 4, 2, 32, 4
+    meta, rows, num_blocks = _prefill_meta([1, 9, 70, 3], [0, 5, 0, 13], bs, 1, gen)
+    meta.window = window
+    k_pool, v_pool = _pools(num_blocks * bs, nkv, d, torch.float32, gen)
+    q = torch.randn(rows, nh, d, generator=gen).to(DEVICE)  # [T, nh, D]
+    got, want = torch.zeros_like(q), torch.zeros_like(q)
+    prefill_attention(q, k_pool, v_pool, meta, SCALE * 4, got, softcap)
+    pool = KVPool(k_pool, v_pool, bs)
+    ReferenceBackend().prefill_attention(q, pool, meta, SCALE * 4, want, softcap)
+    _close(got, want, torch.float32)

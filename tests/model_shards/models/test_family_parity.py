@@ -16,6 +16,7 @@ import torch
 
 from model_shards.config import ModelConfig, ReplicaConfig
 from model_shards.coordinator import Coordinator
+from model_shards.kv_groups import KVLayout, peak_blocks
 from model_shards.messages import GenerateRequest, SamplingParams
 from model_shards.parallel.comm import Comm
 from model_shards.parallel.state import single_process_state
@@ -119,6 +120,7 @@ def _seeded_runs(model_dir: Path, blocks: int) -> tuple[list[int], list[int], in
         str(model_dir),
         dtype="float32",
         max_num_seqs=16,
+        max_num_batched_tokens=64,
         block_size=4,
         kv_cache_memory=blocks * _block_bytes(cfg),
     )
@@ -140,7 +142,9 @@ def _seeded_runs(model_dir: Path, blocks: int) -> tuple[list[int], list[int], in
 
 
 def _block_bytes(cfg: ModelConfig) -> int:
-    return cfg.kv_block_bytes(1, cfg.num_layers, 4, torch.float32.itemsize)
+    """One block id's bytes: its KV groups share memory (one layer per slot)."""
+    slots = KVLayout.for_model(cfg).slots_on(range(cfg.num_layers))
+    return cfg.kv_block_bytes(1, slots, 4, torch.float32.itemsize)
 
 
 def _generate_requests(coord: Coordinator, requests: list[GenerateRequest]) -> dict[str, list[int]]:
@@ -159,7 +163,10 @@ def _generate_requests(coord: Coordinator, requests: list[GenerateRequest]) -> d
 def test_seeded_request_same_alone_and_in_a_crowd(
     family: ModuleType, checkpoints: dict[str, Path]
 ) -> None:
-    alone, crowd, preemptions = _seeded_runs(checkpoints[family.NAME], blocks=40)
+    cfg = ModelConfig.from_dir(checkpoints[family.NAME])
+    # a pool that holds one full-length sequence (its every KV group) and preempts
+    blocks = max(40, peak_blocks(KVLayout.for_model(cfg).windows, MAX_LEN, 4, 64))
+    alone, crowd, preemptions = _seeded_runs(checkpoints[family.NAME], blocks)
     assert alone == crowd
     assert len(alone) == 16
     assert preemptions > 0, "the pool was meant to be small enough to preempt"

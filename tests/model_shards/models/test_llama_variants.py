@@ -12,7 +12,9 @@ from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralFo
 
 from model_shards.config import ModelConfig, ReplicaConfig
 from model_shards.coordinator import Coordinator
+from model_shards.kv_groups import layer_windows
 from model_shards.models.llama import LlamaForCausalLM as OurLlama
+from model_shards.models.llama import check_no_window
 from model_shards.parallel.comm import Comm
 from model_shards.parallel.state import single_process_state
 from model_shards.worker import Worker
@@ -20,7 +22,7 @@ from tests.checkpoints import hf_prompt_logits
 from tests.logits import prompt_logits, record_logits
 
 
-def _build_mistral(path: Path, dtype: torch.dtype) -> Path:
+def _build_mistral(path: Path, dtype: torch.dtype, sliding_window: int | None = None) -> Path:
     torch.manual_seed(0)
     cfg = MistralConfig(
         hidden_size=64,
@@ -30,7 +32,7 @@ def _build_mistral(path: Path, dtype: torch.dtype) -> Path:
         num_key_value_heads=1,
         vocab_size=503,
         max_position_embeddings=128,
-        sliding_window=None,
+        sliding_window=sliding_window,
         rope_scaling={"rope_type": "linear", "factor": 2.0},
         initializer_range=0.2,
     )
@@ -66,6 +68,17 @@ def test_mistral_linear_rope_matches_transformers(
     assert rel < tolerance, f"{dtype}: relative error {rel:.2e}"
 
 
+def test_mistral_sliding_window_matches_transformers(tmp_path: Path) -> None:
+    """A window of 4 over an 11-token prompt: every layer reads only its window."""
+    model_dir = _build_mistral(tmp_path / "mistral-window", torch.float32, sliding_window=4)
+    prompt = [5, 77, 300, 2, 499, 18, 64, 9, 120, 33, 7]
+    ours = _logits(model_dir, "float32", prompt)
+    ref = hf_prompt_logits(model_dir, prompt)[-1]
+    assert ((ours - ref).abs().max() / ref.abs().max()).item() < 1e-4
+    full = _logits(_build_mistral(tmp_path / "mistral-full", torch.float32), "float32", prompt)
+    assert not torch.allclose(ours, full, atol=1e-3), "the window was meant to matter"
+
+
 def test_llama_attention_bias_covers_o_proj(tmp_path: Path) -> None:
     """HF Llama's ``attention_bias`` biases q, k, v *and* o (Qwen2's only q, k, v)."""
     torch.manual_seed(0)
@@ -92,7 +105,9 @@ def test_llama_attention_bias_covers_o_proj(tmp_path: Path) -> None:
     assert ((ours - ref).abs().max() / ref.abs().max()).item() < 1e-4
 
 
-def test_a_sliding_window_that_would_matter_is_refused() -> None:
+def test_sliding_windows_served_or_refused_by_family() -> None:
+    """Mistral's and Qwen2's windows are served (their KV groups); a family whose windows
+    are not (Mixtral) refuses one that would matter, naming the length that serves it."""
     base = {
         "hidden_size": 64,
         "intermediate_size": 128,
@@ -104,10 +119,16 @@ def test_a_sliding_window_that_would_matter_is_refused() -> None:
     mistral = ModelConfig.from_dict(
         {**base, "architectures": ["MistralForCausalLM"], "sliding_window": 64}
     )
-    with pytest.raises(ValueError, match=r"sliding_window 64 .*--max-model-len 64"):
-        OurLlama.check_config(mistral, 128)
-    OurLlama.check_config(mistral, 64)  # every sequence fits the window: exact
+    OurLlama.check_config(mistral, 128)
+    assert layer_windows(mistral) == (64, 64)
     qwen2 = {**base, "architectures": ["Qwen2ForCausalLM"], "sliding_window": 32}
-    OurLlama.check_config(ModelConfig.from_dict({**qwen2, "use_sliding_window": False}), 128)
-    with pytest.raises(ValueError, match="use_sliding_window"):
-        OurLlama.check_config(ModelConfig.from_dict({**qwen2, "use_sliding_window": True}), 128)
+    off = ModelConfig.from_dict({**qwen2, "use_sliding_window": False})
+    assert layer_windows(off) == (None, None)
+    on = ModelConfig.from_dict({**qwen2, "use_sliding_window": True, "max_window_layers": 1})
+    assert layer_windows(on) == (None, 32)
+    mixtral = ModelConfig.from_dict(
+        {**base, "architectures": ["MixtralForCausalLM"], "sliding_window": 64}
+    )
+    with pytest.raises(ValueError, match=r"sliding_window 64 .*--max-model-len 64"):
+        check_no_window(mixtral, 128)
+    check_no_window(mixtral, 64)  # every sequence fits the window: exact

@@ -18,6 +18,7 @@ from model_shards.backends import ReferenceBackend
 from model_shards.checkpoint import Checkpoint, CheckpointError
 from model_shards.config import ModelConfig, ReplicaConfig
 from model_shards.coordinator import Coordinator
+from model_shards.kv_groups import layer_windows
 from model_shards.layers.context import ShardContext
 from model_shards.loader import load_weights
 from model_shards.models.phi3 import Phi3ForCausalLM, Phi3Options
@@ -58,11 +59,12 @@ def test_variant_prompt_logits_match_transformers(tmp_path: Path, variant: str) 
         assert rel < 1e-4, f"{variant}: logits relative error {rel:.2e}"
 
 
-def test_window_shorter_than_the_served_length_is_refused_naming_it() -> None:
-    cfg = ModelConfig.from_dict(_raw(sliding_window=2047))
-    with pytest.raises(ValueError, match=r"sliding_window 2047 .* --max-model-len 2047"):
-        Phi3Options.parse(cfg, max_positions=4096)
-    assert Phi3Options.parse(cfg, max_positions=2047).sliding_window == 2047
+def test_window_shorter_than_the_served_length_is_served_on_every_layer() -> None:
+    cfg = ModelConfig.from_dict(_raw(sliding_window=16))
+    assert Phi3Options.parse(cfg, max_positions=128).sliding_window == 16
+    assert set(layer_windows(cfg)) == {16}
+    long = ModelConfig.from_dict(_raw(sliding_window=10**6))  # past every position
+    assert set(layer_windows(long)) == {None}
     assert Phi3Options.parse(ModelConfig.from_dict(_raw(sliding_window=None)), 4096).rotary_dim
     with pytest.raises(ValueError, match=r"hidden_act 'gelu'"):
         Phi3ForCausalLM.check_config(ModelConfig.from_dict(_raw(hidden_act="gelu")), 64)

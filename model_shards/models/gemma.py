@@ -1,0 +1,226 @@
+"""Gemma 2 and Gemma 3 text decoders (HF ``Gemma2ForCausalLM``, ``Gemma3ForCausalLM``).
+
+What differs from Llama, each read from the Hugging Face model:
+
+* sliding-window layers interleaved with global ones (``layer_types``; Gemma 2 alternates,
+  Gemma 3 has five sliding to one global): the KV groups of :mod:`model_shards.kv_groups`
+  give every type its own block table, and a sliding layer's blocks leave the pool as
+  they leave its window;
+* ``(1 + w)`` RMSNorm (the checkpoint stores ``w``; loaded as ``1 + w`` in float32 and
+  rounded once to the dtype: exact in float32), before *and after* each sub-block:
+  ``h = x + post_attention_layernorm(attn(input_layernorm(x)))``,
+  ``out = h + post_feedforward_layernorm(mlp(pre_feedforward_layernorm(h)))``;
+* embeddings times ``sqrt(hidden_size)`` (rounded to the dtype first, as transformers does),
+  the LM head tied to the unscaled embedding;
+* a GELU-tanh gated MLP, ``down(gelu_tanh(gate(x)) * up(x))``;
+* attention scores scaled by ``query_pre_attn_scalar ** -0.5``, Gemma 2's scores and final
+  logits soft-capped, ``cap * tanh(s / cap)`` (``attn_logit_softcapping``,
+  ``final_logit_softcapping``);
+* Gemma 3: per-head QK-norm before RoPE (Qwen3's, with Gemma's norm) and one rope theta per
+  layer type (``rope_parameters.{full,sliding}_attention``; older configs:
+  ``rope_theta`` and ``rope_local_base_freq``).
+
+The fused CPU kernels run the norms, RoPE and GEMMs; windowed and soft-capped attention
+runs on the reference path (logged once).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from model_shards.checkpoint import TensorSource
+from model_shards.config import ModelConfig
+from model_shards.kv_groups import layer_windows
+from model_shards.layers.attention import Attention, ForwardBatch
+from model_shards.layers.context import ShardContext
+from model_shards.layers.linear import copy_checked
+from model_shards.layers.norm import RMSNorm
+from model_shards.layers.rotary import RotaryEmbedding
+from model_shards.models.causal_lm import CausalLM
+from model_shards.models.llama import LlamaAttention, LlamaForCausalLM, LlamaMLP, LlamaModel
+from model_shards.models.qwen3 import normalize_heads
+from model_shards.rope_config import RopeConfig, parse_rope
+
+_GELU_TANH = ("gelu_pytorch_tanh", "gelu_tanh", "gelu_new")
+_LAYER_TYPES = ("full_attention", "sliding_attention")
+
+
+@dataclass(frozen=True)
+class GemmaOptions:
+    """Gemma's own ``config.json`` fields; :meth:`parse` refuses what we cannot serve."""
+
+    query_pre_attn_scalar: float
+    attn_softcap: float | None
+    final_softcap: float | None
+    qk_norm: bool  # Gemma 3
+    ropes: Mapping[str, RopeConfig]  # per layer type
+
+    @staticmethod
+    def parse(cfg: ModelConfig) -> GemmaOptions:
+        raw = cfg.extra
+        act = str(raw.get("hidden_activation") or raw.get("hidden_act") or "gelu_pytorch_tanh")
+        if act not in _GELU_TANH:
+            raise ValueError(
+                f"config.json: hidden_activation {act!r} not supported for "
+                f"{cfg.architecture} ({', '.join(_GELU_TANH)})"
+            )
+        if raw.get("use_bidirectional_attention"):
+            raise ValueError("config.json: use_bidirectional_attention is not supported")
+        gemma3 = cfg.architecture == "Gemma3ForCausalLM"
+        return GemmaOptions(
+            query_pre_attn_scalar=float(raw.get("query_pre_attn_scalar", cfg.head_dim)),
+            attn_softcap=_optional_float(raw.get("attn_logit_softcapping")),
+            final_softcap=_optional_float(raw.get("final_logit_softcapping")),
+            qk_norm=gemma3,
+            ropes=_gemma3_ropes(raw) if gemma3 else dict.fromkeys(_LAYER_TYPES, cfg.rope),
+        )
+
+
+def _optional_float(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+def _gemma3_ropes(raw: Mapping[str, Any]) -> dict[str, RopeConfig]:
+    """Gemma 3's rope per layer type, from either spelling of its config."""
+    params = raw.get("rope_parameters")
+    if isinstance(params, dict) and "full_attention" in params:
+        per_type = {t: dict(params.get(t) or {}) for t in _LAYER_TYPES}
+    else:  # transformers < 5: rope_theta (+ rope_scaling) global, rope_local_base_freq local
+        per_type = {
+            "full_attention": {
+                **(raw.get("rope_scaling") or {}),
+                "rope_theta": raw.get("rope_theta", 1_000_000.0),
+            },
+            "sliding_attention": {"rope_theta": raw.get("rope_local_base_freq", 10_000.0)},
+        }
+    positions = raw.get("max_position_embeddings", 8192)
+    return {
+        t: parse_rope({"rope_parameters": p, "max_position_embeddings": positions})
+        for t, p in per_type.items()
+    }
+
+
+class GemmaRMSNorm(RMSNorm):
+    """``y = (1 + w) * x / rms(x)``: the checkpoint's ``w`` is loaded as ``1 + w``."""
+
+    def weight_loader(self, param: nn.Parameter, source: TensorSource) -> None:
+        copy_checked(param.data, source.read().float() + 1.0, source.name)
+
+
+class GemmaAttention(LlamaAttention):
+    """Llama's attention with Gemma's score scale, soft-cap, per-type rope and (Gemma 3)
+    per-head QK-norm."""
+
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        layer_idx: int,
+        ctx: ShardContext,
+        options: GemmaOptions,
+        rotary: RotaryEmbedding,
+    ) -> None:
+        super().__init__(cfg, layer_idx, ctx)
+        self.attn = Attention(
+            layer_idx,
+            self.num_heads,
+            self.num_kv_heads,
+            cfg.head_dim,
+            ctx.ops,
+            scale=options.query_pre_attn_scalar**-0.5,
+            softcap=options.attn_softcap,
+            rotary=rotary,
+        )
+        self.q_norm: GemmaRMSNorm | None = None
+        self.k_norm: GemmaRMSNorm | None = None
+        if options.qk_norm:
+            self.q_norm = GemmaRMSNorm(cfg.head_dim, cfg.rms_norm_eps, ctx)
+            self.k_norm = GemmaRMSNorm(cfg.head_dim, cfg.rms_norm_eps, ctx)
+
+    def forward(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        qkv = self.qkv_proj(x)  # [T, (nh + 2 nkv) * D]
+        if self.q_norm is not None and self.k_norm is not None:
+            heads = (self.num_heads, self.num_kv_heads)
+            normalize_heads(qkv, heads, self.head_dim, self.q_norm, self.k_norm)
+        return self.o_proj(self.attn(qkv, batch))  # [T, H]
+
+
+class GemmaMLP(LlamaMLP):
+    """``down(gelu_tanh(gate(x)) * up(x))``, gate/up fused column-parallel."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)  # [T, I / tp] each
+        return self.down_proj(F.gelu(gate, approximate="tanh") * up)  # [T, H]
+
+
+class GemmaDecoderLayer(nn.Module):
+    """Pre- and post-norm block (see the module docstring); the residual adds are fused
+    into the following norms, ``(x, residual) -> (x, residual)`` like Llama's layer."""
+
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        layer_idx: int,
+        ctx: ShardContext,
+        *,
+        options: GemmaOptions,
+        rotary: Mapping[str, RotaryEmbedding],
+    ) -> None:
+        super().__init__()
+        eps, h = cfg.rms_norm_eps, cfg.hidden_size
+        sliding = layer_windows(cfg)[layer_idx] is not None
+        tables = rotary["sliding_attention" if sliding else "full_attention"]
+        self.input_layernorm = GemmaRMSNorm(h, eps, ctx)
+        self.self_attn = GemmaAttention(cfg, layer_idx, ctx, options, tables)
+        self.post_attention_layernorm = GemmaRMSNorm(h, eps, ctx)
+        self.pre_feedforward_layernorm = GemmaRMSNorm(h, eps, ctx)
+        self.mlp = GemmaMLP(cfg, ctx)
+        self.post_feedforward_layernorm = GemmaRMSNorm(h, eps, ctx)
+
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None, batch: ForwardBatch
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The layer's output is the sum of the returned pair (as in Llama's layer)."""
+        h, residual = self.input_layernorm(x, residual)  # residual: the block's input
+        a = self.post_attention_layernorm(self.self_attn(h, batch))[0]  # [T, H]
+        h, residual = self.pre_feedforward_layernorm(a, residual)  # residual: x + a
+        return self.post_feedforward_layernorm(self.mlp(h))[0], residual
+
+
+class GemmaForCausalLM(LlamaForCausalLM):
+    """HF ``Gemma2ForCausalLM`` / ``Gemma3ForCausalLM``: Llama's stack of
+    :class:`GemmaDecoderLayer` with the embedding scale and the final soft-cap."""
+
+    def __init__(
+        self, cfg: ModelConfig, ctx: ShardContext, max_positions: int, partition: str = "even"
+    ) -> None:
+        self.check_config(cfg, max_positions)
+        CausalLM.__init__(self, cfg, ctx)
+        options = GemmaOptions.parse(cfg)
+        self.final_softcap = options.final_softcap
+        tables = {
+            t: RotaryEmbedding(cfg.head_dim, max_positions, r) for t, r in options.ropes.items()
+        }
+        layer = functools.partial(GemmaDecoderLayer, options=options, rotary=tables)
+        self.model = LlamaModel(cfg, ctx, layer, tables["full_attention"], partition)
+        self.model.embed_scale = torch.tensor(cfg.hidden_size**0.5).to(ctx.dtype)
+        if self.model.norm is not None:  # the final norm is Gemma's too
+            self.model.norm = GemmaRMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ctx)
+        self.lm_head = self.build_lm_head(ctx, self.model.embed_tokens)
+
+    @classmethod
+    def check_config(cls, cfg: ModelConfig, max_model_len: int) -> None:
+        """:meth:`GemmaOptions.parse`'s refusals (windows are served)."""
+        GemmaOptions.parse(cfg)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = super().compute_logits(hidden)  # [N, V]
+        if self.final_softcap is None:
+            return logits
+        return torch.tanh(logits / self.final_softcap) * self.final_softcap

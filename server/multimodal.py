@@ -1,0 +1,220 @@
+"""Images in chat prompts: which models take them, the serve flags, and the prompt's
+placeholders expanded in the frontend.
+
+:meth:`ImageModel.from_dir` reads a vision-language checkpoint's ``config.json``
+(:mod:`model_shards.vlm_config`, no torch) and ``preprocessor_config.json``
+(:mod:`server.image_processing`); a text-only checkpoint has none, and any image sent to
+it is a 400. For a chat request, :func:`load_chat_images` fetches and preprocesses every
+image part (:mod:`server.media`, concurrently, off the event loop); :func:`prompt_ids`
+puts the model's image token where each image's marker is in the rendered prompt,
+tokenizes, and repeats each image token once per embedding the vision tower emits, each
+run described by a :class:`~model_shards.messages.MediaInput` (pixels as raw float32
+bytes, a SHA-256 content hash of them) that travels with the request to the engine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import msgspec
+import numpy as np
+
+from model_shards.messages import GenerateRequest, MediaInput
+from model_shards.vlm_config import is_vlm, llava_config
+from server.chat_protocol import ChatCompletionRequest
+from server.errors import APIError
+from server.image_processing import ClipPreprocessor
+from server.media import DEFAULT_FETCH_TIMEOUT_S, MediaOptions, load_image
+from server.media_parts import MEDIA_MARKER
+from server.tokenizer import Tokenizer
+
+
+@dataclass(frozen=True)
+class ImageModel:
+    """How a vision-language model takes images: its image token, the placeholders per
+    image, its preprocessing."""
+
+    image_token_id: int
+    tokens_per_image: int
+    preprocess: ClipPreprocessor
+
+    @staticmethod
+    def from_dir(model_dir: str | Path) -> ImageModel | None:
+        """``None`` for a text-only checkpoint; ``ValueError`` naming the file otherwise
+        when its configs cannot be read."""
+        path = Path(model_dir) / "config.json"
+        try:
+            raw = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            return None  # the replica's own config check names the problem
+        if not is_vlm(raw):
+            return None
+        llava = llava_config(raw, str(path))
+        preprocess = ClipPreprocessor.from_file(Path(model_dir) / "preprocessor_config.json")
+        if preprocess.crop_hw != (llava.vision.image_size,) * 2:
+            raise ValueError(
+                f"{model_dir}: preprocessor_config.json crops {preprocess.crop_hw}, the vision "
+                f"tower takes {llava.vision.image_size}x{llava.vision.image_size} images"
+            )
+        return ImageModel(llava.image_token_id, llava.tokens_per_image, preprocess)
+
+    @property
+    def modalities(self) -> list[str]:
+        return ["text", "image"]
+
+
+@dataclass(frozen=True)
+class PreparedImage:
+    """One image of a request, preprocessed: ``pixels [3, H, W]`` float32."""
+
+    pixels: np.ndarray
+
+    @property
+    def content_hash(self) -> bytes:
+        h = hashlib.sha256(str(self.pixels.shape).encode())
+        h.update(self.pixels.tobytes())
+        return h.digest()
+
+
+async def load_chat_images(
+    body: ChatCompletionRequest, model: ImageModel | None, options: MediaOptions
+) -> list[PreparedImage]:
+    """Every image part of ``body`` in prompt order, preprocessed; a 400 naming the part
+    when it is bad, when the model takes no images, or past ``--limit-mm-per-prompt``."""
+    parts = [
+        (f"messages[{i}].content[{part.index}]", part.url)
+        for i, message in enumerate(body.messages)
+        for part in message.media
+    ]
+    if not parts:
+        return []
+    if model is None:
+        raise APIError.bad_request(
+            f"'{parts[0][0]}': this model takes text only, not images",
+            param=parts[0][0],
+            code="modality_not_supported",
+        )
+    if len(parts) > options.limit_images:
+        raise APIError.bad_request(
+            f"'messages': {len(parts)} images, at most {options.limit_images} per prompt "
+            "(--limit-mm-per-prompt)",
+            param="messages",
+        )
+    pixels = await asyncio.gather(
+        *(load_image(url, f"{param}.image_url", options, model.preprocess) for param, url in parts)
+    )
+    return [PreparedImage(p) for p in pixels]
+
+
+def prompt_ids(
+    tokenizer: Tokenizer, text: str, images: list[PreparedImage], model: ImageModel | None
+) -> tuple[list[int], list[MediaInput]]:
+    """The rendered prompt's ids with each image's placeholder run, and the runs."""
+    if not images or model is None:
+        return tokenizer.encode(text, add_special_tokens=False), []
+    if text.count(MEDIA_MARKER) != len(images):
+        raise APIError.bad_request(
+            f"'messages': the chat template placed {text.count(MEDIA_MARKER)} of the "
+            f"{len(images)} images",
+            param="messages",
+        )
+    token = tokenizer.token_text(model.image_token_id)
+    if token in text:
+        raise APIError.bad_request(
+            f"'messages': the text holds the image token {token!r}", param="messages"
+        )
+    ids = tokenizer.encode(text.replace(MEDIA_MARKER, token), add_special_tokens=False)
+    out: list[int] = []
+    media: list[MediaInput] = []
+    images_left = iter(images)
+    for t in ids:
+        if t != model.image_token_id:
+            out.append(t)
+            continue
+        image = next(images_left)
+        pixels = image.pixels
+        run = MediaInput(
+            len(out), model.tokens_per_image, image.content_hash, pixels.tobytes(), [*pixels.shape]
+        )
+        media.append(run)
+        out += [t] * model.tokens_per_image
+    return out, media
+
+
+def with_media(requests: list[GenerateRequest], media: list[MediaInput]) -> list[GenerateRequest]:
+    """Each request carrying the prompt's images (unchanged when there are none)."""
+    if not media:
+        return requests
+    return [msgspec.structs.replace(r, media=media) for r in requests]
+
+
+def add_media_flags(parser: argparse.ArgumentParser) -> None:
+    """vLLM's media flags on ``shardserve serve``."""
+    parser.add_argument(
+        "--allowed-local-media-path",
+        type=_directory,
+        default=None,
+        metavar="DIR",
+        help="file:// image URLs may name files under DIR (default: none may)",
+    )
+    parser.add_argument(
+        "--media-fetch-timeout",
+        type=_positive_float,
+        default=DEFAULT_FETCH_TIMEOUT_S,
+        metavar="S",
+        help="seconds to fetch one http(s) image URL",
+    )
+    parser.add_argument(
+        "--limit-mm-per-prompt",
+        type=_limit,
+        default=MediaOptions().limit_images,
+        metavar="'{\"image\": N}'",
+        help="most images one prompt may hold (JSON as vLLM's, or image=N)",
+    )
+
+
+def media_options(args: argparse.Namespace) -> MediaOptions:
+    return MediaOptions(
+        allowed_local_media_path=args.allowed_local_media_path,
+        fetch_timeout_s=args.media_fetch_timeout,
+        limit_images=args.limit_mm_per_prompt,
+    )
+
+
+def _directory(value: str) -> Path:
+    path = Path(value)
+    if not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{value!r} is not a directory")
+    return path.resolve()
+
+
+def _positive_float(value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        number = -1.0
+    if not number > 0:
+        raise argparse.ArgumentTypeError(f"must be a number > 0, got {value!r}")
+    return number
+
+
+def _limit(value: str) -> int:
+    """``'{"image": 2}'`` or ``image=2`` → 2 (other modalities are not served yet)."""
+    try:
+        parsed = json.loads(value) if value.strip().startswith("{") else None
+        if parsed is None:
+            parsed = dict(item.split("=", 1) for item in value.split(","))
+        limits = {str(k): int(v) for k, v in parsed.items()}
+    except (ValueError, TypeError, AttributeError) as exc:
+        raise argparse.ArgumentTypeError(
+            f"use '{{\"image\": N}}' or image=N, got {value!r}"
+        ) from exc
+    unknown = sorted(set(limits) - {"image"})
+    if unknown or limits.get("image", 0) < 0:
+        raise argparse.ArgumentTypeError(f"only a non-negative 'image' limit is served: {value!r}")
+    return limits.get("image", MediaOptions().limit_images)
