@@ -6,8 +6,8 @@ text part holding :data:`MEDIA_MARKER`, so the message joins to text as before a
 rendered prompt shows where each image goes (:mod:`server.multimodal` puts the model's
 image placeholder there). For a chat template that reads content parts itself (llava-hf's,
 Qwen2-VL's) the message also keeps ``content_parts``: its parts with each image as
-``{"type": "image"}``, as transformers' processors pass them. Only the part's shape is checked here (a 400 naming it);
-fetching and decoding are :mod:`server.media`'s.
+``{"type": "image"}``, as transformers' processors pass them. Only the part's shape is
+checked here (a 400 naming it); fetching and decoding are :mod:`server.media`'s.
 """
 
 from __future__ import annotations

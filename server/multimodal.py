@@ -16,10 +16,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import hashlib
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import numpy as np
@@ -117,16 +120,18 @@ def prompt_ids(
     """The rendered prompt's ids with each image's placeholder run, and the runs."""
     if not images or model is None:
         return tokenizer.encode(text, add_special_tokens=False), []
-    if text.count(MEDIA_MARKER) != len(images):
-        raise APIError.bad_request(
-            f"'messages': the chat template placed {text.count(MEDIA_MARKER)} of the "
-            f"{len(images)} images",
-            param="messages",
-        )
     token = tokenizer.token_text(model.image_token_id)
-    if token in text:
+    markers = text.count(MEDIA_MARKER)
+    if markers and token in text:
         raise APIError.bad_request(
             f"'messages': the text holds the image token {token!r}", param="messages"
+        )
+    placed = markers or text.count(token)  # markers: string content; else the template's
+    if placed != len(images):
+        raise APIError.bad_request(
+            f"'messages': the chat template placed {placed} image tokens for {len(images)} "
+            "images (does the text hold the image token?)",
+            param="messages",
         )
     ids = tokenizer.encode(text.replace(MEDIA_MARKER, token), add_special_tokens=False)
     out: list[int] = []
@@ -144,6 +149,28 @@ def prompt_ids(
         media.append(run)
         out += [t] * model.tokens_per_image
     return out, media
+
+
+_PARTS = re.compile(r"""\[\s*['"]type['"]\s*\]|\.type\b|selectattr\(\s*['"]type['"]""")
+
+
+@functools.lru_cache(maxsize=8)
+def reads_content_parts(template: str) -> bool:
+    """Whether a chat template reads content parts itself (vLLM's "openai" content format,
+    llava-hf's and Qwen2-VL's templates): it looks at a part's ``type``."""
+    return bool(_PARTS.search(template))
+
+
+def template_messages(
+    tokenizer: Tokenizer, body: ChatCompletionRequest, model: ImageModel | None
+) -> list[dict[str, Any]]:
+    """``body``'s messages as the chat template takes them: for a vision-language model
+    whose template reads content parts, list contents as parts (images ``{"type":
+    "image"}``: the template writes the image token); else content strings (the markers
+    of :mod:`server.media_parts` where the images go)."""
+    source = tokenizer.chat_template
+    parts = model is not None and source is not None and reads_content_parts(source)
+    return [m.template_dict(content_parts=parts) for m in body.messages]
 
 
 def with_media(requests: list[GenerateRequest], media: list[MediaInput]) -> list[GenerateRequest]:

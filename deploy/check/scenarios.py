@@ -73,8 +73,8 @@ def loadtest(compose: Compose, service: str, report: Path, requests: int) -> str
     """``run --rm`` the compose load-test ``service`` to completion; read its JSON
     report back (every request completed, none failed). A one-line summary.
 
-    ``--no-deps``: the server is up and healthy already, and against podman's API Compose
-    takes its container for changed and would recreate it (and wait for it again)."""
+    ``--no-deps``: the server is up and healthy already; against podman's API a plain
+    ``run`` was seen to recreate its container first (and wait for it again, minutes)."""
     report.unlink(missing_ok=True)
     began = datetime.now(UTC)
     compose("run", "--rm", "--no-deps", "--no-TTY", service, timeout=900)
