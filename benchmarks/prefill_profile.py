@@ -36,6 +36,7 @@ KINDS: tuple[tuple[str, str], ...] = (
     ("rotary", "RoPE + K/V write"),
     ("silu", "SiLU-and-mul"),
     ("embedding", "embedding"),
+    ("index", "indexing (gathers of rows / blocks)"),
     ("argmax", "sampling"),
     ("exponential", "sampling"),
 )

@@ -88,8 +88,8 @@ def loadtest(compose: Compose, service: str, report: Path, requests: int) -> str
     started = datetime.fromisoformat(result["started_at"])
     return (
         f"{point['completed']} requests in {point['duration_s']:.1f}s; the load test began "
-        f"{(started - began).total_seconds():.0f}s after `run` and `run` returned "
-        f"{(ended - started).total_seconds():.0f}s after that"
+        f"{max(0.0, (started - began).total_seconds()):.0f}s after `run` and `run` "
+        f"returned {(ended - started).total_seconds():.0f}s after that"
     )
 
 
