@@ -20,8 +20,8 @@ What differs from Llama, each read from the Hugging Face model:
   layer type (``rope_parameters.{full,sliding}_attention``; older configs:
   ``rope_theta`` and ``rope_local_base_freq``).
 
-The fused CPU kernels run the norms, RoPE and GEMMs; windowed and soft-capped attention
-runs on the reference path (logged once).
+Every backend's attention takes the window and the soft-cap (the C++ decode kernels, the
+Triton decode and prefill kernels, the reference); the GELU is PyTorch's ``F.gelu``.
 """
 
 from __future__ import annotations
