@@ -24,9 +24,10 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 CACHE_DIR = Path(__file__).resolve().parent / ".cache"
 Variant = Literal["main", "tp2", "qwen3"]
@@ -94,13 +95,18 @@ def model_dir(variant: Variant) -> Path:
 
 def ensure_model(variant: Variant = "main") -> Path:
     """Return the checkpoint directory of ``variant``, writing it first if missing."""
-    target = model_dir(variant)
+    return ensure_checkpoint(model_dir(variant), lambda path: _write(path, SHAPES[variant]))
+
+
+def ensure_checkpoint(target: Path, write: Callable[[Path], None]) -> Path:
+    """``target`` (a checkpoint with its ``tokenizer.json``); when missing, ``write(tmp)``
+    fills a temporary directory beside it, renamed into place once complete."""
     if (target / "config.json").is_file() and (target / "tokenizer.json").is_file():
         return target
-    CACHE_DIR.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=CACHE_DIR))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
     try:
-        _write(tmp, SHAPES[variant])
+        write(tmp)
         if target.exists():
             shutil.rmtree(target)
         os.replace(tmp, target)
@@ -109,16 +115,24 @@ def ensure_model(variant: Variant = "main") -> Path:
     return target
 
 
+def zero_undecodable_embeddings(model: Any) -> None:
+    """Zero the tied embedding rows of ids the built-in tokenizer cannot decode on their own
+    (ids past its vocabulary and the single-byte symbols; see the module docstring)."""
+    import torch
+
+    from model_shards.default_model import build_tokenizer
+
+    with torch.no_grad():
+        embedding = model.get_input_embeddings().weight
+        embedding[build_tokenizer().get_vocab_size() :].zero_()
+        embedding[BYTE_TOKENS].zero_()
+
+
 def _write(path: Path, shape: Shape) -> None:
     import torch
     import transformers
 
-    from model_shards.default_model import (
-        BOS_TOKEN_ID,
-        EOS_TOKEN_ID,
-        build_tokenizer,
-        write_tokenizer,
-    )
+    from model_shards.default_model import BOS_TOKEN_ID, EOS_TOKEN_ID, write_tokenizer
 
     config_class = transformers.Qwen3Config if shape.qk_norm else transformers.LlamaConfig
     config = config_class(
@@ -137,11 +151,7 @@ def _write(path: Path, shape: Shape) -> None:
     )
     torch.manual_seed(SEED)
     model = transformers.AutoModelForCausalLM.from_config(config).float()
-    tokenizer_vocab = build_tokenizer().get_vocab_size()
-    with torch.no_grad():
-        embedding = model.get_input_embeddings().weight
-        embedding[tokenizer_vocab:].zero_()
-        embedding[BYTE_TOKENS].zero_()
+    zero_undecodable_embeddings(model)
     stored = sum(p.numel() for p in model.parameters())
     if stored != shape.total_params():
         raise RuntimeError(f"built {stored} parameters, expected {shape.total_params()}")

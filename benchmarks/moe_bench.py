@@ -20,16 +20,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
-import shutil
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from benchmarks import report, servers
-from benchmarks.model import BYTE_TOKENS, CACHE_DIR, SEED
+from benchmarks.model import CACHE_DIR, SEED, ensure_checkpoint, zero_undecodable_embeddings
 
 if TYPE_CHECKING:
     from benchmarks.run_all import Bench, Target
@@ -72,31 +69,14 @@ def model_dir() -> Path:
 
 def ensure_moe_model() -> Path:
     """The checkpoint directory, written first if missing (temp dir + rename)."""
-    target = model_dir()
-    if (target / "config.json").is_file() and (target / "tokenizer.json").is_file():
-        return target
-    CACHE_DIR.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=CACHE_DIR))
-    try:
-        _write(tmp, SHAPE)
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(tmp, target)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return target
+    return ensure_checkpoint(model_dir(), lambda path: _write(path, SHAPE))
 
 
 def _write(path: Path, shape: MoEShape) -> None:
     import torch
     import transformers
 
-    from model_shards.default_model import (
-        BOS_TOKEN_ID,
-        EOS_TOKEN_ID,
-        build_tokenizer,
-        write_tokenizer,
-    )
+    from model_shards.default_model import BOS_TOKEN_ID, EOS_TOKEN_ID, write_tokenizer
 
     config = transformers.MixtralConfig(
         hidden_size=shape.hidden,
@@ -116,10 +96,7 @@ def _write(path: Path, shape: MoEShape) -> None:
     )
     torch.manual_seed(SEED)
     model = transformers.MixtralForCausalLM(config).float()
-    with torch.no_grad():
-        embedding = model.get_input_embeddings().weight
-        embedding[build_tokenizer().get_vocab_size() :].zero_()
-        embedding[BYTE_TOKENS].zero_()
+    zero_undecodable_embeddings(model)
     model.save_pretrained(path)
     write_tokenizer(path, max_length=shape.max_positions)
 
