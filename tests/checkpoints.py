@@ -114,8 +114,9 @@ def _randomize(model: torch.nn.Module, seed: int) -> None:
             param.copy_(noise)
 
 
-def _write_tokenizer(path: Path, *, qwen2_style: bool) -> None:
-    """Write the shared test tokenizer (vocab :data:`TOKENIZER_VOCAB_SIZE`) into ``path``.
+def _write_tokenizer(path: Path, *, qwen2_style: bool, chat_template: str | None = None) -> None:
+    """Write the shared test tokenizer (vocab :data:`TOKENIZER_VOCAB_SIZE`) into ``path``,
+    with ``chat_template`` in its ``tokenizer_config.json`` when given.
 
     transformers' ``AutoTokenizer`` ignores ``tokenizer_class`` for model type
     ``qwen2`` and rebuilds the pipeline as ``Qwen2Tokenizer`` (NFC normalizer,
@@ -136,6 +137,8 @@ def _write_tokenizer(path: Path, *, qwen2_style: bool) -> None:
         )
     tokenizer.save(str(path / "tokenizer.json"), pretty=True)
     config = dict(tokenizer_config(MAX_POSITIONS), pad_token=EOS_TOKEN, unk_token=None)
+    if chat_template is not None:
+        config["chat_template"] = chat_template
     (path / "tokenizer_config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 

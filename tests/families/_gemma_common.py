@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
@@ -36,9 +35,5 @@ def build_gemma(path: Path, model: transformers.PreTrainedModel, seed: int) -> P
     model.to(torch.float32)
     _randomize(model, seed=seed)
     model.save_pretrained(path)
-    _write_tokenizer(path, qwen2_style=False)
-    tokenizer_config = path / "tokenizer_config.json"
-    settings = json.loads(tokenizer_config.read_text())
-    settings["chat_template"] = CHAT_TEMPLATE
-    tokenizer_config.write_text(json.dumps(settings, indent=2, sort_keys=True) + "\n")
+    _write_tokenizer(path, qwen2_style=False, chat_template=CHAT_TEMPLATE)
     return path

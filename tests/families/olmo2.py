@@ -11,7 +11,6 @@ The tokenizer config carries OLMo 2 Instruct's Tülu-style chat template.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
@@ -59,9 +58,5 @@ def build(path: Path) -> Path:
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(path)
-    _write_tokenizer(path, qwen2_style=False)
-    config_path = path / "tokenizer_config.json"
-    tok_config = json.loads(config_path.read_text())
-    tok_config["chat_template"] = CHAT_TEMPLATE
-    config_path.write_text(json.dumps(tok_config, indent=2, sort_keys=True) + "\n")
+    _write_tokenizer(path, qwen2_style=False, chat_template=CHAT_TEMPLATE)
     return path

@@ -22,7 +22,6 @@ checkpoints (``tests/checkpoints.py``: matrices ``N(0, 0.2)``, norms ``1 + N(0, 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -100,9 +99,5 @@ def build(path: Path, **overrides: Any) -> Path:
     model = transformers.Phi3ForCausalLM(config(**overrides))
     _randomize(model, seed=3303)
     model.save_pretrained(path)
-    _write_tokenizer(path, qwen2_style=False)
-    tokenizer_config = path / "tokenizer_config.json"
-    settings = json.loads(tokenizer_config.read_text())
-    settings["chat_template"] = CHAT_TEMPLATE
-    tokenizer_config.write_text(json.dumps(settings, indent=2, sort_keys=True) + "\n")
+    _write_tokenizer(path, qwen2_style=False, chat_template=CHAT_TEMPLATE)
     return path

@@ -19,7 +19,6 @@ template in ``tokenizer_config.json`` is the one Qwen/Qwen3-8B publishes
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -75,9 +74,5 @@ def build(path: Path, **overrides: Any) -> Path:
     _randomize(model, seed=3003)
     model.save_pretrained(path)
     # transformers loads a qwen3 tokenizer as Qwen2Tokenizer: the Qwen pre-tokenizer
-    _write_tokenizer(path, qwen2_style=True)
-    tokenizer_config = path / "tokenizer_config.json"
-    settings = json.loads(tokenizer_config.read_text())
-    settings["chat_template"] = chat_template()
-    tokenizer_config.write_text(json.dumps(settings, indent=2, sort_keys=True) + "\n")
+    _write_tokenizer(path, qwen2_style=True, chat_template=chat_template())
     return path

@@ -14,7 +14,6 @@ mean and std. The tokenizer is the shared test tokenizer (960 ids) plus ``<image
 from __future__ import annotations
 
 import io
-import json
 from pathlib import Path
 
 import numpy as np
@@ -81,7 +80,7 @@ def build(path: Path) -> Path:
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(path)
-    _write_tokenizer(path, qwen2_style=False)
+    _write_tokenizer(path, qwen2_style=False, chat_template=CHAT_TEMPLATE)
     _add_image_token(path)
     processor = transformers.CLIPImageProcessor(
         size={"shortest_edge": 34}, crop_size={"height": 30, "width": 30}
@@ -97,10 +96,6 @@ def _add_image_token(path: Path) -> None:
     tokenizer.add_special_tokens([AddedToken(IMAGE_TOKEN, special=True, normalized=False)])
     assert tokenizer.token_to_id(IMAGE_TOKEN) == IMAGE_TOKEN_ID
     tokenizer.save(str(path / "tokenizer.json"), pretty=True)
-    config_path = path / "tokenizer_config.json"
-    tok_config = json.loads(config_path.read_text())
-    tok_config["chat_template"] = CHAT_TEMPLATE
-    config_path.write_text(json.dumps(tok_config, indent=2, sort_keys=True) + "\n")
 
 
 def image(seed: int, size: tuple[int, int] = (41, 37), mode: str = "RGB") -> Image.Image:
