@@ -208,10 +208,16 @@ class GemmaForCausalLM(LlamaForCausalLM):
             t: RotaryEmbedding(cfg.head_dim, max_positions, r) for t, r in options.ropes.items()
         }
         layer = functools.partial(GemmaDecoderLayer, options=options, rotary=tables)
-        self.model = LlamaModel(cfg, ctx, layer, tables["full_attention"], partition)
-        self.model.embed_scale = torch.tensor(cfg.hidden_size**0.5).to(ctx.dtype)
-        if self.model.norm is not None:  # the final norm is Gemma's too
-            self.model.norm = GemmaRMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ctx)
+        scale = torch.tensor(cfg.hidden_size**0.5).to(ctx.dtype)
+        self.model = LlamaModel(
+            cfg,
+            ctx,
+            layer,
+            tables["full_attention"],
+            partition,
+            norm_class=GemmaRMSNorm,
+            embed_scale=scale,
+        )
         self.lm_head = self.build_lm_head(ctx, self.model.embed_tokens)
 
     @classmethod

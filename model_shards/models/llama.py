@@ -116,7 +116,9 @@ class LlamaModel(nn.Module):
     """This stage's layers ``[start, end)`` of ``layer`` (any ``(x, residual, batch) ->
     (x, residual)`` module; a layer that adds its own residual returns ``(out, None)``),
     the embedding on the first stage, the final norm on the last; ``rotary``: the tables
-    every layer's attention reads from the batch."""
+    every layer's attention reads from the batch. ``norm_class``: the final norm's (Gemma:
+    ``(1 + w)``); ``embed_scale``: what the embeddings are multiplied by (Gemma: sqrt(H),
+    rounded to the dtype), ``None`` for nothing."""
 
     def __init__(
         self,
@@ -125,6 +127,9 @@ class LlamaModel(nn.Module):
         layer: LayerFactory,
         rotary: RotaryEmbedding,
         partition: str = "even",
+        *,
+        norm_class: type[RMSNorm] = RMSNorm,
+        embed_scale: torch.Tensor | None = None,
     ) -> None:
         super().__init__()
         ps = ctx.ps
@@ -135,8 +140,8 @@ class LlamaModel(nn.Module):
         self.rotary = rotary
         self.norm: RMSNorm | None = None
         if ps.is_last_stage:
-            self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ctx)
-        self.embed_scale: torch.Tensor | None = None  # Gemma: embeddings times sqrt(H)
+            self.norm = norm_class(cfg.hidden_size, cfg.rms_norm_eps, ctx)
+        self.embed_scale = embed_scale
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         """``x``: token ids ``[T]`` on stage 0, else hidden ``[T, H]``; returns ``[T, H]``.
