@@ -45,26 +45,31 @@ def _generate(coord: Coordinator, prompts: list[list[int]]) -> dict[str, list[in
 
 
 def _family_rank(peers: Comm, dirs: dict[str, str], out_dir: str) -> None:
-    ps = peers.ps
     for name, model_dir in dirs.items():
         cfg = ModelConfig.from_dir(model_dir)
         replica = ReplicaConfig(model_dir, dtype="float32", max_num_seqs=8, block_size=4)
-        worker = Worker.build(replica, cfg, peers, MAX_LEN)
-        recorder = record_logits(worker)
-        if ps.rank != 0:
-            worker.serve_forever()
-        else:
-            coord = Coordinator(
-                worker, max_num_seqs=8, max_num_batched_tokens=512, max_model_len=MAX_LEN
-            )
-            seq_ids = run_prompts(coord, PROMPTS)
-            tokens = _generate(coord, PROMPTS)
-            assert coord.stats.num_free_blocks == coord.stats.num_blocks, "KV blocks not freed"
-            result = {"seqs": seq_ids, "tokens": tokens}
-            Path(out_dir, f"{name}.json").write_text(json.dumps(result))
-            coord.shutdown()
-        if worker.is_sampler:
-            save_first_logits(recorder, Path(out_dir, f"{name}-logits.safetensors"))
+        serve_and_record(Worker.build(replica, cfg, peers, MAX_LEN), name, out_dir)
+
+
+def serve_and_record(worker: Worker, name: str, out_dir: str) -> None:
+    """One rank's part of a parity run: rank 0 runs :data:`PROMPTS` (logits recorded, then
+    greedy tokens; every block freed) and writes ``name.json``, the sampling rank writes
+    ``name-logits.safetensors``, every other rank serves until shut down."""
+    recorder = record_logits(worker)
+    if worker.ps.rank != 0:
+        worker.serve_forever()
+    else:
+        coord = Coordinator(
+            worker, max_num_seqs=8, max_num_batched_tokens=512, max_model_len=MAX_LEN
+        )
+        seq_ids = run_prompts(coord, PROMPTS)
+        tokens = _generate(coord, PROMPTS)
+        assert coord.stats.num_free_blocks == coord.stats.num_blocks, "KV blocks not freed"
+        result = {"seqs": seq_ids, "tokens": tokens}
+        Path(out_dir, f"{name}.json").write_text(json.dumps(result))
+        coord.shutdown()
+    if worker.is_sampler:
+        save_first_logits(recorder, Path(out_dir, f"{name}-logits.safetensors"))
 
 
 @pytest.fixture(scope="module")

@@ -24,8 +24,13 @@ from model_shards.parallel.state import single_process_state
 from model_shards.worker import Worker
 from tests.checkpoints import hf_greedy, hf_prompt_logits, load_hf_model
 from tests.families import deepseek_v2, mixtral, qwen2_moe, qwen3_moe
-from tests.logits import load_rows, record_logits, run_prompts, save_first_logits
-from tests.model_shards.models.test_family_parity import MAX_LEN, NEW_TOKENS, PROMPTS, _generate
+from tests.logits import load_rows
+from tests.model_shards.models.test_family_parity import (
+    MAX_LEN,
+    NEW_TOKENS,
+    PROMPTS,
+    serve_and_record,
+)
 from tests.server.test_cli_validation import Spawned, _error_line, no_spawning, run
 from tests.world import run_world
 
@@ -54,20 +59,7 @@ def _ep_rank(peers: Comm, dirs: dict[str, str], experts: dict[str, int], out_dir
         )
         worker = Worker.build(replica, cfg, peers, MAX_LEN)
         _check_experts_held(worker, experts[name])
-        recorder = record_logits(worker)
-        if peers.ps.rank != 0:
-            worker.serve_forever()
-        else:
-            coord = Coordinator(
-                worker, max_num_seqs=8, max_num_batched_tokens=512, max_model_len=MAX_LEN
-            )
-            seq_ids = run_prompts(coord, PROMPTS)
-            tokens = _generate(coord, PROMPTS)
-            result = {"seqs": seq_ids, "tokens": tokens}
-            Path(out_dir, f"{name}.json").write_text(json.dumps(result))
-            coord.shutdown()
-        if worker.is_sampler:
-            save_first_logits(recorder, Path(out_dir, f"{name}-logits.safetensors"))
+        serve_and_record(worker, name, out_dir)
 
 
 @pytest.fixture(scope="module")
