@@ -67,6 +67,30 @@ POINTS: tuple[tuple[str, str], ...] = (
     ("client:first_byte", "socket to the client"),
 )
 
+#: ``model_shards.layer_timer`` kinds (engine stamps ``layer:<kind>``, durations in ns),
+#: shown under "prefill compute (all layers)"; the blocks include their GEMMs and kernel.
+LAYER_KINDS = (
+    "embedding",
+    "norms",
+    "attention block",
+    "attention GEMM",
+    "attention kernel",
+    "MLP block",
+    "MLP GEMM",
+)
+LAYER_PREFIX = "layer:"
+
+
+def labels_in_order() -> list[str]:
+    """Every row label: the stages in path order, the layer kinds after the prefill row."""
+    out: list[str] = []
+    for key, label in POINTS:
+        if label:
+            out.append(label)
+        if key == "engine:forward_done":
+            out.extend(f"↳ {kind}" for kind in LAYER_KINDS)
+    return out
+
 
 def stage_ms(client: dict[str, int], record: dict[str, Any]) -> dict[str, float]:
     """Each stage's duration (ms) for one request: the gap between consecutive stamps that
@@ -82,12 +106,16 @@ def stage_ms(client: dict[str, int], record: dict[str, Any]) -> dict[str, float]
         if previous is not None:
             out[label] = (stamps[key] - previous) / 1e6
         previous = stamps[key]
+    engine = record.get("engine", {})
+    for kind in LAYER_KINDS:
+        if LAYER_PREFIX + kind in engine:
+            out[f"↳ {kind}"] = int(engine[LAYER_PREFIX + kind]) / 1e6
     return out
 
 
 def summarize(samples: list[dict[str, float]], ttft_ms: list[float]) -> dict[str, Any]:
     """Median per stage (in path order) and of the client's TTFT."""
-    labels = [label for _, label in POINTS if label and any(label in s for s in samples)]
+    labels = [label for label in labels_in_order() if any(label in s for s in samples)]
     stages = {label: statistics.median(s[label] for s in samples if label in s) for label in labels}
     return {"requests": len(ttft_ms), "ttft_ms": statistics.median(ttft_ms), "stages": stages}
 
@@ -190,9 +218,7 @@ def ttft_table(result: dict[str, Any]) -> str:
     if not rows:
         return "(not measured)"
     dtypes = sorted(rows, key=lambda d: d != "float32")
-    labels = [
-        label for _, label in POINTS if label and any(label in rows[d]["stages"] for d in rows)
-    ]
+    labels = [label for label in labels_in_order() if any(label in rows[d]["stages"] for d in rows)]
     lines = [
         "| stage (concurrency 1, 32-token prompt) | "
         + " | ".join(f"{d} ms" for d in dtypes)

@@ -270,6 +270,7 @@ class ReplicaConfig:
     collective_timeout_s: float = 120.0
     threads_per_rank: int | None = None  # CPU only; default: cores // world size, at least 1
     enable_expert_parallel: bool = False  # MoE: whole experts per TP rank (moe_config.py)
+    dp_attention: bool = False  # -dp replicas share their experts (dp_attention_launch.py)
 
     @property
     def world_size(self) -> int:

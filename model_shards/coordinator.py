@@ -219,6 +219,7 @@ class Coordinator:
             new_sequences=self._with_stop_ids(scheduled),
             freed_seq_ids=scheduled.freed_seq_ids,
             token_masks=[] if self.constraints is None else self.constraints.masks(sampled),
+            trace=self.traces.active,
         )
         broadcast_plan(plan, self.worker.comm, self.worker.pending)
         self._last_plan_at = time.monotonic()
@@ -311,9 +312,15 @@ class Coordinator:
         return [(client, EngineError(f"this replica generates; cannot {type(message).__name__}"))]
 
     def work(self) -> list[Reply]:
-        replies = self._with_stats(_by_client(self.pump()))
+        updates = self.pump()
         if not self.scheduler.has_work() and not self._in_flight:
             self.keepalive()  # only grammars compiling: the ranks still hear from rank 0
+        return self.replies(updates)
+
+    def replies(self, updates: list[SeqUpdate]) -> list[Reply]:
+        """What the frontends get for a step's ``updates`` (with the engine's counters),
+        after the constrained requests refused since the last call."""
+        replies = self._with_stats(_by_client(updates))
         refused, self._refused = self._refused, []
         return refused + replies
 
@@ -321,7 +328,7 @@ class Coordinator:
         """Attach the current engine counters to every ``StepOutputs`` in ``replies``."""
         if not replies:
             return replies
-        s = self.stats
+        s, media = self.stats, self.worker.media
         stats = EngineStats(
             num_running=s.num_running,
             num_waiting=s.num_waiting,
@@ -330,6 +337,8 @@ class Coordinator:
             prefix_cache_hit_tokens=s.prefix_cache_hit_tokens,
             prefill_tokens_computed=s.prefill_tokens_computed,
             num_preemptions=s.num_preemptions,
+            mm_encoder_cache_hits=media.stats.hits if media else 0,
+            mm_encoder_cache_misses=media.stats.misses if media else 0,
             moe_expert_tokens=self._expert_tokens.sample(),
         )
         return [

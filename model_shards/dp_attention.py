@@ -14,17 +14,34 @@ nothing), joins each sparse layer's exchange with zero tokens
 agree before each step whether any of them has work (:meth:`LockstepEngine.any_work`,
 one all-reduce over the EP group's CPU group). Pipeline parallelism is not supported here.
 
-Not wired into a replica layout yet: ``-dp D --enable-expert-parallel --dp-attention``
-(one world of ``D`` ranks from ``launch``, each rank's coordinator serving its own
-frontend address, its loop stepping through this class) is still to come.
+Served by ``shardserve serve -dp D --enable-expert-parallel --dp-attention``:
+:mod:`model_shards.dp_attention_launch` spawns one world of ``D`` ranks; each rank is the
+coordinator of its own replica on its own ZMQ address (the frontend routes to it like to
+an ordinary replica) and runs :func:`serve_lockstep`.
 """
 
 from __future__ import annotations
 
+import logging
+
+import zmq
+
 from model_shards.coordinator import Coordinator
+from model_shards.engine_loop import Reply
 from model_shards.layers.moe import SparseMoeBlock
+from model_shards.messages import (
+    EngineError,
+    Hello,
+    Shutdown,
+    decode_frontend_message,
+    encode,
+)
 from model_shards.parallel.comm import Comm, all_reduce_min_int
 from model_shards.scheduler.scheduler import SeqUpdate
+
+log = logging.getLogger(__name__)
+
+IDLE_POLL_S = 0.02  # how long an idle replica waits for its frontends between agreements
 
 
 class LockstepEngine:
@@ -40,17 +57,76 @@ class LockstepEngine:
         self.hidden_size = worker.model.config.hidden_size
         self.dtype, self.device = worker.dtype, worker.ps.device
 
+    def _has_work(self) -> bool:
+        """Local: a step to run, or frees (after an abort) to hand the worker."""
+        c = self.coordinator
+        return c.has_work() or c.scheduler.has_pending_frees()
+
     def any_work(self) -> bool:
         """Whether any replica of the group has work (collective)."""
-        return all_reduce_min_int(-int(self.coordinator.has_work()), self.ep_comm) < 0
+        return self.agree(stop=False)[0]
+
+    def agree(self, stop: bool) -> tuple[bool, bool]:
+        """(any replica has work, any replica is stopping): one all-reduce (collective)."""
+        mine = 2 * int(stop) + int(self._has_work())
+        most = -all_reduce_min_int(-mine, self.ep_comm)  # the maximum over the group
+        return most == 1, most >= 2
 
     def step(self) -> list[SeqUpdate]:
         """One lockstep step: this replica's coordinator step, or an idle one that still
         joins every sparse layer's exchange. Call it on every replica while
         :meth:`any_work`."""
         joined = self.blocks[0].dispatches if self.blocks else 0
-        updates = self.coordinator.step() if self.coordinator.has_work() else []
+        updates = self.coordinator.step() if self._has_work() else []
         if self.blocks and self.blocks[0].dispatches == joined:  # no forward ran here
             for block in self.blocks:
                 block.idle(self.hidden_size, self.dtype, self.device)
         return updates
+
+
+def serve_lockstep(engine: LockstepEngine, address: str) -> None:
+    """This replica's ZMQ service loop (like :func:`~model_shards.engine_loop.serve_frontends`),
+    stepping in lockstep with the other replicas: each round reads the frontends' messages,
+    agrees with the group (work? stopping?), then every replica steps or none does. A
+    ``Shutdown`` to any replica stops the whole group. The agreement is a collective with
+    the world's timeout, so a dead replica makes the others fail instead of hang."""
+    coord = engine.coordinator
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.ROUTER)
+    sock.setsockopt(zmq.LINGER, 1000)
+    sock.bind(address)
+    clients: set[bytes] = set()
+    log.info("data-parallel attention replica serving on %s", address)
+
+    def send(replies: list[Reply]) -> None:
+        for client, message in replies:
+            sock.send_multipart([client, encode(message)])
+
+    try:
+        stopping, work = False, False
+        while True:
+            timeout_ms = 0 if work else int(IDLE_POLL_S * 1000)
+            while not stopping and sock.poll(timeout_ms):
+                timeout_ms = 0
+                client, payload = sock.recv_multipart()
+                clients.add(client)
+                message = decode_frontend_message(payload)
+                if isinstance(message, Hello):
+                    send([(client, coord.ready())])
+                elif isinstance(message, Shutdown):
+                    stopping = True
+                else:
+                    send(coord.handle(message, client))
+            work, group_stopping = engine.agree(stopping)
+            if group_stopping:
+                break
+            if work:
+                send(coord.replies(engine.step()))
+        coord.shutdown()
+    except Exception as exc:
+        log.exception("engine failed")
+        send([(client, EngineError(f"engine failed: {exc}")) for client in clients])
+        raise
+    finally:
+        sock.close()
+        ctx.term()

@@ -178,8 +178,14 @@ def start_replicas(config: ReplicaConfig, dp: int = 1) -> list[ReplicaHandle]:
     """Validate once, then spawn ``dp`` replicas; each listens on its own ``ipc://`` address.
 
     ``ValueError`` (naming the flag) before anything is spawned. If starting a
-    later replica fails, the ones already started are stopped.
+    later replica fails, the ones already started are stopped. ``config.dp_attention``:
+    one world of ``dp`` replicas sharing their experts
+    (:func:`~model_shards.dp_attention_launch.start_dp_attention`).
     """
+    if config.dp_attention:
+        from model_shards.dp_attention_launch import start_dp_attention
+
+        return start_dp_attention(config, dp)
     validate_replica(config)
     gpu_count = 0
     if config.device != "cpu":

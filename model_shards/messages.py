@@ -190,6 +190,9 @@ class EngineStats(msgspec.Struct, frozen=True):
     prefix_cache_hit_tokens: int
     prefill_tokens_computed: int
     num_preemptions: int
+    # images rank 0 (the first stage) took from its encoder-output cache / encoded
+    mm_encoder_cache_hits: int = 0
+    mm_encoder_cache_misses: int = 0
     # MoE: tokens routed to each expert since start-up, by decoder layer (the sparse layers
     # of rank 0's pipeline stage); at most once a second, else None
     moe_expert_tokens: dict[int, list[int]] | None = None
@@ -288,6 +291,7 @@ class StepPlan(msgspec.Struct, frozen=True):
     encode: list[list[int]] = []  # encoder replicas: token ids of each input to embed
     shutdown: bool = False
     token_masks: list[TokenMask] = []  # grammar masks of this step's constrained sampled chunks
+    trace: bool = False  # a traced request runs: time the layer kinds (model_shards/layer_timer.py)
 
 
 _frontend_encoder = msgspec.msgpack.Encoder()

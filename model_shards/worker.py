@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import logging
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from itertools import accumulate
 
 import torch
 
-from model_shards import gpu_memory
+from model_shards import gpu_memory, layer_timer
 from model_shards.backends import Backend, select_backend
 from model_shards.checkpoint import Checkpoint
 from model_shards.config import EncoderConfig, ModelConfig, ReplicaConfig
@@ -242,8 +243,11 @@ class Worker:
         self.kv.extend_tables(plan.chunks)
         graphed = self.graphs is not None and all(len(c.token_ids) == 1 for c in plan.chunks)
         graphed = graphed and (self.media is None or not self.media.touches(plan.chunks))
-        stage_out = self._forward(plan.chunks, graphed)  # [T, H], or [T, V] from a graph
+        kinds: dict[str, int] = {}  # a traced step: per-layer-kind forward ns (layer_timer)
+        with layer_timer.timed(self.model, kinds) if plan.trace else nullcontext():
+            stage_out = self._forward(plan.chunks, graphed)  # [T, H], or [T, V] from a graph
         self.step_stamps = {"forward_done": time.monotonic_ns()}
+        self.step_stamps.update({layer_timer.PREFIX + k: v for k, v in kinds.items()})
         if not ps.is_last_stage:
             comm.send_to_next_stage(stage_out, self.comm, self.pending)
             return self.collect(plan) if wait and ps.rank == 0 else None

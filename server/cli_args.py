@@ -125,22 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _add_serve_parser(commands: Any) -> None:
     serve = commands.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API")
     add_replica_flags(serve)
-    serve.add_argument(
-        "--data-parallel-size",
-        "-dp",
-        type=_positive_int,
-        default=1,
-        metavar="D",
-        help="replicas to start behind this frontend (least-loaded routing)",
-    )
-    serve.add_argument(
-        "--engine",
-        action="append",
-        default=[],
-        metavar="tcp://HOST:PORT",
-        help="serve a replica started by 'shardserve engine' instead of starting one "
-        "(repeat for several replicas); the tokenizer still comes from --model",
-    )
+    _add_replica_source_flags(serve)
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=_port, default=8000, help="0 picks a free port")
     serve.add_argument(
@@ -178,6 +163,32 @@ def _add_serve_parser(commands: Any) -> None:
     )
     add_media_flags(serve)
     _add_resilience_flags(serve)
+
+
+def _add_replica_source_flags(serve: Any) -> None:
+    """How many replicas ``serve`` starts and how they share experts, or the engines it uses."""
+    serve.add_argument(
+        "--data-parallel-size",
+        "-dp",
+        type=_positive_int,
+        default=1,
+        metavar="D",
+        help="replicas to start behind this frontend (least-loaded routing)",
+    )
+    serve.add_argument(
+        "--dp-attention",
+        action="store_true",
+        help="with -dp D --enable-expert-parallel on a MoE model: the D replicas (tp 1) run "
+        "attention on their own requests and share the experts (one world, all-to-all)",
+    )
+    serve.add_argument(
+        "--engine",
+        action="append",
+        default=[],
+        metavar="tcp://HOST:PORT",
+        help="serve a replica started by 'shardserve engine' instead of starting one "
+        "(repeat for several replicas); the tokenizer still comes from --model",
+    )
 
 
 #: ``--tool-call-parser`` values (vLLM's names; :mod:`server.tool_parsers`).
@@ -287,6 +298,7 @@ def replica_config(args: argparse.Namespace) -> ReplicaConfig:
         pp_layer_partition=args.pp_layer_partition,
         enable_expert_parallel=args.enable_expert_parallel,
         threads_per_rank=args.cpu_threads_per_rank,
+        dp_attention=getattr(args, "dp_attention", False),
     )
 
 
@@ -314,6 +326,10 @@ def check_serve_flags(args: argparse.Namespace) -> None:
         raise ValueError(
             "--data-parallel-size starts replicas; with --engine, give one --engine per replica"
         )
+    if args.dp_attention:
+        from model_shards.dp_attention_launch import check_dp_attention_args
+
+        check_dp_attention_args(args)
 
 
 def _int_in(minimum: int, maximum: float, text: str) -> int:

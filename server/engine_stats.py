@@ -71,4 +71,8 @@ class EngineStatsBoard:
             kv_cache_usage=used / total if total else 0.0,
             prefix_cache_hit_rate=hits / (hits + computed) if hits + computed else 0.0,
             preemptions_total=sum(s.num_preemptions for s in all_stats),
+            mm_encoder_cache=(
+                sum(s.mm_encoder_cache_hits for s in all_stats),
+                sum(s.mm_encoder_cache_misses for s in all_stats),
+            ),
         )

@@ -36,6 +36,8 @@ from server.errors import APIError
 
 #: MIME type → Pillow's format name, for the image types taken
 IMAGE_MIMES = {"image/png": "PNG", "image/jpeg": "JPEG", "image/jpg": "JPEG", "image/webp": "WEBP"}
+#: the video types taken (a ``video_url`` part, :mod:`server.video`)
+VIDEO_MIMES = ("video/mp4", "video/webm")
 DEFAULT_MAX_BYTES = 20 * 2**20
 DEFAULT_MAX_PIXELS = 40_000_000  # a 10k x 10k image is past it
 DEFAULT_FETCH_TIMEOUT_S = 5.0
@@ -52,11 +54,18 @@ class MediaOptions:
     fetch_timeout_s: float = DEFAULT_FETCH_TIMEOUT_S
     limit_images: int = 4
     max_bytes: int = DEFAULT_MAX_BYTES
-    max_pixels: int = DEFAULT_MAX_PIXELS
+    max_pixels: int = DEFAULT_MAX_PIXELS  # per image, and per video frame
+    limit_videos: int = 1
+    video_fps: float = 2.0  # --video-fps
+    max_video_frames: int = 32  # --max-video-frames
 
 
-def _bad(param: str, message: str) -> APIError:
+def bad_media(param: str, message: str) -> APIError:
+    """The 400 for a bad media part ``param``."""
     return APIError.bad_request(f"'{param}': {message}", param=param, code="invalid_media")
+
+
+_bad = bad_media
 
 
 async def load_image(
@@ -69,29 +78,36 @@ async def load_image(
 
 
 async def _fetch(url: str, param: str, options: MediaOptions) -> tuple[bytes, str | None]:
-    """The URL's bytes and the MIME type it declares (``None``: a local file)."""
+    return await fetch_media(url, param, options)
+
+
+async def fetch_media(
+    url: str, param: str, options: MediaOptions, kind: str = "image"
+) -> tuple[bytes, str | None]:
+    """The URL's bytes and the MIME type it declares (``None``: a local file); ``kind``
+    (``"image"`` or ``"video"``) says which MIME types are taken."""
     scheme = url.split(":", 1)[0].lower() if ":" in url else ""
     if scheme == "data":
-        return _data_url(url, param, options)
+        return _data_url(url, param, options, kind)
     if scheme == "file":
         return await asyncio.to_thread(_local_file, url, param, options), None
     if scheme in ("http", "https"):
-        return await _http(url, param, options)
+        return await _http(url, param, options, kind)
     raise _bad(param, "the URL must be a data:, file: or http(s): URL")
 
 
-def _data_url(url: str, param: str, options: MediaOptions) -> tuple[bytes, str]:
+def _data_url(url: str, param: str, options: MediaOptions, kind: str) -> tuple[bytes, str]:
     header, comma, payload = url[5:].partition(",")
     if not comma:
         raise _bad(param, "a data URL needs a ',' before its data")
     mime, *params = header.split(";")
     mime = mime.strip().lower()
-    if mime not in IMAGE_MIMES:
-        raise _bad(param, f"unsupported MIME type {mime or '(none)'!r}; send PNG, JPEG or WebP")
+    if mime not in _mimes(kind):
+        raise _bad(param, f"unsupported MIME type {mime or '(none)'!r}; send {_NAMES[kind]}")
     if "base64" not in params:
         raise _bad(param, "the data URL must be base64-encoded (';base64,')")
     if len(payload) * 3 // 4 > options.max_bytes:
-        raise _bad(param, f"the image is larger than {options.max_bytes} bytes")
+        raise _bad(param, f"the {kind} is larger than {options.max_bytes} bytes")
     try:
         return base64.b64decode(payload, validate=True), mime
     except (binascii.Error, ValueError) as exc:
@@ -118,7 +134,14 @@ def _local_file(url: str, param: str, options: MediaOptions) -> bytes:
         raise _bad(param, f"the file cannot be read ({exc.strerror})") from exc
 
 
-async def _http(url: str, param: str, options: MediaOptions) -> tuple[bytes, str | None]:
+def _mimes(kind: str) -> tuple[str, ...]:
+    return VIDEO_MIMES if kind == "video" else tuple(IMAGE_MIMES)
+
+
+_NAMES = {"image": "PNG, JPEG or WebP", "video": "MP4 or WebM"}
+
+
+async def _http(url: str, param: str, options: MediaOptions, kind: str) -> tuple[bytes, str | None]:
     try:
         async with (
             httpx.AsyncClient(timeout=options.fetch_timeout_s, follow_redirects=True) as client,
@@ -127,19 +150,19 @@ async def _http(url: str, param: str, options: MediaOptions) -> tuple[bytes, str
             if not response.is_success:
                 raise _bad(param, f"fetching the URL returned HTTP {response.status_code}")
             mime = response.headers.get("content-type", "").split(";")[0].strip().lower()
-            if mime and mime not in IMAGE_MIMES and mime != "application/octet-stream":
-                raise _bad(param, f"the URL serves {mime!r}, not a PNG, JPEG or WebP image")
+            if mime and mime not in _mimes(kind) and mime != "application/octet-stream":
+                raise _bad(param, f"the URL serves {mime!r}, not a {_NAMES[kind]} {kind}")
             chunks, size = [], 0
             async for chunk in response.aiter_bytes():
                 size += len(chunk)
                 if size > options.max_bytes:
-                    raise _bad(param, f"the image is larger than {options.max_bytes} bytes")
+                    raise _bad(param, f"the {kind} is larger than {options.max_bytes} bytes")
                 chunks.append(chunk)
     except httpx.TimeoutException as exc:
         raise _bad(param, f"fetching the URL timed out ({options.fetch_timeout_s} s)") from exc
     except httpx.HTTPError as exc:
         raise _bad(param, f"the URL could not be fetched ({type(exc).__name__})") from exc
-    return b"".join(chunks), mime if mime in IMAGE_MIMES else None
+    return b"".join(chunks), mime if mime in _mimes(kind) else None
 
 
 def _decode_and_process(

@@ -8,6 +8,10 @@ image placeholder there). For a chat template that reads content parts itself (l
 Qwen2-VL's) the message also keeps ``content_parts``: its parts with each image as
 ``{"type": "image"}``, as transformers' processors pass them. Only the part's shape is
 checked here (a 400 naming it); fetching and decoding are :mod:`server.media`'s.
+
+``{"type": "video_url", "video_url": {"url": URL}}`` (vLLM's extension) is the same with
+``kind="video"``, :data:`VIDEO_MARKER` and ``{"type": "video"}``; decoding is
+:mod:`server.video`'s.
 """
 
 from __future__ import annotations
@@ -19,14 +23,18 @@ from pydantic_core import PydanticCustomError
 
 #: Stands for one image in rendered text; text that holds it itself is refused.
 MEDIA_MARKER = "<|shardserve-image|>"
-MEDIA_PART_TYPES = ("image_url",)
+#: Stands for one video in rendered text, as :data:`MEDIA_MARKER` for an image.
+VIDEO_MARKER = "<|shardserve-video|>"
+MEDIA_PART_TYPES = ("image_url", "video_url")
+_MARKERS = {"image": MEDIA_MARKER, "video": VIDEO_MARKER}
 
 
 class MediaPart(BaseModel):
-    """One image of a message: ``content[index]`` of it, and its URL."""
+    """One image or video of a message: ``content[index]`` of it, its URL, its kind."""
 
     index: int
     url: str
+    kind: str = "image"  # "image" or "video"
 
 
 def split_media_parts(data: Any) -> Any:
@@ -39,11 +47,13 @@ def split_media_parts(data: Any) -> Any:
     content, media, parts = [], [], []
     for j, part in enumerate(data["content"]):
         if isinstance(part, dict) and part.get("type") in MEDIA_PART_TYPES:
-            media.append(MediaPart(index=j, url=_url_of(part, j)))
-            content.append({"type": "text", "text": MEDIA_MARKER})
-            parts.append({"type": "image"})
+            kind = str(part["type"]).removesuffix("_url")
+            media.append(MediaPart(index=j, url=_url_of(part, j, kind), kind=kind))
+            content.append({"type": "text", "text": _MARKERS[kind]})
+            parts.append({"type": kind})
         else:
-            if isinstance(part, dict) and MEDIA_MARKER in str(part.get("text", "")):
+            text = str(part.get("text", "")) if isinstance(part, dict) else ""
+            if MEDIA_MARKER in text or VIDEO_MARKER in text:
                 raise PydanticCustomError(
                     "value_error", "content[{j}].text holds a reserved marker", {"j": j}
                 )
@@ -52,13 +62,13 @@ def split_media_parts(data: Any) -> Any:
     return {**data, "content": content, "media": media, "content_parts": parts}
 
 
-def _url_of(part: dict[str, Any], j: int) -> str:
-    value = part.get("image_url")
+def _url_of(part: dict[str, Any], j: int, kind: str) -> str:
+    value = part.get(f"{kind}_url")
     url = value.get("url") if isinstance(value, dict) else value
     if not isinstance(url, str) or not url:
         raise PydanticCustomError(
             "value_error",
-            "content[{j}].image_url needs a 'url' (a data:, file: or http(s): URL)",
-            {"j": j},
+            "content[{j}].{kind}_url needs a 'url' (a data:, file: or http(s): URL)",
+            {"j": j, "kind": kind},
         )
     return url

@@ -115,6 +115,7 @@ class Metrics:
         )
         self._add_engine_metrics(r)
         self._preemptions_seen = 0
+        self._mm_seen = [0, 0]  # encoder-cache (hits, misses) recorded
         self._moe_seen: dict[tuple[int, int], int] = {}  # (layer, expert) -> total recorded
 
     def _add_engine_metrics(self, r: CollectorRegistry) -> None:
@@ -136,6 +137,16 @@ class Metrics:
         self.preemptions = Counter(
             f"{PREFIX}_num_preemptions",
             "Sequences preempted by the scheduler (engine).",
+            registry=r,
+        )
+        self.mm_cache_hits = Counter(
+            f"{PREFIX}_mm_encoder_cache_hits",
+            "Images served from the encoder-output cache (engine, first stage).",
+            registry=r,
+        )
+        self.mm_cache_misses = Counter(
+            f"{PREFIX}_mm_encoder_cache_misses",
+            "Images run through the vision encoder (engine, first stage).",
             registry=r,
         )
         self.replica_requests = Counter(
@@ -176,13 +187,15 @@ class Metrics:
         kv_cache_usage: float | None = None,
         prefix_cache_hit_rate: float | None = None,
         preemptions_total: int | None = None,
+        mm_encoder_cache: tuple[int, int] | None = None,
     ) -> None:
         """Engine-side numbers, for the engine client to call as they arrive.
 
         ``kv_cache_usage`` and ``prefix_cache_hit_rate`` are fractions in 0..1;
         ``preemptions_total`` is the engine's running count (the counter advances
         by the difference; a smaller value, e.g. after a restart, re-bases it).
-        Arguments left ``None`` are not changed.
+        ``mm_encoder_cache`` is the engine's running (hits, misses) of images, counted
+        the same way. Arguments left ``None`` are not changed.
         """
         if kv_cache_usage is not None:
             self.kv_cache_usage.set(kv_cache_usage)
@@ -192,6 +205,12 @@ class Metrics:
             if preemptions_total > self._preemptions_seen:
                 self.preemptions.inc(preemptions_total - self._preemptions_seen)
             self._preemptions_seen = preemptions_total
+        if mm_encoder_cache is not None:
+            counters = (self.mm_cache_hits, self.mm_cache_misses)
+            for j, (counter, total) in enumerate(zip(counters, mm_encoder_cache, strict=True)):
+                if total > self._mm_seen[j]:
+                    counter.inc(total - self._mm_seen[j])
+                self._mm_seen[j] = total
 
     def record_moe_expert_tokens(self, totals: dict[int, list[int]]) -> None:
         """The engine's running token count per ``layer → [per expert]``: each counter

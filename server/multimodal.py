@@ -35,6 +35,7 @@ from server.image_processing import ClipPreprocessor
 from server.media import DEFAULT_FETCH_TIMEOUT_S, MediaOptions, load_image
 from server.media_parts import MEDIA_MARKER
 from server.tokenizer import Tokenizer
+from server.video import DEFAULT_MAX_VIDEO_FRAMES, DEFAULT_VIDEO_FPS, load_chat_videos
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,7 @@ class ImageModel:
     image_token_id: int
     tokens_per_image: int
     preprocess: ClipPreprocessor
+    takes_video: bool = False  # video parts reach load_chat_videos (server.video)
 
     @staticmethod
     def from_dir(model_dir: str | Path) -> ImageModel | None:
@@ -68,7 +70,7 @@ class ImageModel:
 
     @property
     def modalities(self) -> list[str]:
-        return ["text", "image"]
+        return ["text", "image", "video"] if self.takes_video else ["text", "image"]
 
 
 @dataclass(frozen=True)
@@ -89,11 +91,8 @@ async def load_chat_images(
 ) -> list[PreparedImage]:
     """Every image part of ``body`` in prompt order, preprocessed; a 400 naming the part
     when it is bad, when the model takes no images, or past ``--limit-mm-per-prompt``."""
-    parts = [
-        (f"messages[{i}].content[{part.index}]", part.url)
-        for i, message in enumerate(body.messages)
-        for part in message.media
-    ]
+    parts = media_parts(body, "image")
+    await load_chat_videos(media_parts(body, "video"), bool(model and model.takes_video), options)
     if not parts:
         return []
     if model is None:
@@ -112,6 +111,16 @@ async def load_chat_images(
         *(load_image(url, f"{param}.image_url", options, model.preprocess) for param, url in parts)
     )
     return [PreparedImage(p) for p in pixels]
+
+
+def media_parts(body: ChatCompletionRequest, kind: str) -> list[tuple[str, str]]:
+    """``(param, url)`` of each ``kind`` ("image", "video") part of ``body``, in order."""
+    return [
+        (f"messages[{i}].content[{part.index}]", part.url)
+        for i, message in enumerate(body.messages)
+        for part in message.media
+        if part.kind == kind
+    ]
 
 
 def prompt_ids(
@@ -199,9 +208,23 @@ def add_media_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--limit-mm-per-prompt",
         type=_limit,
-        default=MediaOptions().limit_images,
-        metavar="'{\"image\": N}'",
-        help="most images one prompt may hold (JSON as vLLM's, or image=N)",
+        default={},
+        metavar="JSON",
+        help="most images / videos one prompt may hold (JSON as vLLM's, or image=N,video=M)",
+    )
+    parser.add_argument(
+        "--video-fps",
+        type=_positive_float,
+        default=DEFAULT_VIDEO_FPS,
+        metavar="F",
+        help="frames per second sampled from a video part (vLLM's name)",
+    )
+    parser.add_argument(
+        "--max-video-frames",
+        type=_positive_int,
+        default=DEFAULT_MAX_VIDEO_FRAMES,
+        metavar="N",
+        help="most frames kept of one video, spread over it past that",
     )
 
 
@@ -209,7 +232,10 @@ def media_options(args: argparse.Namespace) -> MediaOptions:
     return MediaOptions(
         allowed_local_media_path=args.allowed_local_media_path,
         fetch_timeout_s=args.media_fetch_timeout,
-        limit_images=args.limit_mm_per_prompt,
+        limit_images=args.limit_mm_per_prompt.get("image", MediaOptions.limit_images),
+        limit_videos=args.limit_mm_per_prompt.get("video", MediaOptions.limit_videos),
+        video_fps=args.video_fps,
+        max_video_frames=args.max_video_frames,
     )
 
 
@@ -230,8 +256,14 @@ def _positive_float(value: str) -> float:
     return number
 
 
-def _limit(value: str) -> int:
-    """``'{"image": 2}'`` or ``image=2`` → 2 (other modalities are not served yet)."""
+def _positive_int(value: str) -> int:
+    if not value.isdigit() or int(value) < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer > 0, got {value!r}")
+    return int(value)
+
+
+def _limit(value: str) -> dict[str, int]:
+    """``'{"image": 2, "video": 1}'`` or ``image=2,video=1`` → the per-modality limits."""
     try:
         parsed = json.loads(value) if value.strip().startswith("{") else None
         if parsed is None:
@@ -239,9 +271,11 @@ def _limit(value: str) -> int:
         limits = {str(k): int(v) for k, v in parsed.items()}
     except (ValueError, TypeError, AttributeError) as exc:
         raise argparse.ArgumentTypeError(
-            f"use '{{\"image\": N}}' or image=N, got {value!r}"
+            f'use {{"image": N, "video": M}} or image=N,video=M, got {value!r}'
         ) from exc
-    unknown = sorted(set(limits) - {"image"})
-    if unknown or limits.get("image", 0) < 0:
-        raise argparse.ArgumentTypeError(f"only a non-negative 'image' limit is served: {value!r}")
-    return limits.get("image", MediaOptions().limit_images)
+    unknown = sorted(set(limits) - {"image", "video"})
+    if unknown or min(limits.values(), default=0) < 0:
+        raise argparse.ArgumentTypeError(
+            f"only non-negative 'image' and 'video' limits are served: {value!r}"
+        )
+    return limits

@@ -12,8 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.ttft import LAYER_KINDS
 from model_shards.config import ModelConfig, ReplicaConfig
 from model_shards.coordinator import Coordinator
+from model_shards.layer_timer import PREFIX
 from model_shards.messages import GenerateRequest, RequestOutput, StepOutputs, SubmitBatch
 from model_shards.parallel.comm import Comm
 from model_shards.request_trace import RequestTraces
@@ -98,7 +100,14 @@ def test_replica_returns_stamps_with_the_first_token(tmp_path: Path) -> None:
     traced = [o["trace"] for o in outputs if o["rid"] == "t"]
     assert len(traced) == 3 and traced[1:] == [None, None]  # three tokens, stamps once
     assert all(o["trace"] is None for o in outputs if o["rid"] == "p")
-    stamps = traced[0]
+    stamps = {k: v for k, v in traced[0].items() if not k.startswith(PREFIX)}
     assert list(stamps) == ENGINE_STAGES  # every stage, inserted in path order
     times = [stamps[s] for s in ENGINE_STAGES]
     assert times == sorted(times)  # monotonic clock: the path's order
+    kinds = {k[len(PREFIX) :]: v for k, v in traced[0].items() if k.startswith(PREFIX)}
+    assert set(kinds) == set(LAYER_KINDS) and all(v > 0 for v in kinds.values())
+    forward_ns = stamps["forward_done"] - stamps["plan_sent"]  # the step's forward (and more)
+    blocks = ("embedding", "norms", "attention block", "MLP block")
+    assert sum(kinds[k] for k in blocks) <= forward_ns
+    assert kinds["attention GEMM"] + kinds["attention kernel"] <= kinds["attention block"]
+    assert kinds["MLP GEMM"] <= kinds["MLP block"]

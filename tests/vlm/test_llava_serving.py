@@ -2,7 +2,8 @@
 image and gets what ``transformers`` generates for the same prompt; the same image by
 ``file://`` (under ``--allowed-local-media-path``) and from a local HTTP server gives the
 same answer; ``/v1/models`` lists the image modality; every kind of bad media input is a
-400 naming the part, and the server stays healthy and keeps answering.
+400 naming the part, and the server stays healthy and keeps answering; the same image
+sent twice is one encoder-cache miss and one hit in ``/metrics``.
 """
 
 from __future__ import annotations
@@ -183,7 +184,7 @@ def test_models_lists_the_image_modality(served: LiveServer) -> None:
 def _bad_inputs(
     png: bytes, media_dir: Path, http_url: str
 ) -> dict[str, tuple[list[dict[str, Any]], str]]:
-    """Twenty-two kinds of bad media: the content of one user message, and a fragment of
+    """Twenty-four kinds of bad media: the content of one user message, and a fragment of
     the error message that says what is wrong."""
     closed = f"http://127.0.0.1:{free_port()}/x.png"
     gif = ckpt.encoded(ckpt.image(1), "GIF")
@@ -217,6 +218,11 @@ def _bad_inputs(
             _content(_data_url(png)) * 2 + _content(_data_url(png))[:1],
             "at most 2 per prompt",
         ),
+        "video to a model without video": (
+            [{"type": "video_url", "video_url": {"url": "data:video/mp4;base64,AAAA"}}],
+            "does not take videos",
+        ),
+        "video part without a URL": ([{"type": "video_url", "video_url": {}}], "needs a 'url'"),
         "text holding the image token": (
             [*_content(_data_url(png))[:1], {"type": "text", "text": f"{ckpt.IMAGE_TOKEN} x"}],
             "holds the image token",
@@ -240,3 +246,22 @@ def test_bad_media_is_a_400_naming_the_part(
     good = _chat(served, _content(_data_url(png)))  # and it still answers correctly
     assert good.status_code == 200
     assert good.json()["choices"][0]["message"]["content"] == expected[0]
+
+
+def _mm_cache(server: LiveServer) -> tuple[float, float]:
+    """``/metrics``' encoder-cache (hits, misses) totals."""
+    found = {}
+    for line in httpx.get(f"{server.url}/metrics").text.splitlines():
+        for kind in ("hits", "misses"):
+            if line.startswith(f"shardserve_mm_encoder_cache_{kind}_total "):
+                found[kind] = float(line.split()[1])
+    return found["hits"], found["misses"]
+
+
+def test_the_same_image_twice_is_an_encoder_cache_hit(served: LiveServer) -> None:
+    url = _data_url(ckpt.encoded(ckpt.image(5, (30, 30))))  # an image no other test sends
+    hits, misses = _mm_cache(served)
+    for text in ("first", "second"):  # text before the image: no prefix-cache hit on it
+        content = [{"type": "text", "text": text}, *_content(url)]
+        assert _chat(served, content).status_code == 200
+    assert _mm_cache(served) == (hits + 1, misses + 1)
