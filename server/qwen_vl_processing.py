@@ -158,7 +158,7 @@ class QwenVLPreprocessor:
 
 
 def _triple(value: Any) -> tuple[float, float, float]:
-    values = [float(v) for v in (value if isinstance(value, list) else [value] * 3)]
+    values = [float(v) for v in (value if isinstance(value, (list, tuple)) else [value] * 3)]
     if len(values) != 3:
         raise ValueError(f"expected 3 channel values, got {value!r}")
     return values[0], values[1], values[2]
