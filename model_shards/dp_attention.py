@@ -24,18 +24,9 @@ from __future__ import annotations
 
 import logging
 
-import zmq
-
 from model_shards.coordinator import Coordinator
-from model_shards.engine_loop import Reply
+from model_shards.engine_loop import FrontendSocket
 from model_shards.layers.moe import SparseMoeBlock
-from model_shards.messages import (
-    EngineError,
-    Hello,
-    Shutdown,
-    decode_frontend_message,
-    encode,
-)
 from model_shards.parallel.comm import Comm, all_reduce_min_int
 from model_shards.scheduler.scheduler import SeqUpdate
 
@@ -91,42 +82,23 @@ def serve_lockstep(engine: LockstepEngine, address: str) -> None:
     ``Shutdown`` to any replica stops the whole group. The agreement is a collective with
     the world's timeout, so a dead replica makes the others fail instead of hang."""
     coord = engine.coordinator
-    ctx = zmq.Context()
-    sock = ctx.socket(zmq.ROUTER)
-    sock.setsockopt(zmq.LINGER, 1000)
-    sock.bind(address)
-    clients: set[bytes] = set()
+    frontends = FrontendSocket(address)
     log.info("data-parallel attention replica serving on %s", address)
-
-    def send(replies: list[Reply]) -> None:
-        for client, message in replies:
-            sock.send_multipart([client, encode(message)])
-
     try:
         stopping, work = False, False
         while True:
-            timeout_ms = 0 if work else int(IDLE_POLL_S * 1000)
-            while not stopping and sock.poll(timeout_ms):
-                timeout_ms = 0
-                client, payload = sock.recv_multipart()
-                clients.add(client)
-                message = decode_frontend_message(payload)
-                if isinstance(message, Hello):
-                    send([(client, coord.ready())])
-                elif isinstance(message, Shutdown):
-                    stopping = True
-                else:
-                    send(coord.handle(message, client))
+            if not stopping:
+                timeout_ms = 0 if work else int(IDLE_POLL_S * 1000)
+                stopping = not frontends.answer_waiting(coord, timeout_ms)
             work, group_stopping = engine.agree(stopping)
             if group_stopping:
                 break
             if work:
-                send(coord.replies(engine.step()))
+                frontends.send(coord.replies(engine.step()))
         coord.shutdown()
     except Exception as exc:
         log.exception("engine failed")
-        send([(client, EngineError(f"engine failed: {exc}")) for client in clients])
+        frontends.fail(exc)
         raise
     finally:
-        sock.close()
-        ctx.term()
+        frontends.close()

@@ -27,6 +27,18 @@ _OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 _OPENAI_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 
 
+def read_preprocessor_config(path: Path) -> dict[str, Any]:
+    """``preprocessor_config.json`` as a dict; ``ValueError`` naming the file when it is
+    missing or not JSON."""
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path}: cannot read the image preprocessor config ({exc})") from exc
+    if not isinstance(raw, dict):
+        raise ValueError(f"{path}: the image preprocessor config is not a JSON object")
+    return raw
+
+
 @dataclass(frozen=True)
 class ClipPreprocessor:
     """CLIP's preprocessing (see the module docstring); built by :meth:`from_dict`."""
@@ -47,11 +59,7 @@ class ClipPreprocessor:
     @staticmethod
     def from_file(path: Path) -> ClipPreprocessor:
         """``ValueError`` naming the file when it is missing, malformed or not CLIP's."""
-        try:
-            raw = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError) as exc:
-            raise ValueError(f"{path}: cannot read the image preprocessor config ({exc})") from exc
-        return ClipPreprocessor.from_dict(raw, str(path))
+        return ClipPreprocessor.from_dict(read_preprocessor_config(path), str(path))
 
     @staticmethod
     def from_dict(raw: dict[str, Any], source: str) -> ClipPreprocessor:

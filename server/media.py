@@ -68,6 +68,26 @@ def bad_media(param: str, message: str) -> APIError:
 _bad = bad_media
 
 
+def check_part_count(
+    parts: list[tuple[str, str]], kind: str, refusal: str | None, limit: int
+) -> None:
+    """A 400 naming the first of ``parts`` (``(param, url)``) when the model refuses
+    ``kind`` parts (``refusal``: why, e.g. "this model does not take videos"), or when there
+    are more than ``limit`` of them (``--limit-mm-per-prompt``)."""
+    if not parts:
+        return
+    if refusal is not None:
+        param = parts[0][0]
+        raise APIError.bad_request(
+            f"'{param}': {refusal}", param=param, code="modality_not_supported"
+        )
+    if len(parts) > limit:
+        raise APIError.bad_request(
+            f"'messages': {len(parts)} {kind}s, at most {limit} per prompt (--limit-mm-per-prompt)",
+            param="messages",
+        )
+
+
 async def load_image(
     url: str, param: str, options: MediaOptions, preprocess: Callable[[Image.Image], T]
 ) -> T:

@@ -32,7 +32,12 @@ from model_shards.vlm_config import is_vlm, llava_config
 from server.chat_protocol import ChatCompletionRequest
 from server.errors import APIError
 from server.image_processing import ClipPreprocessor
-from server.media import DEFAULT_FETCH_TIMEOUT_S, MediaOptions, load_image
+from server.media import (
+    DEFAULT_FETCH_TIMEOUT_S,
+    MediaOptions,
+    check_part_count,
+    load_image,
+)
 from server.media_parts import MEDIA_MARKER
 from server.tokenizer import Tokenizer
 from server.video import DEFAULT_MAX_VIDEO_FRAMES, DEFAULT_VIDEO_FPS, load_chat_videos
@@ -93,20 +98,10 @@ async def load_chat_images(
     when it is bad, when the model takes no images, or past ``--limit-mm-per-prompt``."""
     parts = media_parts(body, "image")
     await load_chat_videos(media_parts(body, "video"), bool(model and model.takes_video), options)
-    if not parts:
+    refusal = "this model takes text only, not images" if model is None else None
+    check_part_count(parts, "image", refusal, options.limit_images)
+    if not parts or model is None:
         return []
-    if model is None:
-        raise APIError.bad_request(
-            f"'{parts[0][0]}': this model takes text only, not images",
-            param=parts[0][0],
-            code="modality_not_supported",
-        )
-    if len(parts) > options.limit_images:
-        raise APIError.bad_request(
-            f"'messages': {len(parts)} images, at most {options.limit_images} per prompt "
-            "(--limit-mm-per-prompt)",
-            param="messages",
-        )
     pixels = await asyncio.gather(
         *(load_image(url, f"{param}.image_url", options, model.preprocess) for param, url in parts)
     )

@@ -14,7 +14,6 @@ float32 and ``grid_thw = (1, h, w)`` in patches; the prompt holds
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +22,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from server.image_processing import to_rgb
+from server.image_processing import read_preprocessor_config, to_rgb
 
 #: ``image_processor_type`` values read as Qwen2-VL's pipeline
 QWEN_VL_PROCESSORS = (
@@ -91,11 +90,7 @@ class QwenVLPreprocessor:
     @staticmethod
     def from_file(path: Path) -> QwenVLPreprocessor:
         """``ValueError`` naming the file when it is missing, malformed or not Qwen2-VL's."""
-        try:
-            raw = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError) as exc:
-            raise ValueError(f"{path}: cannot read the image preprocessor config ({exc})") from exc
-        return QwenVLPreprocessor.from_dict(raw, str(path))
+        return QwenVLPreprocessor.from_dict(read_preprocessor_config(path), str(path))
 
     @staticmethod
     def from_dict(raw: dict[str, Any], source: str) -> QwenVLPreprocessor:

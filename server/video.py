@@ -25,7 +25,13 @@ import av
 from PIL import Image
 
 from server.errors import APIError
-from server.media import DEFAULT_MAX_PIXELS, MediaOptions, bad_media, fetch_media
+from server.media import (
+    DEFAULT_MAX_PIXELS,
+    MediaOptions,
+    bad_media,
+    check_part_count,
+    fetch_media,
+)
 
 DEFAULT_VIDEO_FPS = 2.0
 DEFAULT_MAX_VIDEO_FRAMES = 32
@@ -131,18 +137,6 @@ async def load_chat_videos(
 ) -> list[VideoInput]:
     """Each ``(param, url)`` video part, decoded, in prompt order; a 400 naming the first
     part when the model takes no videos, or past ``--limit-mm-per-prompt``'s ``video``."""
-    if not parts:
-        return []
-    if not takes_video:
-        raise APIError.bad_request(
-            f"'{parts[0][0]}': this model does not take videos",
-            param=parts[0][0],
-            code="modality_not_supported",
-        )
-    if len(parts) > options.limit_videos:
-        raise APIError.bad_request(
-            f"'messages': {len(parts)} videos, at most {options.limit_videos} per prompt "
-            "(--limit-mm-per-prompt)",
-            param="messages",
-        )
+    refusal = None if takes_video else "this model does not take videos"
+    check_part_count(parts, "video", refusal, options.limit_videos)
     return list(await asyncio.gather(*(load_video(url, param, options) for param, url in parts)))
