@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import os
-import signal
 import tempfile
 import threading
 from dataclasses import dataclass, field, replace
@@ -166,11 +165,9 @@ def run_dp_attention_rank(
 ) -> None:
     """A rank process: join the world of ``dp``, load the replica (all but the other
     ranks' experts), serve its frontends in lockstep with the others."""
-    from model_shards.rank_main import _die_with_parent, _log_as
+    from model_shards.rank_main import start_rank_process
 
-    _die_with_parent()
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _log_as(rank)
+    start_rank_process(rank)
     import torch
 
     from model_shards.coordinator import Coordinator

@@ -51,6 +51,14 @@ def _log_as(rank: int) -> None:
     )
 
 
+def start_rank_process(rank: int) -> None:
+    """What a spawned rank process does first: die with its parent, leave Ctrl-C to the
+    frontend (which stops us), log as ``rank``."""
+    _die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _log_as(rank)
+
+
 def run_rank(
     rank: int,
     config: ReplicaConfig,
@@ -60,11 +68,9 @@ def run_rank(
     visible_devices: str | None = None,
 ) -> None:
     """Entry point of a rank process spawned by :func:`model_shards.launch.start_replica`."""
-    _die_with_parent()
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the frontend, which stops us
+    start_rank_process(rank)
     if visible_devices is not None:  # before CUDA is initialised
         os.environ["CUDA_VISIBLE_DEVICES"] = visible_devices
-    _log_as(rank)
     serve_rank(
         rank,
         config,

@@ -114,9 +114,7 @@ class Metrics:
             registry=r,
         )
         self._add_engine_metrics(r)
-        self._preemptions_seen = 0
-        self._mm_seen = [0, 0]  # encoder-cache (hits, misses) recorded
-        self._moe_seen: dict[tuple[int, int], int] = {}  # (layer, expert) -> total recorded
+        self._totals_seen: dict[object, int] = {}  # an engine running total -> last recorded
 
     def _add_engine_metrics(self, r: CollectorRegistry) -> None:
         """The gauges and counters of sequences in flight, the engine and the replicas."""
@@ -202,15 +200,19 @@ class Metrics:
         if prefix_cache_hit_rate is not None:
             self.prefix_cache_hit_rate.set(prefix_cache_hit_rate)
         if preemptions_total is not None:
-            if preemptions_total > self._preemptions_seen:
-                self.preemptions.inc(preemptions_total - self._preemptions_seen)
-            self._preemptions_seen = preemptions_total
+            self.preemptions.inc(self._advance("preemptions", preemptions_total))
         if mm_encoder_cache is not None:
-            counters = (self.mm_cache_hits, self.mm_cache_misses)
-            for j, (counter, total) in enumerate(zip(counters, mm_encoder_cache, strict=True)):
-                if total > self._mm_seen[j]:
-                    counter.inc(total - self._mm_seen[j])
-                self._mm_seen[j] = total
+            hits, misses = mm_encoder_cache
+            self.mm_cache_hits.inc(self._advance("mm hits", hits))
+            self.mm_cache_misses.inc(self._advance("mm misses", misses))
+
+    def _advance(self, key: object, total: int) -> int:
+        """How far the counter of the engine's running ``total`` (named ``key``) advances
+        now: the difference from the last total, 0 when it shrank (a restarted replica:
+        re-based)."""
+        step = max(0, total - self._totals_seen.get(key, 0))
+        self._totals_seen[key] = total
+        return step
 
     def record_moe_expert_tokens(self, totals: dict[int, list[int]]) -> None:
         """The engine's running token count per ``layer → [per expert]``: each counter
@@ -218,13 +220,10 @@ class Metrics:
         restarted replica), the imbalance gauge is set from the totals."""
         for layer, counts in totals.items():
             for expert, total in enumerate(counts):
-                key = (layer, expert)
-                seen = self._moe_seen.get(key, 0)
-                if total > seen:
-                    self.moe_expert_tokens.labels(layer=str(layer), expert=str(expert)).inc(
-                        total - seen
-                    )
-                self._moe_seen[key] = total
+                step = self._advance(("moe", layer, expert), total)
+                if step:
+                    labels = {"layer": str(layer), "expert": str(expert)}
+                    self.moe_expert_tokens.labels(**labels).inc(step)
             if sum(counts):
                 imbalance = max(counts) * len(counts) / sum(counts)
                 self.moe_load_imbalance.labels(layer=str(layer)).set(imbalance)
