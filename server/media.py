@@ -65,9 +65,6 @@ def bad_media(param: str, message: str) -> APIError:
     return APIError.bad_request(f"'{param}': {message}", param=param, code="invalid_media")
 
 
-_bad = bad_media
-
-
 def check_part_count(
     parts: list[tuple[str, str]], kind: str, refusal: str | None, limit: int
 ) -> None:
@@ -93,12 +90,8 @@ async def load_image(
 ) -> T:
     """The image at ``url`` (the part ``param``), decoded and passed through ``preprocess``
     in a worker thread. :class:`APIError` (400 naming ``param``) on any bad input."""
-    data, mime = await _fetch(url, param, options)
+    data, mime = await fetch_media(url, param, options)
     return await asyncio.to_thread(_decode_and_process, data, mime, param, options, preprocess)
-
-
-async def _fetch(url: str, param: str, options: MediaOptions) -> tuple[bytes, str | None]:
-    return await fetch_media(url, param, options)
 
 
 async def fetch_media(
@@ -113,45 +106,45 @@ async def fetch_media(
         return await asyncio.to_thread(_local_file, url, param, options), None
     if scheme in ("http", "https"):
         return await _http(url, param, options, kind)
-    raise _bad(param, "the URL must be a data:, file: or http(s): URL")
+    raise bad_media(param, "the URL must be a data:, file: or http(s): URL")
 
 
 def _data_url(url: str, param: str, options: MediaOptions, kind: str) -> tuple[bytes, str]:
     header, comma, payload = url[5:].partition(",")
     if not comma:
-        raise _bad(param, "a data URL needs a ',' before its data")
+        raise bad_media(param, "a data URL needs a ',' before its data")
     mime, *params = header.split(";")
     mime = mime.strip().lower()
     if mime not in _mimes(kind):
-        raise _bad(param, f"unsupported MIME type {mime or '(none)'!r}; send {_NAMES[kind]}")
+        raise bad_media(param, f"unsupported MIME type {mime or '(none)'!r}; send {_NAMES[kind]}")
     if "base64" not in params:
-        raise _bad(param, "the data URL must be base64-encoded (';base64,')")
+        raise bad_media(param, "the data URL must be base64-encoded (';base64,')")
     if len(payload) * 3 // 4 > options.max_bytes:
-        raise _bad(param, f"the {kind} is larger than {options.max_bytes} bytes")
+        raise bad_media(param, f"the {kind} is larger than {options.max_bytes} bytes")
     try:
         return base64.b64decode(payload, validate=True), mime
     except (binascii.Error, ValueError) as exc:
-        raise _bad(param, f"invalid base64 data ({exc})") from exc
+        raise bad_media(param, f"invalid base64 data ({exc})") from exc
 
 
 def _local_file(url: str, param: str, options: MediaOptions) -> bytes:
     root = options.allowed_local_media_path
     if root is None:
-        raise _bad(param, "local files are not served; start with --allowed-local-media-path")
+        raise bad_media(param, "local files are not served; start with --allowed-local-media-path")
     parsed = urlparse(url)
     if parsed.netloc not in ("", "localhost"):
-        raise _bad(param, "a file URL must name a local path (file:///path)")
+        raise bad_media(param, "a file URL must name a local path (file:///path)")
     path = Path(os.path.realpath(unquote(parsed.path)))
     if not path.is_relative_to(os.path.realpath(root)):
-        raise _bad(param, "the file is outside --allowed-local-media-path")
+        raise bad_media(param, "the file is outside --allowed-local-media-path")
     if not path.is_file():
-        raise _bad(param, "no such file")
+        raise bad_media(param, "no such file")
     if path.stat().st_size > options.max_bytes:
-        raise _bad(param, f"the file is larger than {options.max_bytes} bytes")
+        raise bad_media(param, f"the file is larger than {options.max_bytes} bytes")
     try:
         return path.read_bytes()
     except OSError as exc:
-        raise _bad(param, f"the file cannot be read ({exc.strerror})") from exc
+        raise bad_media(param, f"the file cannot be read ({exc.strerror})") from exc
 
 
 def _mimes(kind: str) -> tuple[str, ...]:
@@ -168,20 +161,20 @@ async def _http(url: str, param: str, options: MediaOptions, kind: str) -> tuple
             client.stream("GET", url) as response,
         ):
             if not response.is_success:
-                raise _bad(param, f"fetching the URL returned HTTP {response.status_code}")
+                raise bad_media(param, f"fetching the URL returned HTTP {response.status_code}")
             mime = response.headers.get("content-type", "").split(";")[0].strip().lower()
             if mime and mime not in _mimes(kind) and mime != "application/octet-stream":
-                raise _bad(param, f"the URL serves {mime!r}, not a {_NAMES[kind]} {kind}")
+                raise bad_media(param, f"the URL serves {mime!r}, not a {_NAMES[kind]} {kind}")
             chunks, size = [], 0
             async for chunk in response.aiter_bytes():
                 size += len(chunk)
                 if size > options.max_bytes:
-                    raise _bad(param, f"the {kind} is larger than {options.max_bytes} bytes")
+                    raise bad_media(param, f"the {kind} is larger than {options.max_bytes} bytes")
                 chunks.append(chunk)
     except httpx.TimeoutException as exc:
-        raise _bad(param, f"fetching the URL timed out ({options.fetch_timeout_s} s)") from exc
+        raise bad_media(param, f"fetching the URL timed out ({options.fetch_timeout_s} s)") from exc
     except httpx.HTTPError as exc:
-        raise _bad(param, f"the URL could not be fetched ({type(exc).__name__})") from exc
+        raise bad_media(param, f"the URL could not be fetched ({type(exc).__name__})") from exc
     return b"".join(chunks), mime if mime in _mimes(kind) else None
 
 
@@ -200,23 +193,23 @@ def decode_image(data: bytes, mime: str | None, param: str, max_pixels: int) -> 
     """``data`` as a fully decoded PNG, JPEG or WebP image (of the declared ``mime``'s
     format when given), at most ``max_pixels`` pixels; else a 400 naming ``param``."""
     if not data:
-        raise _bad(param, "the image is empty (0 bytes)")
+        raise bad_media(param, "the image is empty (0 bytes)")
     formats = sorted(set(IMAGE_MIMES.values()))
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # our cap is lower
             image = Image.open(io.BytesIO(data), formats=formats)
     except Image.DecompressionBombError as exc:
-        raise _bad(param, f"the image has more than {max_pixels} pixels") from exc
+        raise bad_media(param, f"the image has more than {max_pixels} pixels") from exc
     except UnidentifiedImageError as exc:
-        raise _bad(param, "the data is not a PNG, JPEG or WebP image") from exc
+        raise bad_media(param, "the data is not a PNG, JPEG or WebP image") from exc
     width, height = image.size
     if width * height > max_pixels:
-        raise _bad(param, f"the image is {width}x{height}, more than {max_pixels} pixels")
+        raise bad_media(param, f"the image is {width}x{height}, more than {max_pixels} pixels")
     if mime is not None and IMAGE_MIMES[mime] != image.format:
-        raise _bad(param, f"declared {mime} but the data is a {image.format} image")
+        raise bad_media(param, f"declared {mime} but the data is a {image.format} image")
     try:
         image.load()
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
-        raise _bad(param, f"the image cannot be decoded ({exc})") from exc
+        raise bad_media(param, f"the image cannot be decoded ({exc})") from exc
     return image
