@@ -17,13 +17,19 @@ for HTTP, tokenizing and detokenizing) and every rank's threads together:
 ``threads_per_rank = round((cores - frontend) / ranks)``, at least 1, unless
 overridden (``--cpu-threads-per-rank``). When the plan fills the cores
 (``frontend + ranks * threads > cores``) a thread that waits must not hold a
-core that another thread needs: :meth:`ThreadPlan.wait_environment` then gives
-each rank a short spin budget (libgomp ``GOMP_SPINCOUNT``, Intel OpenMP
-``KMP_BLOCKTIME``) instead of libgomp's default 300,000 polls, which are ~38 ms
-on this machine's CPU (``pause`` measured at ~126 ns on AMD EPYC family 26) —
-a whole scheduler slice burnt at each barrier whose partner was preempted.
-Variables the user set are kept. :func:`spin_budget_s` tells the shared-memory
-all-reduce the same budget (``SHARDSERVE_SPIN_US``).
+core that another thread needs while other work wants it:
+
+* ranks of several threads keep OpenMP's default spins (libgomp's 300,000 polls,
+  ~38 ms here: the fastest when quiet, 6-20% faster than short spins) and
+  :mod:`model_shards.cpu_governor` drops to one thread, which has no barriers, while
+  other work takes the cores;
+* ranks whose count stays fixed (``--cpu-threads-per-rank``,
+  ``SHARDSERVE_THREAD_GOVERNOR=0``) get a short spin budget instead (libgomp
+  ``GOMP_SPINCOUNT``, Intel OpenMP ``KMP_BLOCKTIME``): a whole scheduler slice burnt
+  at each barrier whose partner was preempted is what collapsed throughput.
+
+:func:`spin_budget_s` gives the shared-memory all-reduce a short budget too
+(``SHARDSERVE_SPIN_US``). Variables the user set are kept.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from model_shards.cpu_governor import ENV_VAR as GOVERNOR_ENV
+from model_shards.cpu_governor import switched_off as governor_off
 
 FRONTEND_SHARE = 0.25
 """Cores the HTTP frontend process is expected to keep busy beside the ranks."""
@@ -190,15 +197,24 @@ class ThreadPlan:
             else f"round(({self.budget.cores:g} cores - {self.frontend_share:g} frontend) "
             f"/ {self.ranks} ranks)"
         )
-        waits = (
-            f"short spins (GOMP_SPINCOUNT={SHORT_SPIN_COUNT}): {self.demand:g} cores wanted"
-            if self.fills_cores
-            else "OpenMP's default spins: cores to spare"
-        )
+        if not self.fills_cores:
+            waits = "OpenMP's default spins: cores to spare"
+        elif self.governed():
+            waits = (
+                f"OpenMP's default spins, {self.demand:g} cores wanted: fewer threads while "
+                "other work takes the cores"
+            )
+        else:
+            waits = f"short spins (GOMP_SPINCOUNT={SHORT_SPIN_COUNT}): {self.demand:g} cores wanted"
         return (
             f"CPU threads: {self.threads_per_rank} per rank x {self.ranks} ranks ({why}); "
             f"{self.budget.describe()}; waits: {waits}"
         )
+
+    def governed(self, environ: Mapping[str, str] = os.environ) -> bool:
+        """Whether each rank's thread count follows :mod:`~model_shards.cpu_governor` (more
+        than one thread, not overridden, not switched off in ``environ``)."""
+        return self.threads_per_rank > 1 and not self.overridden and not governor_off(environ)
 
     def wait_environment(self, environ: Mapping[str, str]) -> dict[str, str]:
         """Variables each rank starts with so that its OpenMP runtime (read once, when torch
@@ -207,12 +223,10 @@ class ThreadPlan:
         env = {GOVERNOR_ENV: "0"} if self.overridden and GOVERNOR_ENV not in environ else {}
         if not self.fills_cores or any(name in environ for name in WAIT_VARIABLES):
             return env
-        return {
-            **env,
-            "GOMP_SPINCOUNT": str(SHORT_SPIN_COUNT),
-            "KMP_BLOCKTIME": "0",
-            SPIN_ENV: environ.get(SPIN_ENV, str(SHORT_SPIN_US)),
-        }
+        env[SPIN_ENV] = environ.get(SPIN_ENV, str(SHORT_SPIN_US))
+        if not self.governed(environ):
+            env.update({"GOMP_SPINCOUNT": str(SHORT_SPIN_COUNT), "KMP_BLOCKTIME": "0"})
+        return env
 
 
 def plan_threads(

@@ -4,14 +4,30 @@ Two OpenMP threads meet at hundreds of barriers in every decode step. When a
 neighbour process (another server, a build, a benchmark loop) takes one of the
 cores, every barrier waits for the preempted thread's next time slice, and a
 step that took 30 ms takes a second. One thread has no barriers: it keeps the
-core it has. :class:`ThreadGovernor` watches, every ``period_s``:
+core it has. :class:`ThreadGovernor` watches, every ``period_s``, the CPUs this
+process may run on (its affinity mask):
 
-* how long this process's runnable threads waited for a CPU
-  (``/proc/self/task/*/schedstat``, field 2) against how long they ran (field 1):
-  above ``DOWN_WAIT_FRACTION`` for two windows in a row, one thread fewer;
-* how much of the machine was idle (``/proc/stat``, idle + iowait): half a
-  core (``UP_IDLE_CORES``; the frontend keeps part of the core a dropped thread
-  left) idle for two windows in a row, one thread more, up to the planned count.
+* how much of them **other work** used: their busy time (``/proc/stat``'s ``cpuN``
+  lines: user, nice, system, irq, softirq and steal — a hypervisor taking the
+  vCPU is a neighbour too) less the CPU time of this server's own processes (the
+  frontend and every rank: the parent process and all its descendants,
+  ``/proc/PID/stat``);
+* how much of them sat **idle** (idle + iowait).
+
+Other work above ``DOWN_OTHER_CORES`` while less than ``UP_IDLE_CORES`` is idle, two
+windows in a row: one thread fewer. Other work under ``UP_OTHER_CORES`` or that much
+idle, two windows in a row: one thread more, up to the planned count. Only windows
+spent mostly in steps vote (``MIN_STEPPING``): what ran while this rank sat idle took
+nothing from it. A load generator on the same machine (the bench's: ~0.06 of a core
+at concurrency 8 and 32) stays under both thresholds; a busy loop takes ~0.7 of a
+core beside two spinning threads and a whole one beside one thread. On a big host
+the idle cores keep the count: other work there does not take ours.
+
+The signal is other processes' time, not our threads' waiting: with OpenMP's
+default spins (which the governed plan keeps: :mod:`model_shards.cpu_budget`) our
+threads are always runnable, so on a quiet 2-core machine the frontend alone makes
+them wait for a core ~half their runnable time (an earlier rule on that signal cost
+~10% of quiet throughput).
 
 :meth:`ThreadGovernor.tick` runs in the thread that runs the ops (OpenMP's
 thread count belongs to the calling thread), before each step; between
@@ -20,12 +36,9 @@ op, not the numbers: the cpu backend's kernels (``model_shards/kernels/``) split
 rows, panels or sequences among threads, so each output element is computed
 by one thread in one order whatever the thread count.
 
-Opt-in: ``SHARDSERVE_THREAD_GOVERNOR=1`` (also ``true``/``on``/``yes``), never with an
-explicit ``--cpu-threads-per-rank``. Off by default: on a quiet 2-core machine the
-frontend and a load generator alone make the threads wait 45-60% of their runnable time,
-so the governor dropped a thread there too and cost ~10% of quiet throughput at
-concurrency 32 (A/B in the same run: 536 against 596 tok/s); the short spins of
-:mod:`model_shards.cpu_budget` alone keep contention from collapsing throughput.
+On by default for a CPU rank with more than one thread; ``SHARDSERVE_THREAD_GOVERNOR=0``
+(also ``false``/``off``/``no``) switches it off, and an explicit
+``--cpu-threads-per-rank`` keeps its count fixed.
 """
 
 from __future__ import annotations
@@ -33,7 +46,8 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -41,51 +55,106 @@ log = logging.getLogger(__name__)
 
 ENV_VAR = "SHARDSERVE_THREAD_GOVERNOR"
 PERIOD_S = 0.5
-DOWN_WAIT_FRACTION = 0.2
+DOWN_OTHER_CORES = 0.5
+UP_OTHER_CORES = 0.35
 UP_IDLE_CORES = 0.5
+MIN_STEPPING = 0.5
 _WINDOWS = 2  # consecutive windows that must agree before a change
 _TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+_BUSY_FIELDS = (1, 2, 3, 6, 7, 8)  # user nice system irq softirq steal (cpuN line, 1-based)
+_IDLE_FIELDS = (4, 5)  # idle iowait
 
 R = TypeVar("R")
 
 
-def switched_off(environ: dict[str, str] | os._Environ[str] = os.environ) -> bool:
-    """Whether the governor stays out (the default; ``SHARDSERVE_THREAD_GOVERNOR=1`` opts in)."""
-    return environ.get(ENV_VAR, "").strip().lower() not in ("1", "true", "on", "yes")
+def switched_off(environ: Mapping[str, str] = os.environ) -> bool:
+    """Whether ``SHARDSERVE_THREAD_GOVERNOR`` switches the governor off (``0``/``false``/
+    ``off``/``no``); on otherwise."""
+    return environ.get(ENV_VAR, "").strip().lower() in ("0", "false", "off", "no")
 
 
-def read_wait_run_ns(proc: Path = Path("/proc/self")) -> tuple[int, int]:
-    """(ns this process's threads waited on a run queue, ns they ran), summed over threads."""
-    waited = ran = 0
+@dataclass(frozen=True)
+class CpuTimes:
+    """Seconds since boot, summed over some CPUs: ``busy`` and ``idle``."""
+
+    busy: float
+    idle: float
+
+
+def read_cpu_times(cpus: Iterable[int], stat: Path = Path("/proc/stat")) -> CpuTimes:
+    """Busy and idle seconds of the CPUs ``cpus`` (their ``cpuN`` lines of ``/proc/stat``)."""
+    wanted = {f"cpu{n}" for n in cpus}
+    busy = idle = 0
     try:
-        tasks = list((proc / "task").iterdir())
+        lines = stat.read_text().splitlines()
     except OSError:
-        return 0, 0
-    for task in tasks:
-        try:
-            fields = (task / "schedstat").read_text().split()
-        except OSError:  # the thread ended
+        return CpuTimes(0.0, 0.0)
+    for line in lines:
+        fields = line.split()
+        if not fields or fields[0] not in wanted:
             continue
-        ran += int(fields[0])
-        waited += int(fields[1])
-    return waited, ran
+        busy += sum(int(fields[i]) for i in _BUSY_FIELDS if i < len(fields))
+        idle += sum(int(fields[i]) for i in _IDLE_FIELDS)
+    return CpuTimes(busy / _TICKS, idle / _TICKS)
 
 
-def read_idle_s(stat: Path = Path("/proc/stat")) -> float:
-    """Seconds all CPUs of the machine have been idle (idle + iowait) since boot."""
-    try:
-        with stat.open() as f:
-            fields = f.readline().split()
-    except OSError:
-        return 0.0
-    return (int(fields[4]) + int(fields[5])) / _TICKS
+def family_pids(root: int, proc: Path = Path("/proc")) -> list[int]:
+    """``root`` and all its descendants (``/proc/PID/task/TID/children``)."""
+    found, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        try:
+            tasks = list((proc / str(pid) / "task").iterdir())
+        except OSError:  # it ended
+            continue
+        for task in tasks:
+            try:
+                todo.extend(int(c) for c in (task / "children").read_text().split())
+            except OSError:
+                continue
+    return found
+
+
+def read_family_cpu_s(root: int, proc: Path = Path("/proc")) -> float:
+    """CPU seconds (user + system) used so far by ``root`` and its living descendants."""
+    total = 0
+    for pid in family_pids(root, proc):
+        try:
+            stat = (proc / str(pid) / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) "
+        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15)
+    return total / _TICKS
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One reading: the clock, our CPUs' busy and idle seconds, our processes' CPU seconds."""
+
+    at: float
+    cpus: CpuTimes
+    ours: float
+
+
+def machine_sample(clock: Callable[[], float] = time.monotonic) -> Callable[[], Sample]:
+    """The real probe: this process's affinity CPUs, and the parent process's family (the
+    frontend that spawned this rank, or torchrun's agent, and all their children)."""
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    root = os.getppid()
+
+    def sample() -> Sample:
+        return Sample(clock(), read_cpu_times(cpus), read_family_cpu_s(root))
+
+    return sample
 
 
 class ThreadGovernor:
     """Adjusts ``set_threads`` between 1 and ``max_threads`` from what the machine shows.
 
-    ``read_wait_run`` and ``read_idle`` are the probes (defaults: ``/proc``), ``clock``
-    the time source; all three are injectable so the rules are testable without load.
+    ``sample`` is the probe (:func:`machine_sample`), ``clock`` the time source checked
+    on every tick; both are injectable so the rules are testable without load.
     """
 
     def __init__(
@@ -94,49 +163,53 @@ class ThreadGovernor:
         set_threads: Callable[[int], None],
         period_s: float = PERIOD_S,
         clock: Callable[[], float] = time.monotonic,
-        read_wait_run: Callable[[], tuple[int, int]] = read_wait_run_ns,
-        read_idle: Callable[[], float] = read_idle_s,
+        sample: Callable[[], Sample] | None = None,
     ) -> None:
         self.max_threads = max_threads
         self.threads = max_threads
         self._set = set_threads
         self._period = period_s
         self._clock = clock
-        self._read_wait_run = read_wait_run
-        self._read_idle = read_idle
-        self._last = (clock(), *read_wait_run(), read_idle())
+        self._sample = sample or machine_sample(clock)
+        self._last = self._sample()
+        self._stepping = 0.0  # seconds inside steps since the last sample
         self._votes = 0  # > 0: windows in a row that asked for more; < 0: for fewer
         self.changes = 0
 
     def tick(self) -> None:
-        """Sample once a period has passed, and change the thread count if two agree."""
-        now = self._clock()
-        if now - self._last[0] < self._period:
+        """Sample once a period has passed, and change the thread count if two agree.
+
+        A window in which this rank spent less than ``MIN_STEPPING`` of the time in steps
+        (it sat idle: what other work did then took nothing from us) does not vote."""
+        if self._clock() - self._last.at < self._period:
             return
-        waited, ran, idle = *self._read_wait_run(), self._read_idle()
-        t0, waited0, ran0, idle0 = self._last
-        self._last = (now, waited, ran, idle)
-        runnable = (waited - waited0) + (ran - ran0)
-        wait_fraction = (waited - waited0) / runnable if runnable > 0 else 0.0
-        idle_cores = (idle - idle0) / (now - t0)
-        if wait_fraction > DOWN_WAIT_FRACTION and self.threads > 1:
+        now, last = self._sample(), self._last
+        self._last = now
+        seconds = now.at - last.at
+        stepping, self._stepping = self._stepping, 0.0
+        if stepping < MIN_STEPPING * seconds:
+            self._votes = 0
+            return
+        idle = (now.cpus.idle - last.cpus.idle) / seconds
+        ours = now.ours - last.ours
+        other = max(0.0, (now.cpus.busy - last.cpus.busy - ours) / seconds)
+        if other > DOWN_OTHER_CORES and idle < UP_IDLE_CORES and self.threads > 1:
             vote = -1
-        elif idle_cores >= UP_IDLE_CORES and self.threads < self.max_threads:
+        elif (other < UP_OTHER_CORES or idle >= UP_IDLE_CORES) and self.threads < self.max_threads:
             vote = 1
         else:
             vote = 0
         self._votes = self._votes + vote if vote and (self._votes * vote) >= 0 else vote
         if abs(self._votes) >= _WINDOWS:
-            self._change(self.threads + vote, wait_fraction, idle_cores)
+            self._change(self.threads + vote, other, idle)
 
-    def _change(self, threads: int, wait_fraction: float, idle_cores: float) -> None:
+    def _change(self, threads: int, other: float, idle: float) -> None:
         log.info(
-            "CPU threads %d -> %d (threads waited %.0f%% of their runnable time for a core; "
-            "%.2f cores idle)",
+            "CPU threads %d -> %d (other work used %.2f of our cores; %.2f cores idle)",
             self.threads,
             threads,
-            100 * wait_fraction,
-            idle_cores,
+            other,
+            idle,
         )
         self.threads = threads
         self._set(threads)
@@ -148,7 +221,11 @@ class ThreadGovernor:
 
         def governed(*args: object, **kwargs: object) -> R:
             self.tick()
-            return step(*args, **kwargs)
+            start = self._clock()
+            try:
+                return step(*args, **kwargs)
+            finally:
+                self._stepping += self._clock() - start
 
         return governed
 
@@ -162,5 +239,7 @@ def govern_threads(worker: Any, threads: int, device_type: str) -> ThreadGoverno
 
     governor = ThreadGovernor(threads, torch.set_num_threads)
     worker.execute = governor.wrap(worker.execute)
-    log.info("CPU threads: %d, fewer while other work takes the cores (%s=1)", threads, ENV_VAR)
+    log.info(
+        "CPU threads: %d, fewer while other work takes the cores (%s=0: fixed)", threads, ENV_VAR
+    )
     return governor

@@ -1,4 +1,4 @@
-"""The CPU thread-count decision on fake cgroup trees, and the thread governor's rules."""
+"""The CPU thread-count decision on fake cgroup trees, and how the planned threads wait."""
 
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ from model_shards.cpu_budget import (
     plan_threads,
     spin_budget_s,
 )
-from model_shards.cpu_governor import ThreadGovernor
 from model_shards.launch import cpu_thread_plan, plan_data_parallel
 from server.cli_args import build_parser, replica_config
 
@@ -116,14 +115,20 @@ def test_override_wins_and_fixes_the_count(tmp_path: Path) -> None:
 
 
 def test_wait_environment() -> None:
-    filled = plan_threads(CpuBudget(2, None, "test"), 1)
-    env = filled.wait_environment({})
-    assert env["GOMP_SPINCOUNT"] == str(SHORT_SPIN_COUNT) and GOVERNOR_ENV not in env
+    governed = plan_threads(CpuBudget(2, None, "test"), 1)  # 2 threads + the frontend: filled
+    assert governed.threads_per_rank == 2 and governed.governed({})
+    env = governed.wait_environment({})  # OpenMP's default spins; the governor drops threads
+    assert "GOMP_SPINCOUNT" not in env and GOVERNOR_ENV not in env
     assert spin_budget_s(env) == pytest.approx(100e-6)
-    assert filled.wait_environment({"OMP_WAIT_POLICY": "ACTIVE"}) == {}  # the user's choice
+    fixed = governed.wait_environment({GOVERNOR_ENV: "0"})  # switched off: short spins
+    assert fixed["GOMP_SPINCOUNT"] == str(SHORT_SPIN_COUNT) and fixed["KMP_BLOCKTIME"] == "0"
+    single = plan_threads(CpuBudget(1, None, "test"), 1)  # one thread: nothing to govern
+    assert not single.governed({}) and "GOMP_SPINCOUNT" in single.wait_environment({})
+    assert governed.wait_environment({"OMP_WAIT_POLICY": "ACTIVE"}) == {}  # the user's choice
     spare = plan_threads(CpuBudget(16, None, "test"), 3)
     assert spare.wait_environment({}) == {} and spin_budget_s({}) is None
-    assert "GOMP_SPINCOUNT" in filled.describe() and "default" in spare.describe()
+    assert "GOMP_SPINCOUNT" in single.describe() and "default" in spare.describe()
+    assert "fewer threads" in governed.describe()
 
 
 def test_launch_plans_from_the_budget() -> None:
@@ -144,66 +149,3 @@ def test_cli_flag() -> None:
         with pytest.raises(SystemExit) as exc:
             parser.parse_args(["serve", "--cpu-threads-per-rank", bad])
         assert exc.value.code == 2
-
-
-class FakeMachine:
-    """Probes and a clock the test drives: each window, how our threads waited and ran,
-    and how many cores sat idle."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-        self.waited = self.ran = 0
-        self.idle = 0.0
-        self.set_to: list[int] = []
-
-    def window(self, wait_fraction: float, idle_cores: float, seconds: float = 0.5) -> None:
-        runnable = int(seconds * 1e9)
-        self.waited += int(runnable * wait_fraction)
-        self.ran += runnable - int(runnable * wait_fraction)
-        self.idle += idle_cores * seconds
-        self.now += seconds
-
-    def governor(self, threads: int) -> ThreadGovernor:
-        return ThreadGovernor(
-            threads,
-            self.set_to.append,
-            clock=lambda: self.now,
-            read_wait_run=lambda: (self.waited, self.ran),
-            read_idle=lambda: self.idle,
-        )
-
-
-def test_governor_drops_a_thread_under_contention_and_restores_it() -> None:
-    m = FakeMachine()
-    g = m.governor(2)
-    m.window(0.05, 0.1)  # quiet: keeps 2
-    g.tick()
-    m.window(0.4, 0.0)  # one window of waiting is not enough
-    g.tick()
-    assert m.set_to == []
-    m.window(0.45, 0.0)
-    g.tick()
-    assert m.set_to == [1] and g.threads == 1
-    for _ in range(3):  # the neighbour keeps its core, the frontend part of ours: stays at 1
-        m.window(0.0, 0.4)
-        g.tick()
-    assert m.set_to == [1]
-    m.window(0.0, 0.9)  # the neighbour stopped
-    g.tick()
-    m.window(0.0, 0.95)
-    g.tick()
-    assert m.set_to == [1, 2] and g.threads == 2
-    m.window(0.0, 1.0)  # never above the planned count
-    g.tick()
-    m.window(0.0, 1.0)
-    g.tick()
-    assert m.set_to == [1, 2]
-
-
-def test_governor_samples_once_a_period() -> None:
-    m = FakeMachine()
-    g = m.governor(2)
-    for _ in range(10):  # ten steps within one period: no sample, no change
-        m.window(0.9, 0.0, seconds=0.01)
-        g.tick()
-    assert m.set_to == []
