@@ -28,6 +28,7 @@ DECODER_FAMILIES: Mapping[str, str] = MappingProxyType(
         "Qwen3MoeForCausalLM": "qwen3_moe",
         "DeepseekV2ForCausalLM": "deepseek_v2",
         "LlavaForConditionalGeneration": "llava",
+        "Qwen2_5_VLForConditionalGeneration": "qwen2_5_vl",
     }
 )
 """HF architecture name → model family (a file in ``model_shards/models/``)."""

@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import defaultdict, deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import msgspec
@@ -34,6 +35,7 @@ from model_shards.messages import (
     EngineStats,
     FrontendMessage,
     GenerateRequest,
+    MediaInput,
     NewSequence,
     RequestOutput,
     StepOutputs,
@@ -120,8 +122,15 @@ class Coordinator:
 
     def check_request(self, req: GenerateRequest) -> str | None:
         """Why the engine refuses ``req`` beyond the scheduler's own admission checks
-        (token ids, sampling ranges: :mod:`model_shards.request_checks`), or ``None``."""
-        return content_problem(req, self.vocab_size)
+        (token ids, sampling ranges: :mod:`model_shards.request_checks`; media items the
+        model's optional ``media_problem`` refuses), or ``None``."""
+        problem = content_problem(req, self.vocab_size)
+        check: Callable[[MediaInput], str | None] | None
+        check = getattr(self.worker.model, "media_problem", None)
+        if problem is None and check is not None:
+            found = ((i, check(m)) for i, m in enumerate(req.media))
+            problem = next((f"media[{i}]: {p}" for i, p in found if p is not None), None)
+        return problem
 
     def add_request(self, req: GenerateRequest, client: bytes = b"") -> None:
         """Queue ``req``; ``ValueError`` naming the problem if the engine refuses it

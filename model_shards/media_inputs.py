@@ -32,7 +32,20 @@ class VisionLanguageModel(Protocol):
         ...
 
     def encode_images(self, pixels: torch.Tensor) -> torch.Tensor:
-        """``pixels [N, C, S, S]`` → ``[N, tokens_per_image, H]``."""
+        """``pixels [N, C, S, S]`` → ``[N, tokens_per_image, H]``. A model that defines
+        ``encode_media`` (:class:`MediaEncoder`) is called through that instead."""
+        ...
+
+
+class MediaEncoder(Protocol):
+    """Optional, for items of different shapes (dynamic resolution, video:
+    ``models/qwen2_5_vl.py``): all of a step's missing items in one call."""
+
+    def encode_media(
+        self, items: Sequence[MediaInput], pixels: Sequence[torch.Tensor]
+    ) -> list[torch.Tensor]:
+        """``pixels[i]``: ``items[i]``'s array (:func:`pixels_of`) → its embeddings
+        ``[items[i].length, H]``, one per placeholder."""
         ...
 
 
@@ -118,12 +131,7 @@ class MediaInputs:
                 self.stats.hits += 1
             else:
                 missing.append(item)
-        by_shape: dict[tuple[int, ...], list[MediaInput]] = {}
-        for item in missing:
-            by_shape.setdefault(tuple(item.shape), []).append(item)
-        for items in by_shape.values():
-            pixels = torch.stack([pixels_of(i, self.device) for i in items])  # [N, C, S, S]
-            encoded = self.model.encode_images(pixels)  # [N, P, H]
+        for items, encoded in self._encode(missing):
             for item, rows in zip(items, encoded, strict=True):
                 if rows.shape[0] != item.length:
                     raise ValueError(
@@ -134,6 +142,25 @@ class MediaInputs:
                 self.stats.misses += 1
         while len(self.cache) > self.cache_entries:
             self.cache.popitem(last=False)
+        return out
+
+    def _encode(
+        self, missing: list[MediaInput]
+    ) -> list[tuple[list[MediaInput], Sequence[torch.Tensor]]]:
+        """The missing items' embeddings, in batches: one :meth:`MediaEncoder.encode_media`
+        call where the model has it, else one ``encode_images`` per pixel shape."""
+        if not missing:
+            return []
+        encoder = getattr(self.model, "encode_media", None)
+        if encoder is not None:
+            return [(missing, encoder(missing, [pixels_of(i, self.device) for i in missing]))]
+        by_shape: dict[tuple[int, ...], list[MediaInput]] = {}
+        for item in missing:
+            by_shape.setdefault(tuple(item.shape), []).append(item)
+        out: list[tuple[list[MediaInput], Sequence[torch.Tensor]]] = []
+        for items in by_shape.values():
+            pixels = torch.stack([pixels_of(i, self.device) for i in items])  # [N, C, S, S]
+            out.append((items, list(self.model.encode_images(pixels))))  # N x [P, H]
         return out
 
 

@@ -83,13 +83,19 @@ class GrammarSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 
 class MediaInput(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """One preprocessed image of a prompt (vision-language models), made by the frontend.
+    """One preprocessed image or video of a prompt (vision-language models), made by the
+    frontend.
 
-    Its placeholder run is prompt positions ``offset .. offset + length - 1`` (the image
-    token repeated once per embedding the vision tower and projector emit). ``pixels``:
-    the raw bytes of a C-contiguous array of ``shape`` (``[3, H, W]``) and ``dtype``
-    (``"float32"``); ``content_hash``: SHA-256 of the image's pixels, the key of the
-    ranks' encoder cache and part of the prefix cache's block keys.
+    Its placeholder run is prompt positions ``offset .. offset + length - 1`` (the image or
+    video token repeated once per embedding the vision tower and projector emit).
+    ``pixels``: the raw bytes of a C-contiguous array of ``shape`` and ``dtype``
+    (``"float32"``): ``[3, H, W]`` for a fixed-size tower (LLaVA); for a dynamic-resolution
+    tower (Qwen2.5-VL) the flattened patches ``[t * h * w, C * temporal_patch * P * P]``
+    of ``grid_thw = [t, h, w]`` (patches before the merge; empty for a fixed-size tower).
+    ``kind``: ``"image"`` or ``"video"``; ``second_per_grid``: a video's seconds per
+    temporal patch (its M-RoPE time step; 0 for an image). ``content_hash``: SHA-256 of the
+    item's pixels (and grid), the key of the ranks' encoder cache and part of the prefix
+    cache's block keys.
     """
 
     offset: int
@@ -98,6 +104,9 @@ class MediaInput(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     pixels: bytes
     shape: list[int]
     dtype: str = "float32"
+    kind: str = "image"
+    grid_thw: list[int] = []
+    second_per_grid: float = 0.0
 
 
 class GenerateRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

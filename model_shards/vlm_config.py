@@ -15,8 +15,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-VLM_ARCHITECTURES: tuple[str, ...] = ("LlavaForConditionalGeneration",)
-"""Architectures that take images (``/v1/models`` lists ``image`` for them)."""
+from model_shards.qwen_vl_config import (
+    QWEN_VL_ARCHITECTURES,
+    flatten_qwen_vl,
+    is_qwen_vl,
+    qwen_vision_tp_problem,
+)
+
+VLM_ARCHITECTURES: tuple[str, ...] = ("LlavaForConditionalGeneration", *QWEN_VL_ARCHITECTURES)
+"""Architectures that take images (``/v1/models`` lists ``image`` for them); Qwen2.5-VL's
+config is :mod:`model_shards.qwen_vl_config`'s, LLaVA's :func:`llava_config`."""
 
 # transformers' LlamaConfig defaults (a LLaVA text_config may rely on them)
 _LLAMA_TEXT_DEFAULTS: dict[str, Any] = {
@@ -52,7 +60,10 @@ def is_vlm(raw: Mapping[str, Any]) -> bool:
 def flatten_text_config(raw: Mapping[str, Any]) -> dict[str, Any]:
     """The whole config with the language model's fields (``text_config``, defaults
     filled) at the top level; everything else (``vision_config``, ``image_token_index``,
-    …) kept. ``architectures`` and the top-level ``dtype`` stay the checkpoint's."""
+    …) kept. ``architectures`` and the top-level ``dtype`` stay the checkpoint's.
+    Qwen2.5-VL: :func:`~model_shards.qwen_vl_config.flatten_qwen_vl`."""
+    if is_qwen_vl(raw):
+        return flatten_qwen_vl(raw)
     text = {**_LLAMA_TEXT_DEFAULTS, **dict(raw.get("text_config") or {})}
     text.pop("architectures", None)
     out = {**raw, **text, "architectures": list(raw.get("architectures") or [])}
@@ -157,6 +168,8 @@ def vision_tp_problem(raw: Mapping[str, Any], tp: int) -> str | None:
     and MLP are sharded like the language model's), or ``None`` (also for a text model)."""
     if not is_vlm(raw):
         return None
+    if is_qwen_vl(raw):
+        return qwen_vision_tp_problem(raw, tp)
     vision = llava_config(raw).vision
     if vision.num_heads % tp:
         return f"the vision tower's {vision.num_heads} attention heads are not divisible by {tp}"

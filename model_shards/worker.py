@@ -37,6 +37,7 @@ from model_shards.loader import load_weights
 from model_shards.media_inputs import MediaInputs
 from model_shards.messages import SeqChunk, StepPlan, TokenLogprob, decode_plan, encode
 from model_shards.models import MODEL_REGISTRY, DecoderModel
+from model_shards.models.decoder import StepPositions
 from model_shards.parallel import comm
 from model_shards.parallel.comm import Comm
 from model_shards.parallel.state import ParallelState
@@ -166,6 +167,8 @@ class Worker:
         self.step_stamps: dict[str, int] = {}
         # a vision-language model's first stage: images of its sequences, encoder cache
         self.media = MediaInputs(model, ps.device) if _takes_images(model, ps) else None  # type: ignore[arg-type]
+        # a model with its own position streams (M-RoPE): every rank tracks them
+        self.positions: StepPositions | None = getattr(model, "step_positions", None)
 
     @staticmethod
     def build(
@@ -197,6 +200,9 @@ class Worker:
         if graph_backend is not None and KVLayout.for_model(cfg).num_groups > 1:
             log.info("decode graphs off: %s keeps several KV groups", cfg.architecture)
             graph_backend = None  # the captured inputs hold one group's tables
+        if graph_backend is not None and getattr(model, "step_positions", None) is not None:
+            log.info("decode graphs off: %s has its own position streams", cfg.architecture)
+            graph_backend = None  # the captured inputs index the model's tables
         blocks = kv_cache_blocks(
             cfg,
             replica,
@@ -232,6 +238,8 @@ class Worker:
             self.sampler.remove(seq_id)
         if self.media is not None:
             self.media.observe(plan)
+        if self.positions is not None:
+            self.positions.observe(plan)
         if self.is_sampler:
             for new in plan.new_sequences:
                 self.sampler.add(new)
@@ -279,6 +287,8 @@ class Worker:
         that host work overlaps the previous stage's compute."""
         ps = self.ps
         batch = None if graphed else ForwardBatch.build(chunks, self.kv)
+        if batch is not None and self.positions is not None:
+            batch.rotary_rows = self.positions.rotary_rows(chunks)
         hidden: torch.Tensor | None = None
         if not ps.is_first_stage:
             shape = (sum(len(c.token_ids) for c in chunks), self.model.config.hidden_size)
@@ -311,7 +321,7 @@ class Worker:
 
 def _takes_images(model: DecoderModel, ps: ParallelState) -> bool:
     """Whether this rank runs a vision tower: a vision-language model's first stage."""
-    return ps.is_first_stage and hasattr(model, "encode_images")
+    return ps.is_first_stage and (hasattr(model, "encode_images") or hasattr(model, "encode_media"))
 
 
 def _to_result(out: SampleOutput) -> StepResult:

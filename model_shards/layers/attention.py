@@ -57,6 +57,10 @@ class ForwardBatch:
     kv: PagedKVCache
     rotary: RotaryEmbedding | None = None  # the model's tables, set per step
     windows: list[GroupMeta] = field(default_factory=list)
+    # per-token rotary rows ``(cos, sin)``, each ``[T, D]`` float32, used instead of the
+    # tables' rows at ``positions`` (a model whose positions are not one stream: M-RoPE,
+    # ``models/qwen2_5_vl_positions.py``); set by the worker from the model's hook
+    rotary_rows: tuple[torch.Tensor, torch.Tensor] | None = None
     _rotary_steps: dict[tuple[int, int], RotaryStep] = field(default_factory=dict, repr=False)
 
     def group(self, g: int) -> GroupMeta:
@@ -74,7 +78,11 @@ class ForwardBatch:
         if key not in self._rotary_steps:
             slots = self.group(group).slot_mapping
             cos, sin = tables.cos_cached, tables.sin_cached
-            self._rotary_steps[key] = RotaryStep(self.positions, cos, sin, slots)
+            positions = self.positions
+            if self.rotary_rows is not None:  # row i of the step's own tables: token i
+                cos, sin = self.rotary_rows
+                positions = torch.arange(self.num_tokens, device=positions.device)
+            self._rotary_steps[key] = RotaryStep(positions, cos, sin, slots)
         return self._rotary_steps[key]
 
     @property

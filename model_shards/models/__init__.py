@@ -19,6 +19,7 @@ from model_shards.models.llava import LlavaForConditionalGeneration
 from model_shards.models.mixtral import MixtralForCausalLM
 from model_shards.models.olmo2 import Olmo2ForCausalLM
 from model_shards.models.phi3 import Phi3ForCausalLM
+from model_shards.models.qwen2_5_vl import Qwen2_5_VLForConditionalGeneration
 from model_shards.models.qwen2_moe import Qwen2MoeForCausalLM
 from model_shards.models.qwen3 import Qwen3ForCausalLM
 from model_shards.models.qwen3_moe import Qwen3MoeForCausalLM
@@ -32,6 +33,7 @@ _FAMILY_CLASSES: Mapping[str, DecoderModelClass] = {
     "mixtral": MixtralForCausalLM,
     "olmo2": Olmo2ForCausalLM,
     "phi3": Phi3ForCausalLM,
+    "qwen2_5_vl": Qwen2_5_VLForConditionalGeneration,
     "qwen2_moe": Qwen2MoeForCausalLM,
     "qwen3": Qwen3ForCausalLM,
     "qwen3_moe": Qwen3MoeForCausalLM,

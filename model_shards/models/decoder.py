@@ -19,6 +19,7 @@ from model_shards.config import ModelConfig
 from model_shards.layers.attention import ForwardBatch
 from model_shards.layers.context import ShardContext
 from model_shards.loader import LoadableModel
+from model_shards.messages import SeqChunk, StepPlan
 from model_shards.parallel.state import ParallelState
 
 
@@ -65,6 +66,21 @@ class DecoderModel(LoadableModel, Protocol):
     def modules(self) -> Iterator[nn.Module]: ...
 
     def eval(self) -> Self: ...
+
+
+class StepPositions(Protocol):
+    """Optional, a model's ``step_positions`` attribute: positions that are not the
+    token's index in its sequence (M-RoPE: ``models/qwen2_5_vl_positions.py``). Every
+    rank calls :meth:`observe` with each plan, then sets the step's
+    ``ForwardBatch.rotary_rows`` to :meth:`rotary_rows` of the plan's chunks."""
+
+    def observe(self, plan: StepPlan) -> None:
+        """Forget the plan's freed sequences, take its new ones."""
+        ...
+
+    def rotary_rows(self, chunks: list[SeqChunk]) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Per-token ``(cos, sin) [T, D]``, or ``None`` where the model's tables serve."""
+        ...
 
 
 class DecoderModelClass(Protocol):

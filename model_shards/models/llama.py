@@ -32,12 +32,15 @@ from model_shards.layers.vocab import VocabParallelEmbedding
 from model_shards.models.causal_lm import CausalLM
 from model_shards.models.stages import LayerFactory, stage_layers
 
+# Qwen2's language models: q/k/v biased, o not
+_NO_O_BIAS = ("Qwen2ForCausalLM", "Qwen2_5_VLForConditionalGeneration")
+
 
 class LlamaAttention(nn.Module):
     """QKV column-parallel → RoPE + K/V write → attention → o row-parallel.
 
     q/k/v carry a bias when ``attention_bias`` says so, and so does o, except in Qwen2
-    (whose config forces the q/k/v bias; its o has none)."""
+    and Qwen2.5-VL (whose configs force the q/k/v bias; its o has none)."""
 
     def __init__(self, cfg: ModelConfig, layer_idx: int, ctx: ShardContext) -> None:
         super().__init__()
@@ -49,7 +52,7 @@ class LlamaAttention(nn.Module):
             bias=cfg.attention_bias,
             ctx=ctx,
         )
-        o_bias = cfg.attention_bias and cfg.architecture != "Qwen2ForCausalLM"
+        o_bias = cfg.attention_bias and cfg.architecture not in _NO_O_BIAS
         self.o_proj = RowParallelLinear(
             cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=o_bias, ctx=ctx
         )

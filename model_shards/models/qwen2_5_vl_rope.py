@@ -1,5 +1,7 @@
-"""Qwen2.5-VL's multimodal rotary positions (M-RoPE) for one sequence (work in progress,
-issue 22): three position streams (temporal, height, width) per prompt token.
+"""Qwen2.5-VL's multimodal rotary positions (M-RoPE) for one sequence: three position
+streams (temporal, height, width) per prompt token (the ranks keep them per sequence:
+``models/qwen2_5_vl_positions.py``; :func:`run_positions` from the media runs alone,
+:func:`mrope_positions` from token types).
 
 Text tokens count up by one on all three streams. An image or video run of grid
 ``(t, h, w)`` patches (``m * m`` patches per token) takes positions ``start + (T, row, col)``
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -33,20 +36,49 @@ def mrope_positions(
     → ``(positions [3, L] long, delta)``."""
     grids = {IMAGE: iter(image_grids), VIDEO: iter(video_grids)}
     seconds = iter(second_per_grid)
-    parts: list[torch.Tensor] = []
-    pos = 0
+    runs: list[MediaRun] = []
+    offset = 0
     for kind, run in itertools.groupby(token_types):
         length = len(list(run))
-        if kind == TEXT:
-            parts.append(torch.arange(length).view(1, -1).expand(3, -1) + pos)
-            pos += length
-            continue
-        t, h, w = next(grids[kind])
-        interval = tokens_per_second * next(seconds, 1.0) if kind == VIDEO else 1.0
+        if kind != TEXT:
+            interval = tokens_per_second * next(seconds, 1.0) if kind == VIDEO else 1.0
+            runs.append(MediaRun(offset, length, next(grids[kind]), interval))
+        offset += length
+    return run_positions(len(token_types), runs, merge)
+
+
+@dataclass(frozen=True)
+class MediaRun:
+    """One image's or video's placeholder run: prompt positions ``offset .. offset +
+    length - 1``, patch grid ``(t, h, w)``, ``interval``: the temporal position step per
+    temporal patch (``tokens_per_second * second_per_grid`` for a video, 1 for an image)."""
+
+    offset: int
+    length: int
+    grid: Grid
+    interval: float = 1.0
+
+
+def run_positions(
+    num_tokens: int, runs: Sequence[MediaRun], merge: int
+) -> tuple[torch.Tensor, int]:
+    """M-RoPE ``(positions [3, num_tokens] long, delta)`` of a prompt whose media runs
+    (in order, not overlapping, inside the prompt) are ``runs``; every other token is text."""
+    parts: list[torch.Tensor] = []
+    pos = prev = 0
+    for run in [*runs, MediaRun(num_tokens, 0, (0, 0, 0))]:
+        text = run.offset - prev
+        if text < 0:
+            raise ValueError(f"media run at {run.offset} overlaps the previous one")
+        parts.append(torch.arange(text).view(1, -1).expand(3, -1) + pos)
+        pos += text
+        if run.length == 0:
+            break
+        t, h, w = run.grid
         gt, gh, gw = t, h // merge, w // merge
-        if gt * gh * gw != length:
-            raise ValueError(f"a run of {length} media tokens for a grid of {gt * gh * gw}")
-        frames = (torch.arange(gt) * interval).long()
+        if gt * gh * gw != run.length:
+            raise ValueError(f"a run of {run.length} media tokens for a grid of {gt * gh * gw}")
+        frames = (torch.arange(gt) * run.interval).long()
         tt, hh, ww = torch.meshgrid(
             frames, torch.arange(gh) + pos, torch.arange(gw) + pos, indexing="ij"
         )
@@ -54,5 +86,7 @@ def mrope_positions(
         block[0] += pos
         parts.append(block)
         pos += max(h, w) // merge
+        prev = run.offset + run.length
     positions = torch.cat(parts, dim=1)
-    return positions, int(positions.max()) + 1 - len(token_types)
+    delta = int(positions.max()) + 1 - num_tokens if num_tokens else 0
+    return positions, delta

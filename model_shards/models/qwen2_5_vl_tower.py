@@ -1,5 +1,5 @@
 """Qwen2.5-VL vision tower (transformers' ``Qwen2_5_VisionTransformerPretrainedModel``),
-tensor-parallel like the decoders (work in progress, issue 22: not wired into serving).
+tensor-parallel like the decoders (the first stage of ``models/qwen2_5_vl.py``).
 
 Patch embedding (HF's ``Conv3d`` with kernel = stride = ``(T, P, P)``, i.e. a linear over
 each flattened patch, held whole on every rank), the patches regrouped into windows

@@ -1,4 +1,4 @@
-"""Qwen2.5-VL vision tower: the index plans it runs on (work in progress, issue 22).
+"""Qwen2.5-VL vision tower: the index plans it runs on.
 
 For each image or video of patch grid ``(t, h, w)`` (from the frontend's
 ``server/qwen_vl_processing.py``; patches arrive in merge-window order, ``m * m``
