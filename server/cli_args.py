@@ -14,11 +14,15 @@ Imports run one way: ``server.cli`` → ``server.engine_command`` → this modul
 from __future__ import annotations
 
 import argparse
-import math
 import os
 from typing import Any
 
 from model_shards.config import DTYPE_CHOICES, ReplicaConfig, parse_size
+from server.flag_types import int_in as _int_in
+from server.flag_types import non_negative_float as _non_negative_float
+from server.flag_types import non_negative_int as _non_negative_int
+from server.flag_types import positive_float as _positive_float
+from server.flag_types import positive_int as _positive_int
 from server.middleware import DEFAULT_MAX_REQUEST_BYTES
 from server.multimodal import add_media_flags
 
@@ -332,25 +336,6 @@ def check_serve_flags(args: argparse.Namespace) -> None:
         check_dp_attention_args(args)
 
 
-def _int_in(minimum: int, maximum: float, text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if not minimum <= value <= maximum:
-        bound = f">= {minimum}" if maximum == math.inf else f"in {minimum}..{maximum}"
-        raise argparse.ArgumentTypeError(f"must be {bound}, got {value}")
-    return value
-
-
-def _non_negative_int(text: str) -> int:
-    return _int_in(0, math.inf, text)
-
-
-def _positive_int(text: str) -> int:
-    return _int_in(1, math.inf, text)
-
-
 def _port(text: str) -> int:
     """A TCP port to listen on; 0 picks a free one."""
     return _int_in(0, 65535, text)
@@ -372,23 +357,6 @@ def _non_empty(text: str) -> str:
     if not text.strip():
         raise argparse.ArgumentTypeError("must not be empty")
     return text
-
-
-def _non_negative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not 0 <= value < math.inf:  # NaN and infinity too
-        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    value = _non_negative_float(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
-    return value
 
 
 def _size(text: str) -> int:

@@ -1,15 +1,20 @@
-"""Images in chat prompts: which models take them, the serve flags, and the prompt's
-placeholders expanded in the frontend.
+"""Images and videos in chat prompts: which models take them, the serve flags, and the
+prompt's placeholders expanded in the frontend.
 
 :meth:`ImageModel.from_dir` reads a vision-language checkpoint's ``config.json``
-(:mod:`model_shards.vlm_config`, no torch) and ``preprocessor_config.json``
-(:mod:`server.image_processing`); a text-only checkpoint has none, and any image sent to
-it is a 400. For a chat request, :func:`load_chat_images` fetches and preprocesses every
-image part (:mod:`server.media`, concurrently, off the event loop); :func:`prompt_ids`
-puts the model's image token where each image's marker is in the rendered prompt,
-tokenizes, and repeats each image token once per embedding the vision tower emits, each
-run described by a :class:`~model_shards.messages.MediaInput` (pixels as raw float32
-bytes, a SHA-256 content hash of them) that travels with the request to the engine.
+(:mod:`model_shards.vlm_config`, no torch) and ``preprocessor_config.json``, and picks
+the preprocessing by its ``image_processor_type`` (the architecture's when it names
+none): CLIP's (:mod:`server.image_processing`) for LLaVA, Qwen2-VL's
+(:mod:`server.qwen_vl_processing`, videos :mod:`server.qwen_vl_video`) for Qwen2.5-VL; a
+text-only checkpoint has none, and any image sent to it is a 400. For a chat request,
+:func:`load_chat_images` fetches and preprocesses every image part and, for a model that
+takes videos, every video part (:mod:`server.media`, :mod:`server.video`, concurrently,
+off the event loop); :func:`prompt_ids` puts the model's image token where each image's
+marker is in the rendered prompt, tokenizes, and repeats each image token once per
+embedding the vision tower emits (LLaVA: a fixed count; Qwen2.5-VL: each item's own,
+:mod:`server.qwen_vl_prompt`), each run described by a
+:class:`~model_shards.messages.MediaInput` (pixels as raw float32 bytes, a SHA-256 content
+hash of them) that travels with the request to the engine.
 """
 
 from __future__ import annotations
@@ -17,46 +22,62 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
-import hashlib
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import msgspec
-import numpy as np
+from PIL import Image
 
 from model_shards.messages import GenerateRequest, MediaInput
+from model_shards.qwen_vl_config import is_qwen_vl
 from model_shards.vlm_config import is_vlm, llava_config
 from server.chat_protocol import ChatCompletionRequest
 from server.errors import APIError
-from server.image_processing import ClipPreprocessor
+from server.flag_types import positive_float, positive_int
+from server.image_processing import CLIP_PROCESSORS, ClipPreprocessor, read_preprocessor_config
 from server.media import (
     DEFAULT_FETCH_TIMEOUT_S,
     MediaOptions,
+    bad_media,
     check_part_count,
     load_image,
 )
 from server.media_parts import MEDIA_MARKER
+from server.qwen_vl_processing import QWEN_VL_PROCESSORS, QwenVLImage
+from server.qwen_vl_prompt import PreparedImage as PreparedImage  # chat.py's import
+from server.qwen_vl_prompt import QwenVLIntake
 from server.tokenizer import Tokenizer
-from server.video import DEFAULT_MAX_VIDEO_FRAMES, DEFAULT_VIDEO_FPS, load_chat_videos
+from server.video import (
+    DEFAULT_MAX_VIDEO_FRAMES,
+    DEFAULT_VIDEO_FPS,
+    VideoInput,
+    load_chat_videos,
+)
 
 
 @dataclass(frozen=True)
 class ImageModel:
     """How a vision-language model takes images: its image token, the placeholders per
-    image, its preprocessing."""
+    image (LLaVA's fixed count; 0 for Qwen2.5-VL, whose ``qwen`` intake counts each
+    item's), its preprocessing."""
 
     image_token_id: int
     tokens_per_image: int
-    preprocess: ClipPreprocessor
+    preprocess: ClipPreprocessor | QwenVLIntake
     takes_video: bool = False  # video parts reach load_chat_videos (server.video)
+
+    @property
+    def qwen(self) -> QwenVLIntake | None:
+        return self.preprocess if isinstance(self.preprocess, QwenVLIntake) else None
 
     @staticmethod
     def from_dir(model_dir: str | Path) -> ImageModel | None:
         """``None`` for a text-only checkpoint; ``ValueError`` naming the file otherwise
-        when its configs cannot be read."""
+        when its configs cannot be read or its preprocessing does not fit the model."""
         path = Path(model_dir) / "config.json"
         try:
             raw = json.loads(path.read_text())
@@ -64,8 +85,20 @@ class ImageModel:
             return None  # the replica's own config check names the problem
         if not is_vlm(raw):
             return None
+        pre_path = Path(model_dir) / "preprocessor_config.json"
+        preprocessor = read_preprocessor_config(pre_path)
+        qwen = is_qwen_vl(raw)
+        kind = preprocessor.get("image_processor_type")
+        kind = kind or (QWEN_VL_PROCESSORS[0] if qwen else CLIP_PROCESSORS[0])
+        want = QWEN_VL_PROCESSORS if qwen else CLIP_PROCESSORS
+        if kind not in want:
+            arch = "Qwen2.5-VL" if qwen else "LLaVA"
+            raise ValueError(f"{pre_path}: image_processor_type {kind!r} is not {arch}'s")
+        if qwen:
+            intake = QwenVLIntake.from_dir(Path(model_dir), raw, preprocessor)
+            return ImageModel(intake.image_token_id, 0, intake, takes_video=True)
         llava = llava_config(raw, str(path))
-        preprocess = ClipPreprocessor.from_file(Path(model_dir) / "preprocessor_config.json")
+        preprocess = ClipPreprocessor.from_dict(preprocessor, str(pre_path))
         if preprocess.crop_hw != (llava.vision.image_size,) * 2:
             raise ValueError(
                 f"{model_dir}: preprocessor_config.json crops {preprocess.crop_hw}, the vision "
@@ -78,34 +111,56 @@ class ImageModel:
         return ["text", "image", "video"] if self.takes_video else ["text", "image"]
 
 
-@dataclass(frozen=True)
-class PreparedImage:
-    """One image of a request, preprocessed: ``pixels [3, H, W]`` float32."""
-
-    pixels: np.ndarray
-
-    @property
-    def content_hash(self) -> bytes:
-        h = hashlib.sha256(str(self.pixels.shape).encode())
-        h.update(self.pixels.tobytes())
-        return h.digest()
-
-
 async def load_chat_images(
     body: ChatCompletionRequest, model: ImageModel | None, options: MediaOptions
 ) -> list[PreparedImage]:
-    """Every image part of ``body`` in prompt order, preprocessed; a 400 naming the part
-    when it is bad, when the model takes no images, or past ``--limit-mm-per-prompt``."""
+    """Every image part of ``body`` in prompt order, preprocessed, then (a model that
+    takes videos) every video part; a 400 naming the part when it is bad, when the model
+    takes no images or videos, or past ``--limit-mm-per-prompt``."""
     parts = media_parts(body, "image")
-    await load_chat_videos(media_parts(body, "video"), bool(model and model.takes_video), options)
+    video_parts = media_parts(body, "video")
+    videos = await load_chat_videos(video_parts, bool(model and model.takes_video), options)
     refusal = "this model takes text only, not images" if model is None else None
     check_part_count(parts, "image", refusal, options.limit_images)
-    if not parts or model is None:
+    if model is None:
         return []
-    pixels = await asyncio.gather(
-        *(load_image(url, f"{param}.image_url", options, model.preprocess) for param, url in parts)
+    qwen = model.qwen
+    if qwen is None:
+        clip = cast(ClipPreprocessor, model.preprocess)
+        pixels = await asyncio.gather(
+            *(load_image(url, f"{p}.image_url", options, clip) for p, url in parts)
+        )
+        return [PreparedImage(p) for p in pixels]
+    images = await asyncio.gather(
+        *(load_image(url, f"{p}.image_url", options, _qwen_image(qwen, p)) for p, url in parts)
     )
-    return [PreparedImage(p) for p in pixels]
+    clips = await asyncio.gather(*(asyncio.to_thread(_qwen_video, qwen, v) for v in videos))
+    return [*images, *clips]
+
+
+def _qwen_image(qwen: QwenVLIntake, param: str) -> Callable[[Image.Image], PreparedImage]:
+    """Qwen2-VL's image preprocessing for the part ``param`` (a 400 naming it when the
+    image cannot be resized, e.g. an aspect ratio past 200)."""
+
+    def run(image: Image.Image) -> PreparedImage:
+        try:
+            out: QwenVLImage = qwen.preprocess(image)
+        except ValueError as exc:
+            raise bad_media(
+                f"{param}.image_url", f"the image cannot be preprocessed ({exc})"
+            ) from exc
+        return PreparedImage(out.pixels, "image", out.grid_thw, 0.0, out.num_tokens)
+
+    return run
+
+
+def _qwen_video(qwen: QwenVLIntake, video: VideoInput) -> PreparedImage:
+    """One decoded video part through Qwen2-VL's video preprocessing (worker thread)."""
+    try:
+        out = qwen.video_preprocess(video.frames, video.fps)
+    except ValueError as exc:
+        raise bad_media(video.param, f"the video cannot be preprocessed ({exc})") from exc
+    return PreparedImage(out.pixels, "video", out.grid_thw, out.second_per_grid, out.num_tokens)
 
 
 def media_parts(body: ChatCompletionRequest, kind: str) -> list[tuple[str, str]]:
@@ -122,6 +177,8 @@ def prompt_ids(
     tokenizer: Tokenizer, text: str, images: list[PreparedImage], model: ImageModel | None
 ) -> tuple[list[int], list[MediaInput]]:
     """The rendered prompt's ids with each image's placeholder run, and the runs."""
+    if model is not None and model.qwen is not None:
+        return model.qwen.prompt_ids(tokenizer, text, images)
     if not images or model is None:
         return tokenizer.encode(text, add_special_tokens=False), []
     token = tokenizer.token_text(model.image_token_id)
@@ -146,11 +203,7 @@ def prompt_ids(
             out.append(t)
             continue
         image = next(images_left)
-        pixels = image.pixels
-        run = MediaInput(
-            len(out), model.tokens_per_image, image.content_hash, pixels.tobytes(), [*pixels.shape]
-        )
-        media.append(run)
+        media.append(image.media_input(len(out), model.tokens_per_image))
         out += [t] * model.tokens_per_image
     return out, media
 
@@ -195,7 +248,7 @@ def add_media_flags(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--media-fetch-timeout",
-        type=_positive_float,
+        type=positive_float,
         default=DEFAULT_FETCH_TIMEOUT_S,
         metavar="S",
         help="seconds to fetch one http(s) image URL",
@@ -209,14 +262,14 @@ def add_media_flags(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--video-fps",
-        type=_positive_float,
+        type=positive_float,
         default=DEFAULT_VIDEO_FPS,
         metavar="F",
         help="frames per second sampled from a video part (vLLM's name)",
     )
     parser.add_argument(
         "--max-video-frames",
-        type=_positive_int,
+        type=positive_int,
         default=DEFAULT_MAX_VIDEO_FRAMES,
         metavar="N",
         help="most frames kept of one video, spread over it past that",
@@ -239,22 +292,6 @@ def _directory(value: str) -> Path:
     if not path.is_dir():
         raise argparse.ArgumentTypeError(f"{value!r} is not a directory")
     return path.resolve()
-
-
-def _positive_float(value: str) -> float:
-    try:
-        number = float(value)
-    except ValueError:
-        number = -1.0
-    if not number > 0:
-        raise argparse.ArgumentTypeError(f"must be a number > 0, got {value!r}")
-    return number
-
-
-def _positive_int(value: str) -> int:
-    if not value.isdigit() or int(value) < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer > 0, got {value!r}")
-    return int(value)
 
 
 def _limit(value: str) -> dict[str, int]:

@@ -157,19 +157,3 @@ def _triple(value: Any) -> tuple[float, float, float]:
     if len(values) != 3:
         raise ValueError(f"expected 3 channel values, got {value!r}")
     return values[0], values[1], values[2]
-
-
-def expand_image_placeholders(
-    text: str, images: list[QwenVLImage], pad: str = "<|image_pad|>"
-) -> str:
-    """Each ``pad`` (one per image, in order, as the chat template writes it between
-    ``<|vision_start|>`` and ``<|vision_end|>``) repeated to its image's token count.
-    ``ValueError`` when the counts differ."""
-    pieces = text.split(pad)
-    if len(pieces) - 1 != len(images):
-        raise ValueError(f"{len(pieces) - 1} image placeholders for {len(images)} images")
-    out = [pieces[0]]
-    for image, piece in zip(images, pieces[1:], strict=True):
-        out.append(pad * image.num_tokens)
-        out.append(piece)
-    return "".join(out)

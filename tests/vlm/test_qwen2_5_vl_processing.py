@@ -1,6 +1,6 @@
 """Qwen2-VL image preprocessing (server/qwen_vl_processing.py) against transformers'
 ``Qwen2VLImageProcessor`` on the same saved ``preprocessor_config.json``: pixel values and
-``image_grid_thw`` equal, placeholder counts from the grid."""
+``image_grid_thw`` equal."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ from PIL import Image
 
 from server.qwen_vl_processing import (
     QwenVLPreprocessor,
-    expand_image_placeholders,
     smart_resize,
 )
 
@@ -69,21 +68,6 @@ def test_smart_resize_bounds() -> None:
     assert h % 28 == 0 and w % 28 == 0 and h * w <= 28 * 28 * 30
     with pytest.raises(ValueError, match="aspect ratio"):
         smart_resize(10, 2500, 28, 1, 10**9)
-
-
-def test_placeholder_expansion(tmp_path: Path) -> None:
-    ours = QwenVLPreprocessor.from_file(_save_config(tmp_path))
-    images = [ours(i) for i in _images()[:2]]
-    text = (
-        "a<|vision_start|><|image_pad|><|vision_end|>b<|vision_start|><|image_pad|><|vision_end|>"
-    )
-    out = expand_image_placeholders(text, images)
-    assert out.count("<|image_pad|>") == sum(i.num_tokens for i in images)
-    assert out.startswith(
-        "a<|vision_start|>" + "<|image_pad|>" * images[0].num_tokens + "<|vision_end|>b"
-    )
-    with pytest.raises(ValueError, match="placeholders"):
-        expand_image_placeholders(text, images[:1])
 
 
 def test_rejects_other_processor(tmp_path: Path) -> None:
