@@ -134,15 +134,28 @@ class VisionAttention(nn.Module):
         n = x.shape[0]
         qkv = self.qkv(x).view(n, 3, self.num_heads, self.head_dim)  # this rank's heads
         q, k = (_rotate(qkv[:, i], *rope) for i in (0, 1))  # [N, nh, hd]
-        v = qkv[:, 2]
-        outs = []
-        for start, end in itertools.pairwise(cu):
-            qs, ks, vs = (t[start:end].transpose(0, 1)[None] for t in (q, k, v))  # [1, nh, L, hd]
-            outs.append(
-                F.scaled_dot_product_attention(qs, ks, vs)[0].transpose(0, 1)
-            )  # [L, nh, hd]
-        o = torch.cat(outs, dim=0).reshape(n, self.num_heads * self.head_dim)
+        o = segment_attention(q, k, qkv[:, 2], cu).reshape(n, self.num_heads * self.head_dim)
         return self.proj(o)
+
+
+def segment_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: list[int]
+) -> torch.Tensor:
+    """``q, k, v [N, nh, hd]`` → ``[N, nh, hd]``: bidirectional attention within each
+    segment ``cu[j] .. cu[j + 1] - 1``. Segments of one length (most windows of an image
+    are full-size) run as one batched SDPA: a few calls per layer, not one per window."""
+    out = torch.empty_like(q)
+    starts_by_length: dict[int, list[int]] = {}
+    for start, end in itertools.pairwise(cu):
+        if end > start:
+            starts_by_length.setdefault(end - start, []).append(start)
+    for length, starts in starts_by_length.items():
+        rows = torch.tensor(starts, device=q.device)[:, None] + torch.arange(
+            length, device=q.device
+        )  # [G, L]
+        qs, ks, vs = (t[rows].transpose(1, 2) for t in (q, k, v))  # [G, nh, L, hd]
+        out[rows] = F.scaled_dot_product_attention(qs, ks, vs).transpose(1, 2)  # [G, L, nh, hd]
+    return out
 
 
 class VisionMLP(nn.Module):
@@ -201,7 +214,8 @@ def attention_segments(grids: list[Grid]) -> list[int]:
     """Cumulative patch counts of each frame (the full-attention blocks' segments)."""
     cu = [0]
     for t, h, w in grids:
-        cu.extend(cu[-1] + h * w * (i + 1) for i in range(t))
+        for _ in range(t):
+            cu.append(cu[-1] + h * w)
     return cu
 
 

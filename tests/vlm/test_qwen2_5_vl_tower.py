@@ -6,6 +6,7 @@ a 2-frame video grid; at tp=1 in this process and at tp=2 in a gloo world."""
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -13,13 +14,19 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from PIL import Image
 from safetensors.torch import load_file, save_file
 
 from model_shards.backends import ReferenceBackend
 from model_shards.checkpoint import Checkpoint
 from model_shards.layers.context import ShardContext
-from model_shards.models.qwen2_5_vl_tower import QwenVisionConfig, QwenVisionTower
+from model_shards.models.qwen2_5_vl_tower import (
+    QwenVisionConfig,
+    QwenVisionTower,
+    attention_segments,
+    segment_attention,
+)
 from model_shards.parallel.comm import Comm
 from model_shards.parallel.state import single_process_state
 from server.qwen_vl_processing import QwenVLPreprocessor
@@ -126,3 +133,20 @@ def test_tower_rejects_heads_not_split_by_tp() -> None:
     ctx = ShardContext(Comm(ps), ReferenceBackend(), torch.float32)
     with pytest.raises(ValueError, match="tp=3"):
         QwenVisionTower(QwenVisionConfig.from_dict(VISION), ctx)
+
+
+def test_full_attention_segments_are_one_per_frame() -> None:
+    """A 2-frame video then an image: each frame its own segment (no running-sum drift)."""
+    assert attention_segments([(2, 4, 4), (1, 2, 2)]) == [0, 16, 32, 36]
+
+
+def test_segment_attention_batches_equal_lengths_like_one_call_each() -> None:
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(40, 4, 8) for _ in range(3))  # [N, nh, hd]
+    cu = [0, 16, 16, 32, 36, 40]  # lengths 16, 0, 16, 4, 4
+    got = segment_attention(q, k, v, cu)
+    for start, end in itertools.pairwise(cu):
+        if end > start:
+            qs, ks, vs = (t[start:end].transpose(0, 1)[None] for t in (q, k, v))
+            want = F.scaled_dot_product_attention(qs, ks, vs)[0].transpose(0, 1)
+            torch.testing.assert_close(got[start:end], want, rtol=1e-6, atol=1e-6)
