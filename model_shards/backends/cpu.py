@@ -3,9 +3,10 @@
 
 Chosen for CPU ranks in float32 and bfloat16 when the kernels build; each op rounds
 like the reference backend and computes every row on its own, so outputs do not
-depend on batch composition. Prefill attention is the reference's (one SDPA per
-chunk, which PyTorch's CPU kernels already run well, Gemma's windows and soft-caps
-included); decode attention is the C++ kernels', windows and soft-caps included.
+depend on batch composition. Prefill attention is the C++ kernel's (every chunk of a
+step in one call, read straight from the paged pool, windows included; Gemma 2's
+soft-capped scores take the reference's SDPA path); decode attention is the C++
+kernels', windows and soft-caps included.
 
 GEMM: F.linear hands MKL a plain row-major ``W`` on every call; for the short, wide
 products of decoding (a few dozen rows against a large matrix) that runs at a third
@@ -31,7 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
-from model_shards.backends.base import DecodeMeta, ExpertWeights, KVPool, RotaryStep
+from model_shards.backends.base import DecodeMeta, ExpertWeights, KVPool, PrefillMeta, RotaryStep
 from model_shards.backends.reference import ReferenceBackend
 
 
@@ -84,6 +85,34 @@ class CpuBackend(ReferenceBackend):
         window, cap = meta.window or 0, softcap or 0.0  # 0: none
         return self._ops.decode_attention(
             q, pool.k, pool.v, tables, lens, bs, scale, True, window, cap
+        )
+
+    def prefill_attention(
+        self,
+        q: torch.Tensor,
+        pool: KVPool,
+        meta: PrefillMeta,
+        scale: float,
+        out: torch.Tensor,
+        softcap: float | None = None,
+    ) -> None:
+        """The C++ kernel over the paged pool; soft-capped scores (Gemma 2) take the
+        reference's path."""
+        if softcap is not None:
+            super().prefill_attention(q, pool, meta, scale, out, softcap)
+            return
+        self._ops.prefill_attention(
+            q,
+            pool.k,
+            pool.v,
+            out,
+            meta.block_tables,
+            meta.q_starts,
+            meta.q_lens,
+            meta.start_positions,
+            meta.block_size,
+            scale,
+            meta.window or 0,  # 0: none
         )
 
     def pack_linear(self, weight: torch.Tensor) -> PackedGemm | None:

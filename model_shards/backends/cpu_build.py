@@ -12,6 +12,10 @@ of ``cpu_ops.cpp`` and ``decode_attention.cpp`` do that work in one pass each:
   single-token attention read straight from the paged pool (no gather); with
   AVX-512 (float32) or AVX-512 BF16 (bfloat16) it runs the vectorized kernel of
   ``decode_attention_avx512.cpp``, and ``vectorized=False`` selects the portable one;
+* ``prefill_attention(q, k_pool, v_pool, out, block_tables, q_starts, q_lens,
+  start_positions, block_size, scale, window)`` (``prefill_attention*.cpp``): causal
+  attention of every prefill chunk of a step, written into ``out``, read straight from
+  the paged pool (prefix-cached context and sliding windows included);
 * ``silu_and_mul(x)``: ``silu(gate) * up``;
 * ``argmax(x)``: the row argmax of greedy sampling.
 
@@ -49,11 +53,13 @@ SOURCES = [
         "cpu_ops.cpp",
         "decode_attention.cpp",
         "decode_attention_avx512.cpp",
+        "prefill_attention.cpp",
+        "prefill_attention_avx512.cpp",
         "sampling_ops.cpp",
         "gemm_avx512.cpp",
     )
 ]
-HEADERS = [KERNELS_DIR / "kernel_common.h"]
+HEADERS = [KERNELS_DIR / name for name in ("kernel_common.h", "prefill_attention.h")]
 KERNEL_DTYPES = (torch.float32, torch.bfloat16)  # the dtypes the kernels serve
 
 

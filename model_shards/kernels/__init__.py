@@ -5,6 +5,9 @@
   it holds the library's ``TORCH_LIBRARY`` (the other sources add fragments);
 * ``decode_attention.cpp``: paged decode attention (argument checks, the portable kernel);
 * ``decode_attention_avx512.cpp``: the vectorized decode attention (AVX-512, vdpbf16ps in bf16);
+* ``prefill_attention.cpp``: paged causal prefill attention of a step's chunks (GQA, windows,
+  a prefix-cached start; argument checks, the portable kernel), ``prefill_attention_avx512.cpp``
+  its vectorized kernel (AVX-512, vdpbf16ps in bf16), ``prefill_attention.h`` what they share;
 * ``sampling_ops.cpp``: the exponential-race draw of sampling (splitmix64-hashed uniforms);
 * ``gemm_avx512.cpp``: the float32 and bfloat16 GEMM over packed weight panels;
 * ``kernel_common.h``: what the others share (decode-attention operands, index checks,
