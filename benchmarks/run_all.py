@@ -375,7 +375,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.structured:
             structured.run_structured(bench, PARALLEL_CONCURRENCY)
         if args.vlm:
-            from benchmarks import vlm_bench  # LLaVA images (builds its own model)
+            from benchmarks import vlm_bench  # LLaVA and Qwen2.5-VL images (own models)
 
             vlm_bench.run_vlm(bench)
         if args.contention:

@@ -2,15 +2,19 @@
 shardserve (``/v1/chat/completions`` with a base64 PNG, streamed) against ``transformers``
 ``generate()`` on the same images and prompts, in one run.
 
-The model is a small random ``LlavaForConditionalGeneration`` (CLIP tower: 6 layers,
+Two families (``--family llava|qwen2_5_vl|all``). LLaVA: a small random
+``LlavaForConditionalGeneration`` (CLIP tower: 6 layers,
 hidden 256, 112-pixel images in 14-pixel patches = 64 image tokens; Llama: 6 layers,
-hidden 512), float32, built once under ``benchmarks/.cache``. Each request is one distinct
-image (no cache hits) plus a short question and 32 greedy output tokens, EOS ignored.
+hidden 512), float32, built once under ``benchmarks/.cache``. Qwen2.5-VL: a small random
+``Qwen2_5_VLForConditionalGeneration`` of the same language-model shape, dynamic resolution,
+99 image tokens per bench image (:mod:`benchmarks.qwen_vl_bench`). Each request is one
+distinct image (no cache hits) plus a short question and 32 greedy output tokens, EOS ignored.
 shardserve runs tp=1 on CPU; ``generate()`` runs padded batches of ``c`` requests in this
 process after the server has stopped (its TTFT: a batch's ``max_new_tokens=1`` call).
 
-``python -m benchmarks.vlm_bench --requests 4`` runs these rows alone (the tiny-scale
-check), printing a table; ``make bench`` adds them as notes (:func:`run_vlm`).
+``python -m benchmarks.vlm_bench --requests 4 [--family …]`` runs these rows alone (the
+tiny-scale check), printing a table; ``make bench`` adds both families' rows as notes
+(:func:`run_vlm`).
 """
 
 from __future__ import annotations
@@ -23,14 +27,15 @@ import json
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import httpx
 import numpy as np
 from PIL import Image
 
-from benchmarks import servers
+from benchmarks import qwen_vl_bench, servers
 
 if TYPE_CHECKING:
     from benchmarks.run_all import Bench
@@ -183,46 +188,72 @@ def _hf_point(model_dir: Path, imgs: list[Image.Image], c: int) -> dict[str, flo
     return {"images_per_s": len(imgs) / sum(walls), "ttft_ms": 1000 * statistics.median(ttfts)}
 
 
-def measure(requests_per_c: int) -> list[dict[str, Any]]:
+class Family(NamedTuple):
+    """One bench model: its label, builder, images and ``generate()`` point."""
+
+    label: str
+    ensure_model: Callable[[], Path]
+    images: Callable[[int], list[Image.Image]]
+    hf_point: Callable[[Path, list[Image.Image], int], dict[str, float]]
+
+
+FAMILIES = {
+    "llava": Family("LLaVA", ensure_model, images, _hf_point),
+    "qwen2_5_vl": Family(
+        "Qwen2.5-VL", qwen_vl_bench.ensure_model, qwen_vl_bench.images, qwen_vl_bench.hf_point
+    ),
+}
+
+
+def measure(requests_per_c: int, family: str = "llava") -> list[dict[str, Any]]:
     """Both systems at each concurrency, ``requests_per_c * c`` requests per point."""
-    model_dir = ensure_model()
+    fam = FAMILIES[family]
+    model_dir = fam.ensure_model()
     rows: list[dict[str, Any]] = []
-    points = {c: images(max(requests_per_c, requests_per_c * c)) for c in CONCURRENCIES}
-    log = HERE / ".cache" / "logs" / "vlm-shardserve.log"
+    points = {c: fam.images(max(requests_per_c, requests_per_c * c)) for c in CONCURRENCIES}
+    log = HERE / ".cache" / "logs" / f"vlm-{family}-shardserve.log"
     command = servers.serve_argv(model_dir, dtype="float32", device="cpu", port=0)
     with servers.running(command, log) as base_url:
         for c, imgs in points.items():
             result = asyncio.run(_ours_point(base_url, [_png_url(i) for i in imgs], c))
-            rows.append({"system": "shardserve", "concurrency": c, **result})
+            rows.append({"family": family, "system": "shardserve", "concurrency": c, **result})
     for c, imgs in points.items():
-        rows.append({"system": "hf-generate", "concurrency": c, **_hf_point(model_dir, imgs, c)})
+        result = fam.hf_point(model_dir, imgs, c)
+        rows.append({"family": family, "system": "hf-generate", "concurrency": c, **result})
     return rows
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    lines = ["| system | conc. | images/s | median TTFT (ms) |", "|---|---:|---:|---:|"]
+    lines = [
+        "| family | system | conc. | images/s | median TTFT (ms) |",
+        "|---|---|---:|---:|---:|",
+    ]
     for r in rows:
         lines.append(
-            f"| {r['system']} | {r['concurrency']} | {r['images_per_s']:.2f} | {r['ttft_ms']:.0f} |"
+            f"| {FAMILIES[r['family']].label} | {r['system']} | {r['concurrency']} "
+            f"| {r['images_per_s']:.2f} | {r['ttft_ms']:.0f} |"
         )
     return "\n".join(lines)
 
 
 def run_vlm(bench: Bench, requests_per_c: int = 4) -> None:
-    """The rows of the module docstring, added to ``bench``'s notes."""
-    for r in measure(requests_per_c):
-        bench.notes.append(
-            f"LLaVA images ({r['system']}, c={r['concurrency']}): "
-            f"{r['images_per_s']:.2f} images/s, median TTFT {r['ttft_ms']:.0f} ms"
-        )
+    """The rows of the module docstring, both families, added to ``bench``'s notes."""
+    for family, fam in FAMILIES.items():
+        for r in measure(requests_per_c, family):
+            bench.notes.append(
+                f"{fam.label} images ({r['system']}, c={r['concurrency']}): "
+                f"{r['images_per_s']:.2f} images/s, median TTFT {r['ttft_ms']:.0f} ms"
+            )
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="the image rows of make bench")
     parser.add_argument("--requests", type=int, default=4, help="requests per unit of c")
+    parser.add_argument("--family", choices=[*FAMILIES, "all"], default="all")
     parser.add_argument("--out", default="/tmp/vlm-bench.json")
     args = parser.parse_args(argv)
-    rows = measure(args.requests)
+    families = list(FAMILIES) if args.family == "all" else [args.family]
+    rows = [row for family in families for row in measure(args.requests, family)]
     Path(args.out).write_text(json.dumps(rows, indent=1) + "\n")
     print(table(rows))
     return 0

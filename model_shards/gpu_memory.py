@@ -9,7 +9,12 @@
   its LM head and the sampler's widest work (float32 softmax and sort of
   ``max_num_seqs`` rows), and reading ``torch.cuda.max_memory_allocated``;
 * the graph pool is measured the same way for a decode step of ``max_num_seqs`` rows
-  (the largest captured bucket: every graph shares that one pool), when graphs are on.
+  (the largest captured bucket: every graph shares that one pool), when graphs are on;
+* on a vision-language model's first stage the forward's peak is the larger of the text
+  forward's and the vision tower's over the largest media one step may encode
+  (:func:`vision_peak_bytes`, the dummy items of
+  :func:`model_shards.vision_budget.worst_case_media`): the tower runs before the
+  stack, its activations freed before the stack's.
 
 :func:`kv_budget_bytes` is the arithmetic, kept apart so it can be tested anywhere.
 """
@@ -17,13 +22,14 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 import torch
 
 from model_shards.kv_cache import PagedKVCache
 from model_shards.kv_groups import KVLayout
 from model_shards.layers.attention import ForwardBatch
-from model_shards.messages import SeqChunk
+from model_shards.messages import MediaInput, SeqChunk
 from model_shards.models import DecoderModel
 
 log = logging.getLogger(__name__)
@@ -83,3 +89,40 @@ def forward_peak_bytes(
     del kv, batch, hidden
     torch.cuda.empty_cache()
     return max(peak, 0)
+
+
+def dummy_pixels(items: Sequence[MediaInput], device: torch.device) -> list[torch.Tensor]:
+    """A float32 array of each item's ``shape`` (what ``media_inputs.pixels_of`` makes of
+    the frontend's bytes), zeros."""
+    return [torch.zeros(item.shape, dtype=torch.float32, device=device) for item in items]
+
+
+def encode_dummy_media(
+    model: object, items: Sequence[MediaInput], device: torch.device
+) -> list[torch.Tensor]:
+    """One tower call over ``items`` as :class:`~model_shards.media_inputs.MediaInputs`
+    makes it: the model's ``encode_media``, else ``encode_images`` over the stacked
+    images; each item's embeddings ``[length, H]``."""
+    pixels = dummy_pixels(items, device)
+    encode_media = getattr(model, "encode_media", None)
+    if encode_media is not None:
+        return list(encode_media(items, pixels))
+    return list(model.encode_images(torch.stack(pixels)))  # type: ignore[attr-defined]
+
+
+@torch.inference_mode()
+def vision_peak_bytes(model: DecoderModel, batches: Sequence[Sequence[MediaInput]]) -> int:
+    """Peak bytes allocated while this (first) stage encodes the largest of ``batches``
+    (each one tower call, pixels included), or 0 without batches."""
+    device = next(model.parameters()).device
+    worst = 0
+    for items in batches:
+        torch.cuda.synchronize(device)
+        base = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        out = encode_dummy_media(model, items, device)
+        torch.cuda.synchronize(device)
+        worst = max(worst, torch.cuda.max_memory_allocated(device) - base)
+        del out
+        torch.cuda.empty_cache()
+    return worst

@@ -23,7 +23,7 @@ from itertools import accumulate
 
 import torch
 
-from model_shards import gpu_memory, layer_timer
+from model_shards import gpu_memory, layer_timer, vision_budget
 from model_shards.backends import Backend, select_backend
 from model_shards.checkpoint import Checkpoint
 from model_shards.config import EncoderConfig, ModelConfig, ReplicaConfig
@@ -94,8 +94,9 @@ def kv_cache_blocks(
     """Blocks this rank's memory budget allows, agreed (minimum) over the whole replica.
 
     Budget: ``--kv-cache-memory``; else on GPU what :mod:`model_shards.gpu_memory`
-    leaves of ``--gpu-memory-utilization`` (one forward's peak and the graph pool
-    measured); else 1 GiB. Never more than ``max_num_seqs`` full-length sequences need.
+    leaves of ``--gpu-memory-utilization`` (one forward's peak, a VLM's vision tower
+    over one step's largest media, and the graph pool measured); else 1 GiB. Never more
+    than ``max_num_seqs`` full-length sequences need.
     """
     ps = peers.ps
     layout = KVLayout.for_model(cfg)
@@ -125,6 +126,12 @@ def _gpu_kv_budget(
     bs, seqs = replica.block_size, replica.max_num_seqs
     tokens = replica.max_num_batched_tokens
     peak = gpu_memory.forward_peak_bytes(model, tokens, max_model_len, bs, seqs)
+    vision = 0  # a VLM's first stage: the tower over the largest media of one step
+    if _takes_images(model, model.ps):
+        caps = vision_budget.MediaCaps.from_dir(replica.model_dir)
+        media = vision_budget.worst_case_media(model.config.extra, tokens, max_model_len, caps)
+        vision = gpu_memory.vision_peak_bytes(model, media)
+    peak = max(peak, vision)
     pool = gpu_memory.forward_peak_bytes(model, seqs, 1, bs, seqs) if graphs else 0
     free, total = torch.cuda.mem_get_info(model.ps.device)
     budget = gpu_memory.kv_budget_bytes(
@@ -132,11 +139,12 @@ def _gpu_kv_budget(
     )
     log.info(
         "GPU memory: %.2f GiB total, %.2f GiB in use after loading, forward peak %.2f GiB "
-        "(%d tokens), graph pool %.2f GiB: %.2f GiB for the KV cache",
+        "(%d tokens; vision tower %.2f GiB), graph pool %.2f GiB: %.2f GiB for the KV cache",
         total / 2**30,
         (total - free) / 2**30,
         peak / 2**30,
         tokens,
+        vision / 2**30,
         pool / 2**30,
         budget / 2**30,
     )
