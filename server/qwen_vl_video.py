@@ -33,7 +33,7 @@ import numpy as np
 from PIL import Image
 
 from server.image_processing import read_preprocessor_config, to_rgb
-from server.qwen_vl_processing import smart_resize
+from server.qwen_vl_processing import QwenVLImage, smart_resize
 
 if TYPE_CHECKING:
     import torch
@@ -51,20 +51,12 @@ _OPENAI_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 
 
 @dataclass(frozen=True)
-class QwenVLVideo:
+class QwenVLVideo(QwenVLImage):
     """One preprocessed video: ``pixels [t * h * w, C * T * P * P]`` float32, its grid in
-    patches and its seconds per temporal patch."""
+    patches (``num_tokens``: its ``<|video_pad|>`` placeholders) and its seconds per
+    temporal patch."""
 
-    pixels: np.ndarray
-    grid_thw: tuple[int, int, int]
-    merge_size: int
     second_per_grid: float
-
-    @property
-    def num_tokens(self) -> int:
-        """How many ``<|video_pad|>`` placeholders the video takes in the prompt."""
-        t, h, w = self.grid_thw
-        return t * h * w // self.merge_size**2
 
 
 @dataclass(frozen=True)
