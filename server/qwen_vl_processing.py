@@ -70,8 +70,9 @@ class QwenVLImage:
 
 
 @dataclass(frozen=True)
-class QwenVLPreprocessor:
-    """Qwen2-VL's preprocessing (see the module docstring); built by :meth:`from_dict`."""
+class QwenVLPixelConfig:
+    """What Qwen2-VL's image and video preprocessing share: resize bounds, rescale and
+    normalisation, patch, temporal patch and merge sizes."""
 
     do_convert_rgb: bool
     do_resize: bool
@@ -88,6 +89,32 @@ class QwenVLPreprocessor:
     merge_size: int
 
     @staticmethod
+    def fields_from(raw: dict[str, Any], min_pixels: int, max_pixels: int) -> dict[str, Any]:
+        """These fields from a preprocessor config (``size``'s edges when ``min_pixels`` /
+        ``max_pixels`` are absent, else the defaults given)."""
+        size = raw.get("size") or {}
+        return {
+            "do_convert_rgb": bool(raw.get("do_convert_rgb", True)),
+            "do_resize": bool(raw.get("do_resize", True)),
+            "min_pixels": int(raw.get("min_pixels") or size.get("shortest_edge", min_pixels)),
+            "max_pixels": int(raw.get("max_pixels") or size.get("longest_edge", max_pixels)),
+            "resample": int(raw.get("resample", Image.Resampling.BICUBIC)),
+            "do_rescale": bool(raw.get("do_rescale", True)),
+            "rescale_factor": float(raw.get("rescale_factor", 1 / 255)),
+            "do_normalize": bool(raw.get("do_normalize", True)),
+            "mean": _triple(raw.get("image_mean", _OPENAI_CLIP_MEAN)),
+            "std": _triple(raw.get("image_std", _OPENAI_CLIP_STD)),
+            "patch_size": int(raw.get("patch_size", 14)),
+            "temporal_patch_size": int(raw.get("temporal_patch_size", 2)),
+            "merge_size": int(raw.get("merge_size", 2)),
+        }
+
+
+@dataclass(frozen=True)
+class QwenVLPreprocessor(QwenVLPixelConfig):
+    """Qwen2-VL's preprocessing (see the module docstring); built by :meth:`from_dict`."""
+
+    @staticmethod
     def from_file(path: Path) -> QwenVLPreprocessor:
         """``ValueError`` naming the file when it is missing, malformed or not Qwen2-VL's."""
         return QwenVLPreprocessor.from_dict(read_preprocessor_config(path), str(path))
@@ -97,25 +124,8 @@ class QwenVLPreprocessor:
         kind = raw.get("image_processor_type", "Qwen2VLImageProcessor")
         if kind not in QWEN_VL_PROCESSORS:
             raise ValueError(f"{source}: image_processor_type {kind!r} is not supported")
-        size = raw.get("size") or {}
         try:
-            min_pixels = int(raw.get("min_pixels") or size.get("shortest_edge", 56 * 56))
-            max_pixels = int(raw.get("max_pixels") or size.get("longest_edge", 28 * 28 * 1280))
-            return QwenVLPreprocessor(
-                do_convert_rgb=bool(raw.get("do_convert_rgb", True)),
-                do_resize=bool(raw.get("do_resize", True)),
-                min_pixels=min_pixels,
-                max_pixels=max_pixels,
-                resample=int(raw.get("resample", Image.Resampling.BICUBIC)),
-                do_rescale=bool(raw.get("do_rescale", True)),
-                rescale_factor=float(raw.get("rescale_factor", 1 / 255)),
-                do_normalize=bool(raw.get("do_normalize", True)),
-                mean=_triple(raw.get("image_mean", _OPENAI_CLIP_MEAN)),
-                std=_triple(raw.get("image_std", _OPENAI_CLIP_STD)),
-                patch_size=int(raw.get("patch_size", 14)),
-                temporal_patch_size=int(raw.get("temporal_patch_size", 2)),
-                merge_size=int(raw.get("merge_size", 2)),
-            )
+            return QwenVLPreprocessor(**QwenVLPixelConfig.fields_from(raw, 56 * 56, 28 * 28 * 1280))
         except (AttributeError, TypeError, ValueError) as exc:
             raise ValueError(f"{source}: malformed Qwen2-VL preprocessor config ({exc!r})") from exc
 

@@ -33,7 +33,7 @@ import numpy as np
 from PIL import Image
 
 from server.image_processing import read_preprocessor_config, to_rgb
-from server.qwen_vl_processing import QwenVLImage, smart_resize
+from server.qwen_vl_processing import QwenVLImage, QwenVLPixelConfig, smart_resize
 
 if TYPE_CHECKING:
     import torch
@@ -46,8 +46,6 @@ _MODES = {
     Image.Resampling.BILINEAR: "bilinear",
     Image.Resampling.BICUBIC: "bicubic",
 }
-_OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
-_OPENAI_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 
 
 @dataclass(frozen=True)
@@ -60,22 +58,9 @@ class QwenVLVideo(QwenVLImage):
 
 
 @dataclass(frozen=True)
-class QwenVLVideoPreprocessor:
+class QwenVLVideoPreprocessor(QwenVLPixelConfig):
     """Qwen2-VL's video preprocessing (see the module docstring)."""
 
-    do_convert_rgb: bool
-    do_resize: bool
-    min_pixels: int
-    max_pixels: int
-    resample: int
-    do_rescale: bool
-    rescale_factor: float
-    do_normalize: bool
-    mean: tuple[float, float, float]
-    std: tuple[float, float, float]
-    patch_size: int
-    temporal_patch_size: int
-    merge_size: int
     cap_pixels_per_frame: bool = False
     max_video_tokens: int = 128000
 
@@ -90,24 +75,9 @@ class QwenVLVideoPreprocessor:
 
     @staticmethod
     def from_dict(raw: dict[str, Any], source: str) -> QwenVLVideoPreprocessor:
-        size = raw.get("size") or {}
         try:
-            min_pixels = int(raw.get("min_pixels") or size.get("shortest_edge", 128 * 28 * 28))
-            max_pixels = int(raw.get("max_pixels") or size.get("longest_edge", 28 * 28 * 768))
             out = QwenVLVideoPreprocessor(
-                do_convert_rgb=bool(raw.get("do_convert_rgb", True)),
-                do_resize=bool(raw.get("do_resize", True)),
-                min_pixels=min_pixels,
-                max_pixels=max_pixels,
-                resample=int(raw.get("resample", Image.Resampling.BICUBIC)),
-                do_rescale=bool(raw.get("do_rescale", True)),
-                rescale_factor=float(raw.get("rescale_factor", 1 / 255)),
-                do_normalize=bool(raw.get("do_normalize", True)),
-                mean=_triple(raw.get("image_mean", _OPENAI_CLIP_MEAN)),
-                std=_triple(raw.get("image_std", _OPENAI_CLIP_STD)),
-                patch_size=int(raw.get("patch_size", 14)),
-                temporal_patch_size=int(raw.get("temporal_patch_size", 2)),
-                merge_size=int(raw.get("merge_size", 2)),
+                **QwenVLPixelConfig.fields_from(raw, 128 * 28 * 28, 28 * 28 * 768),
                 cap_pixels_per_frame=bool(raw.get("cap_pixels_per_frame") or False),
                 max_video_tokens=int(raw.get("max_video_tokens", 128000)),
             )
@@ -197,10 +167,3 @@ class QwenVLVideoPreprocessor:
         patches = patches.permute(0, 3, 6, 4, 7, 2, 1, 5, 8)  # [t, gh/m, gw/m, m, m, C, T, P, P]
         flat = patches.reshape(grid_t * grid_h * grid_w, channels * tp * p * p)
         return np.ascontiguousarray(flat.numpy(), dtype=np.float32), (grid_t, grid_h, grid_w)
-
-
-def _triple(value: Any) -> tuple[float, float, float]:
-    values = [float(v) for v in (value if isinstance(value, (list, tuple)) else [value] * 3)]
-    if len(values) != 3:
-        raise ValueError(f"expected 3 channel values, got {value!r}")
-    return values[0], values[1], values[2]
