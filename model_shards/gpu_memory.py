@@ -29,6 +29,7 @@ import torch
 from model_shards.kv_cache import PagedKVCache
 from model_shards.kv_groups import KVLayout
 from model_shards.layers.attention import ForwardBatch
+from model_shards.media_inputs import encode_batches
 from model_shards.messages import MediaInput, SeqChunk
 from model_shards.models import DecoderModel
 
@@ -100,14 +101,16 @@ def dummy_pixels(items: Sequence[MediaInput], device: torch.device) -> list[torc
 def encode_dummy_media(
     model: object, items: Sequence[MediaInput], device: torch.device
 ) -> list[torch.Tensor]:
-    """One tower call over ``items`` as :class:`~model_shards.media_inputs.MediaInputs`
-    makes it: the model's ``encode_media``, else ``encode_images`` over the stacked
-    images; each item's embeddings ``[length, H]``."""
-    pixels = dummy_pixels(items, device)
-    encode_media = getattr(model, "encode_media", None)
-    if encode_media is not None:
-        return list(encode_media(items, pixels))
-    return list(model.encode_images(torch.stack(pixels)))  # type: ignore[attr-defined]
+    """The tower over ``items`` as :class:`~model_shards.media_inputs.MediaInputs` runs it
+    (:func:`~model_shards.media_inputs.encode_batches`); each item's embeddings
+    ``[length, H]``, in order."""
+    batches = encode_batches(model, items, dummy_pixels(items, device))
+    by_item = {
+        id(item): rows
+        for done, encoded in batches
+        for item, rows in zip(done, encoded, strict=True)
+    }
+    return [by_item[id(item)] for item in items]
 
 
 @torch.inference_mode()

@@ -147,21 +147,31 @@ class MediaInputs:
     def _encode(
         self, missing: list[MediaInput]
     ) -> list[tuple[list[MediaInput], Sequence[torch.Tensor]]]:
-        """The missing items' embeddings, in batches: one :meth:`MediaEncoder.encode_media`
-        call where the model has it, else one ``encode_images`` per pixel shape."""
+        """The missing items' embeddings, in batches (:func:`encode_batches`)."""
         if not missing:
             return []
-        encoder = getattr(self.model, "encode_media", None)
-        if encoder is not None:
-            return [(missing, encoder(missing, [pixels_of(i, self.device) for i in missing]))]
-        by_shape: dict[tuple[int, ...], list[MediaInput]] = {}
-        for item in missing:
-            by_shape.setdefault(tuple(item.shape), []).append(item)
-        out: list[tuple[list[MediaInput], Sequence[torch.Tensor]]] = []
-        for items in by_shape.values():
-            pixels = torch.stack([pixels_of(i, self.device) for i in items])  # [N, C, S, S]
-            out.append((items, list(self.model.encode_images(pixels))))  # N x [P, H]
-        return out
+        return encode_batches(self.model, missing, [pixels_of(i, self.device) for i in missing])
+
+
+def encode_batches(
+    model: object, items: Sequence[MediaInput], pixels: Sequence[torch.Tensor]
+) -> list[tuple[list[MediaInput], Sequence[torch.Tensor]]]:
+    """``items`` (``pixels[i]``: item ``i``'s array) through the model's tower: one
+    :meth:`MediaEncoder.encode_media` call where the model has it, else one
+    ``encode_images`` per pixel shape; each batch's items with their embeddings
+    ``[length, H]``."""
+    encoder = getattr(model, "encode_media", None)
+    if encoder is not None:
+        return [(list(items), encoder(items, pixels))]
+    by_shape: dict[tuple[int, ...], list[int]] = {}
+    for i, item in enumerate(items):
+        by_shape.setdefault(tuple(item.shape), []).append(i)
+    out: list[tuple[list[MediaInput], Sequence[torch.Tensor]]] = []
+    for group in by_shape.values():
+        stacked = torch.stack([pixels[i] for i in group])  # [N, C, S, S]
+        encoded = model.encode_images(stacked)  # type: ignore[attr-defined]  # [N, P, H]
+        out.append(([items[i] for i in group], list(encoded)))
+    return out
 
 
 def _overlapping(chunk: SeqChunk, items: Sequence[MediaInput]) -> list[MediaInput]:
