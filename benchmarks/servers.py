@@ -113,11 +113,16 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 
 @contextlib.contextmanager
 def running(
-    command: list[str], log: Path, url: str | None = None, extra_env: dict[str, str] | None = None
+    command: list[str],
+    log: Path,
+    url: str | None = None,
+    extra_env: dict[str, str] | None = None,
+    pids: list[int] | None = None,
 ) -> Iterator[str]:
     """Run ``command``; yield its base URL once ``GET /v1/models`` answers 200.
 
-    ``url`` is the known address (else parsed from shardserve's ``serving ... on`` line).
+    ``url`` is the known address (else parsed from shardserve's ``serving ... on`` line);
+    the server's pid is appended to ``pids`` when given.
     """
     log.parent.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", **(extra_env or {})}
@@ -131,6 +136,8 @@ def running(
             stdin=subprocess.DEVNULL,
             start_new_session=True,
         )
+    if pids is not None:
+        pids.append(proc.pid)
     try:
         yield _wait_url(proc, log, url, START_TIMEOUT_S)
     finally:

@@ -1,0 +1,60 @@
+"""Wait until benchmarked servers have stopped working before the next point starts.
+
+A point cut at its time cap cancels its requests on the client side, but a server may keep
+computing them: ``transformers serve`` measured here went on at two cores for 12 s after
+eight cancelled requests. Whatever point runs next would then share the machine with that
+leftover work, an extra neighbour that none of its conditions names. :func:`wait_quiet`
+polls the CPU time of each server's process tree (the process and all its descendants,
+from ``/proc``) until the trees together used less than ``QUIET_CORES`` over one window.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+PROC = Path("/proc")
+QUIET_CORES = 0.15
+WINDOW_S = 1.0
+TIMEOUT_S = 240.0
+
+
+def descendants(pid: int, proc: Path = PROC) -> list[int]:
+    """``pid`` and every process below it (``/proc/<pid>/task/<tid>/children``)."""
+    found, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        found.append(current)
+        with contextlib.suppress(OSError):
+            for task in (proc / str(current) / "task").iterdir():
+                with contextlib.suppress(OSError):
+                    todo.extend(int(c) for c in (task / "children").read_text().split())
+    return found
+
+
+def cpu_seconds(pids: Iterable[int], proc: Path = PROC) -> float:
+    """User + system CPU seconds of ``pids`` (processes already gone count 0)."""
+    ticks = 0
+    for pid in pids:
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            fields = (proc / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()
+            ticks += int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15)
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def wait_quiet(roots: Iterable[int], timeout_s: float = TIMEOUT_S) -> float:
+    """Block until the process trees of ``roots`` used under ``QUIET_CORES`` cores over one
+    ``WINDOW_S`` window; the seconds waited (``timeout_s`` or more: still busy, gave up)."""
+    start = time.monotonic()
+    roots = list(roots)
+    while True:
+        pids = [p for root in roots for p in descendants(root)]
+        before = cpu_seconds(pids)
+        time.sleep(WINDOW_S)
+        used = cpu_seconds(pids) - before
+        waited = time.monotonic() - start
+        if used < QUIET_CORES * WINDOW_S or waited >= timeout_s:
+            return waited

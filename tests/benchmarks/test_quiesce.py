@@ -1,0 +1,50 @@
+"""benchmarks/quiesce.py: process trees from /proc, their CPU time, waiting for them to idle."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from benchmarks import quiesce
+
+
+def fake_process(proc: Path, pid: int, children: list[int], utime: int, stime: int) -> None:
+    task = proc / str(pid) / "task" / str(pid)
+    task.mkdir(parents=True)
+    (task / "children").write_text(" ".join(map(str, children)) + (" " if children else ""))
+    # comm may hold spaces and parentheses: fields are counted after the last ')'
+    rest = ["S", "1"] + ["0"] * 9 + [str(utime), str(stime)] + ["0"] * 5
+    (proc / str(pid) / "stat").write_text(f"{pid} (a (b) c) " + " ".join(rest) + "\n")
+
+
+def test_descendants_and_their_cpu_seconds(tmp_path: Path) -> None:
+    fake_process(tmp_path, 10, [11, 12], 100, 50)
+    fake_process(tmp_path, 11, [13], 10, 0)
+    fake_process(tmp_path, 12, [], 0, 0)
+    fake_process(tmp_path, 13, [], 5, 5)
+    fake_process(tmp_path, 20, [], 999, 999)  # not below 10
+    assert sorted(quiesce.descendants(10, tmp_path)) == [10, 11, 12, 13]
+    tick = os.sysconf("SC_CLK_TCK")
+    seconds = quiesce.cpu_seconds([10, 11, 12, 13, 404], tmp_path)  # 404: gone, counts 0
+    assert seconds == pytest.approx(170 / tick)
+
+
+@pytest.mark.timeout(60)
+def test_wait_quiet_waits_for_a_busy_grandchild_then_returns() -> None:
+    """A shell whose child spins for 2.5 s: the wait lasts until the spin ends, not longer."""
+    spin = f"{sys.executable} -c 'import time; t=time.time()\nwhile time.time()-t<2.5: pass'"
+    parent = subprocess.Popen(["sh", "-c", f"{spin}; sleep 30"], start_new_session=True)
+    try:
+        time.sleep(0.3)  # the child has started
+        waited = quiesce.wait_quiet([parent.pid], timeout_s=20)
+        assert 1.5 < waited < 8
+        assert quiesce.wait_quiet([parent.pid], timeout_s=20) < 2  # idle: one window
+    finally:
+        os.killpg(parent.pid, signal.SIGKILL)
+        parent.wait(10)
