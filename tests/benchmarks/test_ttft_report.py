@@ -33,11 +33,18 @@ def test_stages_follow_the_path_and_sum_to_the_ttft() -> None:
 
 def test_table_has_one_column_per_dtype() -> None:
     client, record = _record()
-    summary = ttft.summarize([ttft.stage_ms(client, record)] * 3, [40.0, 41.0, 50.0])
-    assert summary["ttft_ms"] == 41.0 and summary["requests"] == 3
+    summary = ttft.summarize([ttft.stage_ms(client, record)] * 3, [40.0, 41.0, 50.0], [38.0, 39.0])
+    assert summary["ttft_ms"] == 38.5 and summary["requests"] == 2  # the untraced ones
+    assert summary["traced_ttft_ms"] == 41.0 and summary["traced_requests"] == 3
     rows = [{"dtype": d, "layout": ttft.LAYOUT, "ttft": summary} for d in ("bfloat16", "float32")]
     table = ttft.ttft_table({"rows": rows})
     assert table.splitlines()[0].startswith("| stage") and "| float32 ms | bfloat16 ms |" in table
     assert "| prefill compute (all layers) | 25.00 | 25.00 |" in table
-    assert "| **TTFT at the client (median)** | **41.0** (n=3) | **41.0** (n=3) |" in table
+    assert (
+        "| TTFT at the client, these traced requests (median) | 41.0 (n=3) | 41.0 (n=3) |" in table
+    )
+    assert (
+        "| **TTFT at the client, tracing off (median)** | **38.5** (n=2) | **38.5** (n=2) |"
+        in table
+    )
     assert ttft.ttft_table({"rows": []}) == "(not measured)"
