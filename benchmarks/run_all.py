@@ -34,16 +34,7 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
-from benchmarks import (
-    contention,
-    http_load,
-    moe_bench,
-    quiesce,
-    report,
-    servers,
-    structured,
-    ttft,
-)
+from benchmarks import contention, http_load, moe_bench, quiesce, report, servers, structured, ttft
 from benchmarks.model import SHAPES, Variant, ensure_model
 from benchmarks.prompts import exact_prompts, write_dataset
 
