@@ -166,19 +166,14 @@ Target = tuple[str, str, str]
 
 
 def start_all(
-    stack: contextlib.ExitStack,
-    model: Path,
-    systems: list[str],
-    tag: str,
-    group: Path | None,
+    stack: contextlib.ExitStack, model: Path, systems: list[str], tag: str, group: Path | None
 ) -> list[Target]:
     """The servers of ``systems``, each in ``group`` (``None``: as they are)."""
     logs = HERE / ".cache" / "logs"
     targets: list[Target] = []
     if "shardserve" in systems:
         command = in_group(servers.ours_command(model, DTYPE, []), group)
-        log = logs / f"contention-ours-{tag}.log"
-        url = stack.enter_context(servers.running(command, log))
+        url = stack.enter_context(servers.running(command, logs / f"contention-ours-{tag}.log"))
         targets.append(("shardserve", url, ""))
     if "hf-serve" in systems:
         port = servers.free_port()

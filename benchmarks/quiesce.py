@@ -5,48 +5,24 @@ computing them: ``transformers serve`` measured here went on at two cores for 12
 eight cancelled requests. Whatever point runs next would then share the machine with that
 leftover work, an extra neighbour that none of its conditions names. :func:`wait_quiet`
 polls the CPU time of each server's process tree (the process and all its descendants,
-from ``/proc``) until the trees together used less than ``QUIET_CORES`` over one window;
-:func:`before_point` does it for every server :func:`benchmarks.servers.running` has up.
+from ``/proc``: :func:`model_shards.cpu_governor.read_family_cpu_s`, what the thread
+governor reads of its own server) until the trees together used less than ``QUIET_CORES``
+over one window; :func:`before_point` does it for every server that
+:func:`benchmarks.servers.running` has up.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
 import time
 from collections.abc import Iterable
-from pathlib import Path
 
 from benchmarks import servers
+from model_shards.cpu_governor import read_family_cpu_s
 
-PROC = Path("/proc")
 QUIET_CORES = 0.15
 WINDOW_S = 1.0
 TIMEOUT_S = 240.0
 LONG_WAIT_S = 5.0  # a wait longer than this goes into the run's notes
-
-
-def descendants(pid: int, proc: Path = PROC) -> list[int]:
-    """``pid`` and every process below it (``/proc/<pid>/task/<tid>/children``)."""
-    found, todo = [], [pid]
-    while todo:
-        current = todo.pop()
-        found.append(current)
-        with contextlib.suppress(OSError):
-            for task in (proc / str(current) / "task").iterdir():
-                with contextlib.suppress(OSError):
-                    todo.extend(int(c) for c in (task / "children").read_text().split())
-    return found
-
-
-def cpu_seconds(pids: Iterable[int], proc: Path = PROC) -> float:
-    """User + system CPU seconds of ``pids`` (processes already gone count 0)."""
-    ticks = 0
-    for pid in pids:
-        with contextlib.suppress(OSError, IndexError, ValueError):
-            fields = (proc / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()
-            ticks += int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15)
-    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def wait_quiet(roots: Iterable[int], timeout_s: float = TIMEOUT_S) -> float:
@@ -55,10 +31,9 @@ def wait_quiet(roots: Iterable[int], timeout_s: float = TIMEOUT_S) -> float:
     start = time.monotonic()
     roots = list(roots)
     while True:
-        pids = [p for root in roots for p in descendants(root)]
-        before = cpu_seconds(pids)
+        before = sum(read_family_cpu_s(root) for root in roots)
         time.sleep(WINDOW_S)
-        used = cpu_seconds(pids) - before
+        used = sum(read_family_cpu_s(root) for root in roots) - before
         waited = time.monotonic() - start
         if used < QUIET_CORES * WINDOW_S or waited >= timeout_s:
             return waited

@@ -1,4 +1,5 @@
-"""benchmarks/quiesce.py: process trees from /proc, their CPU time, waiting for them to idle."""
+"""benchmarks/quiesce.py: waiting for process trees to idle (the tree walk and its CPU time
+are model_shards.cpu_governor's, tested in tests/model_shards/test_cpu_governor.py)."""
 
 from __future__ import annotations
 
@@ -12,27 +13,6 @@ from pathlib import Path
 import pytest
 
 from benchmarks import quiesce
-
-
-def fake_process(proc: Path, pid: int, children: list[int], utime: int, stime: int) -> None:
-    task = proc / str(pid) / "task" / str(pid)
-    task.mkdir(parents=True)
-    (task / "children").write_text(" ".join(map(str, children)) + (" " if children else ""))
-    # comm may hold spaces and parentheses: fields are counted after the last ')'
-    rest = ["S", "1"] + ["0"] * 9 + [str(utime), str(stime)] + ["0"] * 5
-    (proc / str(pid) / "stat").write_text(f"{pid} (a (b) c) " + " ".join(rest) + "\n")
-
-
-def test_descendants_and_their_cpu_seconds(tmp_path: Path) -> None:
-    fake_process(tmp_path, 10, [11, 12], 100, 50)
-    fake_process(tmp_path, 11, [13], 10, 0)
-    fake_process(tmp_path, 12, [], 0, 0)
-    fake_process(tmp_path, 13, [], 5, 5)
-    fake_process(tmp_path, 20, [], 999, 999)  # not below 10
-    assert sorted(quiesce.descendants(10, tmp_path)) == [10, 11, 12, 13]
-    tick = os.sysconf("SC_CLK_TCK")
-    seconds = quiesce.cpu_seconds([10, 11, 12, 13, 404], tmp_path)  # 404: gone, counts 0
-    assert seconds == pytest.approx(170 / tick)
 
 
 @pytest.mark.timeout(60)
