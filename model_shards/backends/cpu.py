@@ -14,8 +14,10 @@ to a half of the machine's matmul peak. :meth:`CpuBackend.pack_linear` reorders 
 ``W`` once, after loading:
 
 * float32 on AVX-512 and bfloat16 on AVX-512 BF16: our own GEMM
-  (``kernels/gemm_avx512.cpp``), 10-25% faster than oneDNN's on decode-sized batches
+  (``kernels/gemm.cpp``), 10-25% faster than oneDNN's on decode-sized batches
   and as fast on prefill;
+* bfloat16 on AVX2 (AMD Zen 2/3, older Intel): our GEMM's AVX2 tiles
+  (``kernels/gemm_avx2.h``): oneDNN has no bfloat16 GEMM there;
 * otherwise: oneDNN's blocked layout, 1.5-3x faster than F.linear on decode-sized
   batches.
 
@@ -116,11 +118,20 @@ class CpuBackend(ReferenceBackend):
         )
 
     def pack_linear(self, weight: torch.Tensor) -> PackedGemm | None:
+        """Our GEMM's panels where it is the faster one: its AVX-512 tiles, or its AVX2 tiles
+        in bfloat16 (oneDNN has no bfloat16 GEMM without AVX-512 BW or AVX-NE-CONVERT, and
+        F.linear runs 3-7x slower); in float32 on AVX2 oneDNN's (measured ~15% faster than
+        our AVX2 tiles on the bench model's layers, LM head included: ``kernels/gemm.cpp``)."""
         weight = weight.detach()
-        if bool(self._ops.gemm_vectorized(weight.dtype)):
+        isa = str(self._ops.gemm_isa(weight.dtype))
+        onednn = _onednn_available()
+        if isa == "avx512" or (isa == "avx2" and (weight.dtype == torch.bfloat16 or not onednn)):
             return PackedGemm(self._ops.pack_gemm(weight), weight.shape[0])
-        if _onednn_available():
-            return PackedGemm(torch.ops.mkldnn._reorder_linear_weight(weight, None), 0)
+        if onednn:
+            try:
+                return PackedGemm(torch.ops.mkldnn._reorder_linear_weight(weight, None), 0)
+            except RuntimeError:  # e.g. bfloat16 on a CPU without avx512bw / avx_ne_convert
+                return None
         return None
 
     def linear(

@@ -20,7 +20,7 @@ of ``cpu_ops.cpp`` and ``decode_attention.cpp`` do that work in one pass each:
 * ``argmax(x)``: the row argmax of greedy sampling.
 
 ``sampling_ops.cpp`` holds ``exponential_race(probs, seeds)``, the random draw of
-sampling (one per row), and ``gemm_avx512.cpp`` the float32 and bfloat16 GEMM of the
+sampling (one per row), and ``gemm.cpp`` (with ``gemm_avx2.h``) the float32 and bfloat16 GEMM of the
 linear layers (``pack_gemm``, ``gemm``; see :mod:`model_shards.backends.cpu`).
 
 They round like the reference backend (:mod:`model_shards.backends.reference`) and
@@ -56,10 +56,10 @@ SOURCES = [
         "prefill_attention.cpp",
         "prefill_attention_avx512.cpp",
         "sampling_ops.cpp",
-        "gemm_avx512.cpp",
+        "gemm.cpp",
     )
 ]
-HEADERS = [KERNELS_DIR / name for name in ("kernel_common.h", "prefill_attention.h")]
+HEADERS = [KERNELS_DIR / name for name in ("kernel_common.h", "prefill_attention.h", "gemm_avx2.h")]
 KERNEL_DTYPES = (torch.float32, torch.bfloat16)  # the dtypes the kernels serve
 
 

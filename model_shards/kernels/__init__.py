@@ -9,7 +9,8 @@
   a prefix-cached start; argument checks, the portable kernel), ``prefill_attention_avx512.cpp``
   its vectorized kernel (AVX-512, vdpbf16ps in bf16), ``prefill_attention.h`` what they share;
 * ``sampling_ops.cpp``: the exponential-race draw of sampling (splitmix64-hashed uniforms);
-* ``gemm_avx512.cpp``: the float32 and bfloat16 GEMM over packed weight panels;
+* ``gemm.cpp``: the float32 and bfloat16 GEMM over packed weight panels (its AVX-512 tiles;
+  ``gemm_avx2.h`` the AVX2 + FMA ones for CPUs without AVX-512);
 * ``kernel_common.h``: what the others share (decode-attention operands, index checks,
   float32 <-> bfloat16 conversions, the exp polynomial); not needed by ``sampling_ops.cpp``.
 """

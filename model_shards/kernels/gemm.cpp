@@ -5,7 +5,8 @@
 // (leading dims of x are flattened into M rows, as F.linear does; y has x's dtype)
 //
 // W is packed into panels of kPanel = 48 output columns so that one step of k is three
-// consecutive zmm loads:
+// consecutive zmm loads (the AVX2 tiles of gemm_avx2.h, for CPUs without AVX-512, read the
+// same panels: gemm_isa says which tiles run):
 //   float32:  [P, K, 48],            element (p, k, j) = W[48p + j, k];
 //   bfloat16: [P, ceil(K / 2), 96],  element (p, h, 2j + e) = W[48p + j, 2h + e],
 // P = ceil(n / 48), zero-padded past n and K. A tile of up to 8 rows of x by one panel keeps
@@ -34,9 +35,12 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
+#include <string>
 #include <vector>
 
+#include "gemm_avx2.h"
 #include "kernel_common.h"
 
 namespace shardserve_cpu {
@@ -48,14 +52,42 @@ constexpr int64_t kRows = 8;    // rows of x per register tile
 // k values per packed step: 1 in float32, a pair in bfloat16.
 int64_t step_of(at::ScalarType dtype) { return dtype == at::kBFloat16 ? 2 : 1; }
 
-bool gemm_supported(at::ScalarType dtype) {
+// The tiles a dtype can run on: AVX-512 (bfloat16: with AVX512_BF16) where the build has it,
+// else AVX2 + FMA (gemm_avx2.h), else none (the cpu backend then packs for oneDNN).
+enum class Isa { kNone, kAvx2, kAvx512 };
+
+Isa widest_isa(at::ScalarType dtype) {
 #if defined(__AVX512F__)
-  if (dtype == at::kFloat) return true;
+  if (dtype == at::kFloat) return Isa::kAvx512;
 #endif
 #if defined(__AVX512BF16__) && defined(__AVX512BW__)
-  if (dtype == at::kBFloat16) return true;
+  if (dtype == at::kBFloat16) return Isa::kAvx512;
 #endif
-  return false;
+#if defined(__AVX2__) && defined(__FMA__)
+  if (dtype == at::kFloat || dtype == at::kBFloat16) return Isa::kAvx2;
+#endif
+  return Isa::kNone;
+}
+
+std::atomic<bool> g_avx2_only{false};  // gemm_isa(dtype, "avx2"): the AVX2 tiles even here
+
+Isa isa_for(at::ScalarType dtype) {
+  const Isa widest = widest_isa(dtype);
+  return widest == Isa::kAvx512 && g_avx2_only.load() ? Isa::kAvx2 : widest;
+}
+
+bool gemm_supported(at::ScalarType dtype) { return widest_isa(dtype) != Isa::kNone; }
+
+// The tiles gemm runs for `dtype` ("avx512", "avx2", "none"); `use` = "avx2" makes every dtype
+// run the AVX2 tiles where they are built (to compare both ISAs on one machine), "widest" undoes
+// it. The packed layout is the same for both, so packed weights stay valid.
+std::string gemm_isa(at::ScalarType dtype, std::optional<c10::string_view> use) {
+  if (use.has_value()) {
+    TORCH_CHECK(*use == "avx2" || *use == "widest", "gemm_isa: use must be 'avx2' or 'widest'");
+    g_avx2_only.store(*use == "avx2");
+  }
+  const Isa isa = isa_for(dtype);
+  return isa == Isa::kAvx512 ? "avx512" : isa == Isa::kAvx2 ? "avx2" : "none";
 }
 
 // W [n, K] -> panels (layout in the header comment), `step` consecutive k per column.
@@ -191,6 +223,21 @@ void run_tiles(const at::Tensor& x, const at::Tensor& packed, int64_t n,
 }
 #endif
 
+#if defined(__AVX2__) && defined(__FMA__)
+void run_avx2(const at::Tensor& x, const at::Tensor& packed, int64_t n,
+              const std::optional<at::Tensor>& bias, at::Tensor& y) {
+  const int64_t M = x.size(0), K = x.size(1), ldx = x.stride(0), P = packed.size(0);
+  if (x.scalar_type() == at::kFloat) {
+    avx2::gemm_f32(x.data_ptr<float>(), ldx, M, packed.data_ptr<float>(), P, K, n,
+                   bias.has_value() ? bias->data_ptr<float>() : nullptr, y.data_ptr<float>());
+    return;
+  }
+  using BF = c10::BFloat16;
+  avx2::gemm_bf16(x.data_ptr<BF>(), ldx, M, packed.data_ptr<BF>(), P, packed.size(1), K, n,
+                  bias.has_value() ? bias->data_ptr<BF>() : nullptr, y.data_ptr<BF>());
+}
+#endif
+
 at::Tensor gemm(const at::Tensor& input, const at::Tensor& packed, int64_t n,
                 const std::optional<at::Tensor>& bias) {
   const at::ScalarType dtype = input.scalar_type();
@@ -211,11 +258,15 @@ at::Tensor gemm(const at::Tensor& input, const at::Tensor& packed, int64_t n,
   out_sizes.back() = n;
   at::Tensor y = at::empty(out_sizes, x.options());
   if (x.size(0) == 0 || n == 0) return y;
+  const Isa isa = isa_for(dtype);
 #if defined(__AVX512F__)
-  if (dtype == at::kFloat) run_tiles<F32>(x, packed, n, bias, y);
+  if (isa == Isa::kAvx512 && dtype == at::kFloat) run_tiles<F32>(x, packed, n, bias, y);
 #endif
 #if defined(__AVX512BF16__) && defined(__AVX512BW__)
-  if (dtype == at::kBFloat16) run_tiles<BF16>(x, packed, n, bias, y);
+  if (isa == Isa::kAvx512 && dtype == at::kBFloat16) run_tiles<BF16>(x, packed, n, bias, y);
+#endif
+#if defined(__AVX2__) && defined(__FMA__)
+  if (isa == Isa::kAvx2) run_avx2(x, packed, n, bias, y);
 #endif
   return y;
 }
@@ -225,6 +276,7 @@ at::Tensor gemm(const at::Tensor& input, const at::Tensor& packed, int64_t n,
 
 TORCH_LIBRARY_FRAGMENT(shardserve_cpu, m) {
   m.def("gemm_vectorized(ScalarType dtype) -> bool", &shardserve_cpu::gemm_supported);
+  m.def("gemm_isa(ScalarType dtype, str? use=None) -> str", &shardserve_cpu::gemm_isa);
   m.def("pack_gemm(Tensor weight) -> Tensor");
   m.def("gemm(Tensor input, Tensor packed, int n, Tensor? bias=None) -> Tensor");
 }
