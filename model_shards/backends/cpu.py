@@ -121,7 +121,7 @@ class CpuBackend(ReferenceBackend):
         """Our GEMM's panels where it is the faster one: its AVX-512 tiles, or its AVX2 tiles
         in bfloat16 (oneDNN has no bfloat16 GEMM without AVX-512 BW or AVX-NE-CONVERT, and
         F.linear runs 3-7x slower); in float32 on AVX2 oneDNN's (measured ~15% faster than
-        our AVX2 tiles on the bench model's layers, LM head included: ``kernels/gemm.cpp``)."""
+        our AVX2 tiles on the bench model's layers, LM head included: ``kernels/gemm_avx2.h``)."""
         weight = weight.detach()
         isa = str(self._ops.gemm_isa(weight.dtype))
         onednn = _onednn_available()

@@ -20,8 +20,9 @@ of ``cpu_ops.cpp`` and ``decode_attention.cpp`` do that work in one pass each:
 * ``argmax(x)``: the row argmax of greedy sampling.
 
 ``sampling_ops.cpp`` holds ``exponential_race(probs, seeds)``, the random draw of
-sampling (one per row), and ``gemm.cpp`` (with ``gemm_avx2.h``) the float32 and bfloat16 GEMM of the
-linear layers (``pack_gemm``, ``gemm``; see :mod:`model_shards.backends.cpu`).
+sampling (one per row), and ``gemm.cpp`` (with ``gemm_avx2.h``) the float32 and bfloat16
+GEMM of the linear layers (``pack_gemm``, ``gemm``, ``gemm_isa``; see
+:mod:`model_shards.backends.cpu`).
 
 They round like the reference backend (:mod:`model_shards.backends.reference`) and
 compute each row on its own, so outputs do not depend on batch composition.

@@ -46,7 +46,7 @@
 namespace shardserve_cpu {
 namespace {
 
-constexpr int64_t kPanel = 48;  // output columns per packed panel: three zmm registers of sums
+constexpr int64_t kPanel = kGemmPanel;  // 48 output columns per panel: three zmm of sums
 constexpr int64_t kRows = 8;    // rows of x per register tile
 
 // k values per packed step: 1 in float32, a pair in bfloat16.

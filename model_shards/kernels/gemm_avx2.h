@@ -19,6 +19,12 @@
 // to nearest even once. Either way a row's result depends only on that row (batch invariance).
 #pragma once
 
+#include <cstdint>
+
+namespace shardserve_cpu {
+constexpr int64_t kGemmPanel = 48;  // output columns per packed panel (gemm.cpp's layout)
+}  // namespace shardserve_cpu
+
 #if defined(__AVX2__) && defined(__FMA__)
 #include <ATen/Parallel.h>
 #include <immintrin.h>
@@ -29,6 +35,8 @@
 #include "kernel_common.h"
 
 namespace shardserve_cpu::avx2 {
+
+constexpr int64_t kPanel = kGemmPanel;
 
 // The sums of one row of a tile, V ymm registers (8 V columns), and the step that adds
 // x[k] * W[k, 0:8V) to them. Named registers, not an array: GCC keeps an array of ymm sums on
@@ -59,7 +67,7 @@ struct Row {
 
 constexpr int64_t kMaxRows = 6;
 
-// out[i * ld + c] (+)= sum_{k0 <= k < k1} x[i * ldx + k] * w[k * 48 + c] for i < R, c < 8 V
+// out[i * ld + c] (+)= sum_{k0 <= k < k1} x[i * ldx + k] * w[k * kPanel + c] for i < R, c < 8 V
 // (ld = 8 V): added to what out holds when go_on, else from zero. R V sums (12 in the two
 // shapes used), V loads of W and R broadcasts of x per k.
 template <int V, int64_t R>
@@ -70,7 +78,7 @@ void tile(const float* __restrict x, int64_t ldx, const float* __restrict w, int
       r3(out + 3 * ld, go_on && R > 3), r4(out + 4 * ld, go_on && R > 4),
       r5(out + 5 * ld, go_on && R > 5);
   for (int64_t k = k0; k < k1; ++k) {
-    const float* wk = w + k * 48;
+    const float* wk = w + k * kPanel;
     const __m256 w0 = _mm256_loadu_ps(wk), w1 = _mm256_loadu_ps(wk + 8),
                  w2 = V > 2 ? _mm256_loadu_ps(wk + 16) : w1;
     r0.add(x + k, w0, w1, w2);
@@ -90,16 +98,18 @@ void tile(const float* __restrict x, int64_t ldx, const float* __restrict w, int
 
 using TileFn = void (*)(const float*, int64_t, const float*, int64_t, int64_t, bool, float*);
 
-// A tile shape: rows of x, columns of W, and the tile of each row count up to `rows`.
+// A tile shape: rows of x, columns of W, the k of one block (0: all of K at once), and the
+// tile of each row count up to `rows`.
 struct Shape {
-  int64_t rows, cols;
+  int64_t rows, cols, k_block;
   TileFn tiles[kMaxRows + 1];
 };
 // Decode-sized batches (M <= 8): 4 x 24, three loads of W per four rows, no pass over k
-// blocks. Larger ones: 6 x 16, two loads of W per six rows, k in blocks that stay in L1.
-constexpr Shape kNarrow = {4, 24, {nullptr, tile<3, 1>, tile<3, 2>, tile<3, 3>, tile<3, 4>}};
+// blocks. Larger ones: 6 x 16, two loads of W per six rows, k in blocks of 128 whose W
+// (12 KB) stays in L1 while every row tile takes the block in turn.
+constexpr Shape kNarrow = {4, 24, 0, {nullptr, tile<3, 1>, tile<3, 2>, tile<3, 3>, tile<3, 4>}};
 constexpr Shape kTall = {
-    6, 16, {nullptr, tile<2, 1>, tile<2, 2>, tile<2, 3>, tile<2, 4>, tile<2, 5>, tile<2, 6>}};
+    6, 16, 128, {nullptr, tile<2, 1>, tile<2, 2>, tile<2, 3>, tile<2, 4>, tile<2, 5>, tile<2, 6>}};
 
 // y[m, col0 + c] = T(sums[m, c] + bias[col0 + c]) for the rows and columns of one tile.
 template <typename T>
@@ -112,20 +122,17 @@ void store_tile(const float* sums, int64_t rows, int64_t cols, int64_t ld, const
     }
 }
 
-// One 48-column panel (`w`: float32, k rows 48 apart, K of them) times the M rows of x
-// (float32, rows ldx apart) into y's columns col0 … col0 + cols. With more than one row tile
-// k runs in blocks of kBlock, every row tile taking a block in turn, so that the block of W
-// stays in L1. Whatever the shape or the blocks, each sum adds its k in order from zero, so
-// the numbers do not depend on M.
-constexpr int64_t kBlock = 128;
-
+// One panel (`w`: float32, k rows kPanel apart, K of them) times the M rows of x (float32,
+// rows ldx apart) into y's columns col0 … col0 + cols, in the shape M asks for. Whatever the
+// shape or its blocks of k, each sum adds its k in order from zero, so the numbers do not
+// depend on M.
 template <typename T>
 void panel_times_rows(const float* x, int64_t ldx, int64_t M, const float* w, int64_t K,
                       const T* bias, int64_t col0, int64_t cols, T* y, int64_t n) {
   const Shape& shape = M <= 8 ? kNarrow : kTall;
   thread_local std::vector<float> sums;
   sums.resize(((M + shape.rows - 1) / shape.rows) * shape.rows * shape.cols);
-  const int64_t block = M > 8 ? kBlock : std::max<int64_t>(K, 1);
+  const int64_t block = shape.k_block > 0 ? shape.k_block : std::max<int64_t>(K, 1);
   for (int64_t c0 = 0; c0 < cols; c0 += shape.cols) {
     const int64_t width = std::min(shape.cols, cols - c0);
     for (int64_t k0 = 0; k0 < K || k0 == 0; k0 += block)
@@ -143,27 +150,27 @@ inline void gemm_f32(const float* x, int64_t ldx, int64_t M, const float* packed
                      int64_t K, int64_t n, const float* bias, float* y) {
   at::parallel_for(0, P, 1, [&](int64_t begin, int64_t end) {
     for (int64_t p = begin; p < end; ++p) {
-      const int64_t col0 = p * 48, cols = std::min<int64_t>(48, n - col0);
-      panel_times_rows(x, ldx, M, packed + p * K * 48, K, bias, col0, cols, y, n);
+      const int64_t col0 = p * kPanel, cols = std::min(kPanel, n - col0);
+      panel_times_rows(x, ldx, M, packed + p * K * kPanel, K, bias, col0, cols, y, n);
     }
   });
 }
 
-// A bfloat16 panel [steps, 96] (pairs) → float32 [2 steps, 48], each pair's k swapped:
+// A bfloat16 panel [steps, 2 kPanel] (pairs) → float32 [2 steps, kPanel], each pair's k swapped:
 // row 2s holds k = 2s + 1 (the high half of each 32-bit pair), row 2s + 1 holds k = 2s.
 inline void widen_panel(const c10::BFloat16* panel, int64_t steps, float* out) {
   const __m256i high = _mm256_set1_epi32(static_cast<int32_t>(0xFFFF0000u));
   for (int64_t s = 0; s < steps; ++s)
-    for (int64_t j = 0; j < 48; j += 8) {
+    for (int64_t j = 0; j < kPanel; j += 8) {
       const __m256i v =
-          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(panel + s * 96 + 2 * j));
-      _mm256_storeu_ps(out + (2 * s) * 48 + j, _mm256_castsi256_ps(_mm256_and_si256(v, high)));
-      _mm256_storeu_ps(out + (2 * s + 1) * 48 + j,
-                       _mm256_castsi256_ps(_mm256_slli_epi32(v, 16)));
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(panel + (s * kPanel + j) * 2));
+      float* pair = out + 2 * s * kPanel + j;  // row 2s (k = 2s + 1), then row 2s + 1 (k = 2s)
+      _mm256_storeu_ps(pair, _mm256_castsi256_ps(_mm256_and_si256(v, high)));
+      _mm256_storeu_ps(pair + kPanel, _mm256_castsi256_ps(_mm256_slli_epi32(v, 16)));
     }
 }
 
-// bfloat16: x [M, K], packed [P, steps, 96] → y [M, n] (see the header comment).
+// bfloat16: x [M, K], packed [P, steps, 2 kPanel] → y [M, n] (see the header comment).
 inline void gemm_bf16(const c10::BFloat16* x, int64_t ldx, int64_t M,
                       const c10::BFloat16* packed, int64_t P, int64_t steps, int64_t K,
                       int64_t n, const c10::BFloat16* bias, c10::BFloat16* y) {
@@ -173,12 +180,11 @@ inline void gemm_bf16(const c10::BFloat16* x, int64_t ldx, int64_t M,
     for (int64_t k = 0; k < K; ++k) wide_x[m * K2 + (k ^ 1)] = to_f(x[m * ldx + k]);
   at::parallel_for(0, P, 1, [&](int64_t begin, int64_t end) {
     thread_local std::vector<float> wide_w;
-    wide_w.resize(K2 * 48);
+    wide_w.resize(K2 * kPanel);
     for (int64_t p = begin; p < end; ++p) {
-      const int64_t col0 = p * 48;
-      widen_panel(packed + p * steps * 96, steps, wide_w.data());
-      panel_times_rows(wide_x.data(), K2, M, wide_w.data(), K2, bias, col0,
-                       std::min<int64_t>(48, n - col0), y, n);
+      const int64_t col0 = p * kPanel, cols = std::min(kPanel, n - col0);
+      widen_panel(packed + p * steps * 2 * kPanel, steps, wide_w.data());
+      panel_times_rows(wide_x.data(), K2, M, wide_w.data(), K2, bias, col0, cols, y, n);
     }
   });
 }
