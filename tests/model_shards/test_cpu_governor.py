@@ -9,6 +9,8 @@ from model_shards.cpu_governor import (
     CpuTimes,
     Sample,
     ThreadGovernor,
+    ThreadPlacement,
+    current_cpu,
     family_pids,
     read_cpu_times,
     read_family_cpu_s,
@@ -152,3 +154,60 @@ def test_governor_samples_once_a_period() -> None:
     for _ in range(10):  # ten steps within one period: no sample, no change
         g.wrap(lambda: m.advance(1.5, 0.0, 0.5, 0.01))()
     assert m.set_to == [] and m.now < 0.5
+
+
+def test_current_cpu_is_field_39_of_the_thread_stat(tmp_path: Path) -> None:
+    stat = tmp_path / "stat"
+    rest = " ".join(["0"] * 35)  # fields 4..38
+    stat.write_text(f"4321 (a (tricky) name) R {rest} 7 0 0\n")
+    assert current_cpu(stat) == 7
+    assert current_cpu(tmp_path / "gone") is None
+    assert current_cpu() in os.sched_getaffinity(0)  # this machine's own
+
+
+class FakeThread:
+    """Records thread counts and affinity masks in the order they were set."""
+
+    def __init__(self, cpu: int | None) -> None:
+        self.cpu = cpu
+        self.calls: list[tuple[str, object]] = []
+
+    def placement(self, cpus: set[int]) -> ThreadPlacement:
+        return ThreadPlacement(
+            lambda n: self.calls.append(("count", n)),
+            cpus,
+            set_affinity=lambda pid, mask: self.calls.append(("mask", sorted(mask))),
+            where=lambda: self.cpu,
+        )
+
+
+def test_a_lone_thread_is_bound_where_it_runs_and_freed_before_threads_return() -> None:
+    t = FakeThread(cpu=3)
+    place = t.placement({2, 3})
+    place(1)
+    assert t.calls == [("count", 1), ("mask", [3])] and place.pinned == 3
+    t.calls.clear()
+    place(2)  # the whole mask first: threads OpenMP starts now must not inherit CPU 3 alone
+    assert t.calls == [("mask", [2, 3]), ("count", 2)] and place.pinned is None
+    t.calls.clear()
+    place(2)  # nothing bound: only the count
+    assert t.calls == [("count", 2)]
+
+
+def test_no_binding_off_the_mask_unknown_or_with_one_cpu() -> None:
+    for cpu, cpus in ((5, {0, 1}), (None, {0, 1}), (0, {0})):
+        t = FakeThread(cpu)
+        place = t.placement(cpus)
+        place(1)
+        assert t.calls == [("count", 1)] and place.pinned is None
+
+
+def test_a_refused_mask_leaves_the_thread_as_it_was() -> None:
+    counts: list[int] = []
+
+    def refuse(pid: int, mask: set[int]) -> None:
+        raise OSError(22, "Invalid argument")
+
+    place = ThreadPlacement(counts.append, {0, 1}, set_affinity=refuse, where=lambda: 1)
+    place(1)
+    assert counts == [1] and place.pinned is None
