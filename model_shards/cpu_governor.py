@@ -41,7 +41,8 @@ unbound when threads come back (left free, the scheduler can move it between the
 shares with the busy processes, and a move costs it its caches; vLLM's CPU worker binds its
 one thread too). With two busy-loop neighbours on the bench's 2-core machine, binding
 measured 106 against 91 output tok/s at concurrency 8 and 129 against 124 at 32 (AMD Zen 4:
-two interleaved A/Bs of two runs each, the medians of the four; +14% and +4% on Zen 3).
+two interleaved A/Bs of two runs each, the medians of the four; +14% and +4% on Zen 3;
+``python -m benchmarks.contention_ab``). ``SHARDSERVE_BIND_THREAD=0`` leaves it unbound.
 
 On by default for a CPU rank with more than one thread; ``SHARDSERVE_THREAD_GOVERNOR=0``
 (also ``false``/``off``/``no``) switches it off, and an explicit
@@ -61,6 +62,7 @@ from typing import Any, TypeVar
 log = logging.getLogger(__name__)
 
 ENV_VAR = "SHARDSERVE_THREAD_GOVERNOR"
+BIND_ENV_VAR = "SHARDSERVE_BIND_THREAD"
 PERIOD_S = 0.5
 DOWN_OTHER_CORES = 0.5
 UP_OTHER_CORES = 0.35
@@ -74,10 +76,10 @@ _IDLE_FIELDS = (4, 5)  # idle iowait
 R = TypeVar("R")
 
 
-def switched_off(environ: Mapping[str, str] = os.environ) -> bool:
-    """Whether ``SHARDSERVE_THREAD_GOVERNOR`` switches the governor off (``0``/``false``/
-    ``off``/``no``); on otherwise."""
-    return environ.get(ENV_VAR, "").strip().lower() in ("0", "false", "off", "no")
+def switched_off(environ: Mapping[str, str] = os.environ, variable: str = ENV_VAR) -> bool:
+    """Whether ``variable`` (``SHARDSERVE_THREAD_GOVERNOR``, or ``SHARDSERVE_BIND_THREAD`` for
+    the binding) switches its feature off (``0``/``false``/``off``/``no``); on otherwise."""
+    return environ.get(variable, "").strip().lower() in ("0", "false", "off", "no")
 
 
 @dataclass(frozen=True)
@@ -293,8 +295,9 @@ def govern_threads(worker: Any, threads: int, device_type: str) -> ThreadGoverno
         return None
     import torch
 
+    bind = not switched_off(variable=BIND_ENV_VAR)
     placement = ThreadPlacement(torch.set_num_threads, os.sched_getaffinity(0))
-    governor = ThreadGovernor(threads, placement)
+    governor = ThreadGovernor(threads, placement if bind else torch.set_num_threads)
     worker.execute = governor.wrap(worker.execute)
     log.info(
         "CPU threads: %d, fewer while other work takes the cores (%s=0: fixed)", threads, ENV_VAR

@@ -202,6 +202,12 @@ def test_no_binding_off_the_mask_unknown_or_with_one_cpu() -> None:
         assert t.calls == [("count", 1)] and place.pinned is None
 
 
+def test_the_binding_has_its_own_switch() -> None:
+    assert switched_off({"SHARDSERVE_BIND_THREAD": "off"}, "SHARDSERVE_BIND_THREAD")
+    assert not switched_off({"SHARDSERVE_BIND_THREAD": "off"})  # the governor stays on
+    assert not switched_off({}, "SHARDSERVE_BIND_THREAD")
+
+
 def test_a_refused_mask_leaves_the_thread_as_it_was() -> None:
     counts: list[int] = []
 
