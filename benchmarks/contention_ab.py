@@ -21,7 +21,6 @@ import contextlib
 import os
 import statistics
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 from tokenizers import Tokenizer
@@ -30,6 +29,7 @@ from benchmarks import contention, http_load, quiesce, servers
 from benchmarks.model import ensure_model
 from benchmarks.prompts import exact_prompts, write_dataset
 from model_shards.cpu_governor import read_family_cpu_s
+from model_shards.launch import environment_with
 
 LOGS = Path(__file__).resolve().parent / ".cache" / "logs"
 Target = tuple[str, str, str, int]  # name, url, model field of requests, root pid
@@ -46,28 +46,13 @@ def parse_variant(text: str) -> tuple[str, dict[str, str]]:
     return name, dict(pairs)
 
 
-@contextlib.contextmanager
-def environment(settings: dict[str, str]) -> Iterator[None]:
-    """``os.environ`` plus ``settings`` while a server starts (it copies them), then as it was."""
-    saved = {k: os.environ.get(k) for k in settings}
-    os.environ.update(settings)
-    try:
-        yield
-    finally:
-        for key, old in saved.items():
-            if old is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = old
-
-
 def start(
     stack: contextlib.ExitStack, model: Path, variants: list[tuple[str, dict[str, str]]], vllm: bool
 ) -> list[Target]:
     """Every server up (the newest pid :func:`servers.running` holds is the one just started)."""
     targets: list[Target] = []
     for name, settings in variants:
-        with environment(settings):
+        with environment_with(settings):
             command = servers.ours_command(model, contention.DTYPE, [])
             url = stack.enter_context(servers.running(command, LOGS / f"ab-{name}.log"))
         targets.append((name, url, "", max(servers.running_pids())))

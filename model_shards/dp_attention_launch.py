@@ -29,7 +29,7 @@ from multiprocessing.process import BaseProcess
 
 from model_shards.config import ModelConfig, ReplicaConfig, load_model_config
 from model_shards.cpu_budget import detect_budget, plan_threads
-from model_shards.launch import ReplicaHandle, _environment, free_port, rank_environment
+from model_shards.launch import ReplicaHandle, environment_with, free_port, rank_environment
 
 FLAG = "--dp-attention"
 
@@ -100,7 +100,7 @@ class DpAttentionWorld:
         port = free_port()
         tmpdir = tempfile.mkdtemp(prefix="shardserve-dpa-")
         handles: list[DpAttentionHandle] = []
-        with _environment({**rank_environment(os.environ), **self.environment}):
+        with environment_with({**rank_environment(os.environ), **self.environment}):
             for rank in range(self.dp):
                 address = f"ipc://{tmpdir}/engine{rank}"
                 p: BaseProcess = ctx.Process(

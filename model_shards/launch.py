@@ -236,7 +236,7 @@ def start_replica(
     visible = ",".join(map(str, gpus)) if gpus is not None else None
     procs: list[BaseProcess] = []
     extra = dict(environment or {})
-    with _environment({**rank_environment(os.environ), **extra}):
+    with environment_with({**rank_environment(os.environ), **extra}):
         for rank in range(config.world_size):
             p = ctx.Process(
                 target=run_rank,
@@ -262,7 +262,7 @@ def rank_environment(environ: Mapping[str, str]) -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def _environment(extra: Mapping[str, str]) -> Iterator[None]:
+def environment_with(extra: Mapping[str, str]) -> Iterator[None]:
     """``os.environ`` plus ``extra`` while spawning (a child copies it), then as it was."""
     saved = {name: os.environ.get(name) for name in extra}
     os.environ.update(extra)

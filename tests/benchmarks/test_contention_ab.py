@@ -7,7 +7,8 @@ import os
 
 import pytest
 
-from benchmarks.contention_ab import environment, parse_variant
+from benchmarks.contention_ab import parse_variant
+from model_shards.launch import environment_with
 
 
 def test_variants_name_their_environment() -> None:
@@ -24,6 +25,6 @@ def test_variants_name_their_environment() -> None:
 def test_the_environment_is_restored(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AB_KEPT", "old")
     monkeypatch.delenv("AB_NEW", raising=False)
-    with environment({"AB_KEPT": "new", "AB_NEW": "1"}):
+    with environment_with({"AB_KEPT": "new", "AB_NEW": "1"}):
         assert os.environ["AB_KEPT"] == "new" and os.environ["AB_NEW"] == "1"
     assert os.environ["AB_KEPT"] == "old" and "AB_NEW" not in os.environ
