@@ -39,7 +39,7 @@ def test_rank_environment_keeps_the_users_tunables(monkeypatch: pytest.MonkeyPat
     assert launch.rank_environment({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"}) == {}
     monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
     monkeypatch.setenv("SHARDSERVE_TEST_VAR", "before")
-    with launch._environment({"GLIBC_TUNABLES": "x", "SHARDSERVE_TEST_VAR": "during"}):
+    with launch.environment_with({"GLIBC_TUNABLES": "x", "SHARDSERVE_TEST_VAR": "during"}):
         assert os.environ["GLIBC_TUNABLES"] == "x"
         assert os.environ["SHARDSERVE_TEST_VAR"] == "during"
     assert "GLIBC_TUNABLES" not in os.environ  # set only while spawning
