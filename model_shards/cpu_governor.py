@@ -125,6 +125,12 @@ def family_pids(root: int, proc: Path = Path("/proc")) -> list[int]:
     return found
 
 
+def _stat_fields(stat: str) -> list[str]:
+    """A ``/proc/PID/stat`` line's fields after ``pid (comm) `` (a comm may hold spaces and
+    parentheses): field N of proc(5) is element N - 3."""
+    return stat[stat.rindex(")") + 2 :].split()
+
+
 def read_family_cpu_s(root: int, proc: Path = Path("/proc")) -> float:
     """CPU seconds (user + system) used so far by ``root`` and its living descendants."""
     total = 0
@@ -133,7 +139,7 @@ def read_family_cpu_s(root: int, proc: Path = Path("/proc")) -> float:
             stat = (proc / str(pid) / "stat").read_text()
         except OSError:
             continue
-        fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) "
+        fields = _stat_fields(stat)
         total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15)
     return total / _TICKS
 
@@ -245,7 +251,7 @@ def current_cpu(stat: Path = Path("/proc/thread-self/stat")) -> int | None:
         text = stat.read_text()
     except OSError:
         return None
-    fields = text[text.rindex(")") + 2 :].split()  # after "tid (comm) ": field 3 is fields[0]
+    fields = _stat_fields(text)
     return int(fields[36]) if len(fields) > 36 else None
 
 
@@ -295,9 +301,10 @@ def govern_threads(worker: Any, threads: int, device_type: str) -> ThreadGoverno
         return None
     import torch
 
-    bind = not switched_off(variable=BIND_ENV_VAR)
-    placement = ThreadPlacement(torch.set_num_threads, os.sched_getaffinity(0))
-    governor = ThreadGovernor(threads, placement if bind else torch.set_num_threads)
+    set_threads: Callable[[int], None] = torch.set_num_threads
+    if not switched_off(variable=BIND_ENV_VAR):
+        set_threads = ThreadPlacement(torch.set_num_threads, os.sched_getaffinity(0))
+    governor = ThreadGovernor(threads, set_threads)
     worker.execute = governor.wrap(worker.execute)
     log.info(
         "CPU threads: %d, fewer while other work takes the cores (%s=0: fixed)", threads, ENV_VAR
