@@ -20,16 +20,14 @@ minutes of the machine::
 
 from __future__ import annotations
 
-import argparse
 import os
 
 import torch
 
 from benchmarks.model import SHAPES
-from benchmarks.prefill_attention import BLOCK_SIZE, REPEATS, THREADS, loop_seconds
+from benchmarks.prefill_attention import BLOCK_SIZE, REPEATS, kernel_bench_args, loop_seconds
 from model_shards.backends.base import DecodeMeta, KVPool
 from model_shards.backends.cpu import CpuBackend
-from model_shards.backends.cpu_build import build_and_load
 from model_shards.backends.reference import ReferenceBackend
 
 BATCH = 32
@@ -42,12 +40,11 @@ def pools_and_meta(ctx: int, dtype: torch.dtype) -> tuple[torch.Tensor, list[KVP
     s, g = SHAPES["main"], torch.Generator().manual_seed(0)
     per_seq = -(-ctx // BLOCK_SIZE)
     blocks = BATCH * per_seq * 2  # half the pool in use, as a running server's might be
+    shape = (blocks * BLOCK_SIZE, s.kv_heads, s.head_dim)
     pools = [
         KVPool(
-            *(
-                torch.randn(blocks * BLOCK_SIZE, s.kv_heads, s.head_dim, generator=g).to(dtype)
-                for _ in range(2)
-            ),
+            torch.randn(shape, generator=g).to(dtype),
+            torch.randn(shape, generator=g).to(dtype),
             BLOCK_SIZE,
         )
         for _ in range(LAYERS)
@@ -89,14 +86,7 @@ def compare(ctx: int, dtype: torch.dtype) -> dict[str, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--contexts", default=",".join(map(str, CONTEXTS)))
-    parser.add_argument("--dtypes", default="float32,bfloat16")
-    parser.add_argument("--threads", type=int, default=THREADS)
-    args = parser.parse_args()
-    if not build_and_load():
-        raise SystemExit("the CPU kernels did not build: nothing to compare")
-    torch.set_num_threads(args.threads)
+    args = kernel_bench_args(__doc__ or "", "--contexts", CONTEXTS)
     s = SHAPES["main"]
     print(
         f"bench model: {s.heads} heads / {s.kv_heads} kv heads of {s.head_dim}, {BATCH} "

@@ -81,15 +81,22 @@ def compare(length: int, dtype: torch.dtype) -> tuple[float, float]:
     return best["reference"], best["cpu"]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--lengths", default=",".join(map(str, LENGTHS)))
+def kernel_bench_args(doc: str, sizes_flag: str, sizes: tuple[int, ...]) -> argparse.Namespace:
+    """The flags of an attention-kernel benchmark (``sizes_flag``, ``--dtypes``,
+    ``--threads``), parsed, with the kernels built and the thread count set."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    parser.add_argument(sizes_flag, default=",".join(map(str, sizes)))
     parser.add_argument("--dtypes", default="float32,bfloat16")
     parser.add_argument("--threads", type=int, default=THREADS)
     args = parser.parse_args()
     if not build_and_load():
         raise SystemExit("the CPU kernels did not build: nothing to compare")
     torch.set_num_threads(args.threads)
+    return args
+
+
+def main() -> None:
+    args = kernel_bench_args(__doc__ or "", "--lengths", LENGTHS)
     s = SHAPES["main"]
     print(
         f"bench model: {s.heads} heads / {s.kv_heads} kv heads of {s.head_dim}, block size "
