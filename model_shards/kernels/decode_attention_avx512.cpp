@@ -182,8 +182,7 @@ void run(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor& v_pool
       const int64_t* table = a.tables + b * a.max_blocks;
       const T* qb = a.q + b * a.q_stride;
       reset_online_softmax(acc, l, m);
-      // One chunk at a time (chunk_tokens); the next chunk's K and V are prefetched while
-      // this one runs.
+      // One chunk at a time (chunk_tokens), the next one's K and V prefetched meanwhile.
       for (int64_t t0 = window_first(len, window), n = 0; t0 < len; t0 += n) {
         n = chunk_tokens(len, t0, block_size);
         const int64_t first_slot = chunk_slot(table, t0, block_size);
