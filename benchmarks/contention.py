@@ -104,8 +104,8 @@ VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGING_LEVEL": "WARNING"}
 
 
 @contextlib.contextmanager
-def busy_neighbours(count: int) -> Iterator[None]:
-    """``count`` busy-loop processes (each its own session), killed on exit."""
+def busy_neighbours(count: int) -> Iterator[list[int]]:
+    """``count`` busy-loop processes (each its own session), killed on exit; yields their pids."""
     procs = [
         subprocess.Popen(
             [sys.executable, "-c", "while True: pass"],
@@ -116,7 +116,7 @@ def busy_neighbours(count: int) -> Iterator[None]:
     ]
     try:
         time.sleep(1.0 if count else 0.0)  # let the scheduler and our governor see them
-        yield
+        yield [p.pid for p in procs]
     finally:
         for p in procs:
             with contextlib.suppress(ProcessLookupError):

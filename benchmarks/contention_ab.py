@@ -28,7 +28,7 @@ from tokenizers import Tokenizer
 from benchmarks import contention, http_load, quiesce, servers
 from benchmarks.model import ensure_model
 from benchmarks.prompts import exact_prompts, write_dataset
-from model_shards.cpu_governor import read_family_cpu_s
+from model_shards.cpu_governor import read_cpu_s, read_family_cpu_s
 from model_shards.launch import environment_with
 
 LOGS = Path(__file__).resolve().parent / ".cache" / "logs"
@@ -89,7 +89,7 @@ def run_point(target: Target, prompts: Prompts, concurrency: int) -> float:
     name, url, model, pid = target
     quiesce.before_point([], f"{name} c={concurrency}")
     dataset, count = prompts.next(concurrency)
-    cpu_before = read_family_cpu_s(pid)
+    cpu_before, root_before = read_family_cpu_s(pid), read_cpu_s([pid])
     cap, timeout = contention.POINT_CAP_S, contention.REQUEST_TIMEOUT_S
     m = http_load.run_point(
         url,
@@ -102,11 +102,12 @@ def run_point(target: Target, prompts: Prompts, concurrency: int) -> float:
         duration_s=cap,
         timeout_s=timeout,
     )
-    cpu = read_family_cpu_s(pid) - cpu_before
+    cpu, root_cpu = read_family_cpu_s(pid) - cpu_before, read_cpu_s([pid]) - root_before
     tok_s = float(m["streamed_throughput"])
     per_token = 1000 * cpu / max(1, m["output_tokens"])
     print(
-        f"{name} c={concurrency}: {tok_s:.1f} tok/s, {cpu / m['duration_s']:.2f} cores, "
+        f"{name} c={concurrency}: {tok_s:.1f} tok/s, {cpu / m['duration_s']:.2f} cores "
+        f"({root_cpu / m['duration_s']:.2f} in the root process), "
         f"{per_token:.2f} CPU ms/token, TTFT p50 {m['ttft_ms']['p50']} ms",
         flush=True,
     )

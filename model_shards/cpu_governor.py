@@ -133,8 +133,13 @@ def _stat_fields(stat: str) -> list[str]:
 
 def read_family_cpu_s(root: int, proc: Path = Path("/proc")) -> float:
     """CPU seconds (user + system) used so far by ``root`` and its living descendants."""
+    return read_cpu_s(family_pids(root, proc), proc)
+
+
+def read_cpu_s(pids: Iterable[int], proc: Path = Path("/proc")) -> float:
+    """CPU seconds (user + system) used so far by the living processes among ``pids``."""
     total = 0
-    for pid in family_pids(root, proc):
+    for pid in pids:
         try:
             stat = (proc / str(pid) / "stat").read_text()
         except OSError:
