@@ -17,8 +17,10 @@ with the waker alone or with the sibling alone gets its fair 0.67; with a 1 kHz 
 the sibling it gets ~1.0 core and a neighbour sharing CPU 0 drops to ~0.1-0.4. That is
 vLLM-CPU's shape (its worker and its 47 threads bound to CPU 0, gloo threads polling, the
 engine-core process on the other CPU), and what was measured of it beside two neighbours:
-the worker 0.99 cores, the neighbour on CPU 0 0.07. shardserve does not copy the shape on
-purpose: its extra share is taken from the neighbours, not earned by less work.
+the worker 0.99 cores, the neighbour on CPU 0 0.07. With autogroups off
+(``kernel.sched_autogroup_enabled=0``) the shape gets 0.73, like the others: it is the group
+scheduling of sessions that favours it. shardserve does not copy the shape on purpose: its
+extra share is taken from the neighbours, not earned by less work.
 """
 
 from __future__ import annotations
