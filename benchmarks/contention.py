@@ -119,9 +119,15 @@ def busy_neighbours(count: int) -> Iterator[list[int]]:
         yield [p.pid for p in procs]
     finally:
         for p in procs:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(p.pid, signal.SIGKILL)
-            p.wait(10)
+            kill_session(p)
+
+
+def kill_session(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL every process of ``proc``'s session (started with ``start_new_session``: its
+    process group is its pid), then reap ``proc``."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(10)
 
 
 @contextlib.contextmanager

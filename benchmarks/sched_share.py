@@ -26,16 +26,14 @@ extra share is taken from the neighbours, not earned by less work.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import NamedTuple
 
-from benchmarks.contention import busy_neighbours
+from benchmarks.contention import busy_neighbours, kill_session
 from model_shards.cpu_governor import read_cpu_s, read_family_cpu_s
 
 HERE = Path(__file__).resolve().parent
@@ -82,9 +80,7 @@ def measure(shape: Shape, neighbours: int, seconds: float) -> tuple[float, list[
             ours = read_family_cpu_s(probe.pid) - ours
             theirs = [read_cpu_s([p]) - t for p, t in zip(pids, theirs, strict=True)]
         finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(probe.pid, signal.SIGKILL)
-            probe.wait(10)
+            kill_session(probe)
     return ours / seconds, [t / seconds for t in theirs]
 
 
