@@ -101,7 +101,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--logs-dir", type=Path, help="default: <work dir>/logs")
     p.add_argument("--out", type=Path, help="report folder (default benchmarks/results)")
     p.add_argument("--timeout", type=float, default=470.0, help="global cap, seconds")
-    p.add_argument("--parity-cap", type=float, default=150.0, help="both pytest runs, s")
+    p.add_argument("--parity-cap", type=float, default=240.0, help="both pytest runs, s")
     p.add_argument("--peak-bw", type=float, help="B/s; default from the device name")
     return p.parse_args(argv)
 
