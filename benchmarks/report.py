@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from benchmarks import contention, moe_bench, structured, ttft
+from benchmarks import contention_table, moe_bench, structured, ttft
 from benchmarks.roofline import attainable_gflops
 
 BASELINE_LAYOUTS = {"shardserve": "tp1 pp1", "hf-serve": "tp1 pp1", "hf-generate": "batch"}
@@ -179,7 +179,7 @@ def render(result: dict[str, Any]) -> str:
             family_table(result),
             moe_bench.moe_table(result),
             structured.structured_table(result),
-            contention.contention_table(result),
+            contention_table.contention_table(result),
             roofline_text(result),
             "Notes:\n" + notes,
         ]
@@ -203,7 +203,7 @@ def write_readme(result: dict[str, Any], path: Path) -> None:
         "family_table": family_table(result),
         "moe_table": moe_bench.moe_table(result),
         "structured_table": structured.structured_table(result),
-        "contention_table": contention.contention_table(result),
+        "contention_table": contention_table.contention_table(result),
         "roofline": roofline_text(result),
         "notes": notes,
     }

@@ -111,12 +111,17 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
         proc.wait(10)
 
 
-_RUNNING: set[int] = set()  # pids of the servers `running` has up now
+_RUNNING: dict[int, str] = {}  # pid -> base URL ("" until up) of the servers `running` has up
 
 
 def running_pids() -> list[int]:
     """The pids of every server :func:`running` has started and not yet stopped."""
     return sorted(_RUNNING)
+
+
+def pid_serving(url: str) -> int:
+    """The pid of the server :func:`running` yielded ``url`` for (its process family's root)."""
+    return next(pid for pid, served in _RUNNING.items() if served == url)
 
 
 @contextlib.contextmanager
@@ -139,9 +144,10 @@ def running(
             stdin=subprocess.DEVNULL,
             start_new_session=True,
         )
-    _RUNNING.add(proc.pid)
+    _RUNNING[proc.pid] = ""
     try:
-        yield _wait_url(proc, log, url, START_TIMEOUT_S)
+        _RUNNING[proc.pid] = _wait_url(proc, log, url, START_TIMEOUT_S)
+        yield _RUNNING[proc.pid]
     finally:
-        _RUNNING.discard(proc.pid)
+        _RUNNING.pop(proc.pid, None)
         _stop(proc)

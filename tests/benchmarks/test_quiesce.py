@@ -39,8 +39,9 @@ def test_running_servers_are_registered_while_up(tmp_path: Path) -> None:
     (tmp_path / "v1" / "models").write_text("{}")  # GET /v1/models answers 200
     port = servers.free_port()
     command = [sys.executable, "-m", "http.server", str(port), "--directory", str(tmp_path)]
-    with servers.running(command, tmp_path / "log", f"http://127.0.0.1:{port}"):
+    with servers.running(command, tmp_path / "log", f"http://127.0.0.1:{port}") as url:
         (pid,) = servers.running_pids()
+        assert servers.pid_serving(url) == pid
         assert os.getpgid(pid) == pid  # its own session: stopping it reaches its children
         notes: list[str] = []
         quiesce.before_point(notes, "a point")  # an idle server: no wait worth a note
