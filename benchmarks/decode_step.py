@@ -1,14 +1,16 @@
 """Where a decode step's time goes: the bench model on one rank, the engine only (no HTTP).
 
 The throughput tables measure the whole server; this splits the engine's side of it. One
-rank (tp = pp = 1, ``THREADS`` threads, the backend ``shardserve serve`` picks) serves the
-bench model in this process. Each wave adds ``concurrency`` greedy requests at once (fresh
-``PROMPT_LEN``-token prompts, ``OUTPUT_LEN`` tokens each, EOS ignored), as the load tests'
-closed loop does at its start, and steps the coordinator until they are done; the first
-step (the prompts' prefill) is timed apart, then every phase of the decode steps is summed
-by wall clock (the engine's own methods, wrapped for the run)::
+rank (tp = pp = 1, ``--threads`` op threads, ``THREADS`` by default, the backend
+``shardserve serve`` picks) serves the bench model in this process. Each wave adds
+``concurrency`` greedy requests at once (fresh ``PROMPT_LEN``-token prompts, ``OUTPUT_LEN``
+tokens each, EOS ignored), as the load tests' closed loop does at its start, and steps the
+coordinator until they are done; the first step (the prompts' prefill) is timed apart, then
+every phase of the decode steps is summed by wall clock (the engine's own methods, wrapped
+for the run)::
 
-    python -m benchmarks.decode_step [--concurrency 8,32] [--dtype float32] [--waves 3]
+    python -m benchmarks.decode_step [--concurrency 8,32] [--dtype float32] [--waves 3] \\
+        [--threads 2]
 
 Printed per wave: its output tok/s, the prefill step, the median decode step, and per decode
 step the ms of scheduling, the plan broadcast, the batch metadata, the layers' forward, the
@@ -53,7 +55,7 @@ class PhaseClock:
         setattr(owner, attribute, timed)
 
 
-def build(dtype: str, clock: PhaseClock) -> Any:
+def build(dtype: str, clock: PhaseClock, threads: int = THREADS) -> Any:
     """A coordinator over one in-process rank, its phases wrapped into ``clock``."""
     import model_shards.coordinator as coordinator_module
     import model_shards.worker as worker_module
@@ -61,7 +63,7 @@ def build(dtype: str, clock: PhaseClock) -> Any:
     from model_shards.parallel.comm import Comm
     from model_shards.parallel.state import init_parallel
 
-    torch.set_num_threads(THREADS)
+    torch.set_num_threads(threads)
     model = str(ensure_model("main"))
     ps = init_parallel(
         0, 1, 1, master_addr="127.0.0.1", master_port=free_port(), device="cpu", timeout_s=60
@@ -115,9 +117,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", default="8,32")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--waves", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=THREADS, help="the rank's op threads")
     args = parser.parse_args(argv)
     clock = PhaseClock()
-    coord = build(args.dtype, clock)
+    coord = build(args.dtype, clock, args.threads)
     rng = random.Random(0)
     for c in [int(x) for x in args.concurrency.split(",")]:
         wave(coord, clock, c, rng, f"warm-{c}")
