@@ -20,7 +20,7 @@ ENV TORCH_INDEX=https://download.pytorch.org/whl/cu128
 
 FROM ${PYTHON_IMAGE} AS base-cpu
 ENV TORCH_INDEX=https://download.pytorch.org/whl/cpu
-# g++ builds the fused CPU kernels (model_shards/kernels) at first start, for the host's
+# g++ builds the fused CPU kernels (model_shards/backends/cpu/kernels) at first start, for the host's
 # own CPU; without it the ranks fall back to slower PyTorch ops. DL3008 (pin apt
 # versions) is ignored as above: the base image tag fixes the release.
 # hadolint ignore=DL3008

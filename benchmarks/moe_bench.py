@@ -76,7 +76,7 @@ def _write(path: Path, shape: MoEShape) -> None:
     import torch
     import transformers
 
-    from model_shards.default_model import BOS_TOKEN_ID, EOS_TOKEN_ID, write_tokenizer
+    from model_shards.launch.default_model import BOS_TOKEN_ID, EOS_TOKEN_ID, write_tokenizer
 
     config = transformers.MixtralConfig(
         hidden_size=shape.hidden,

@@ -23,8 +23,8 @@ import torch
 
 from benchmarks.model import SHAPES
 from model_shards.backends.base import Backend, KVPool, PrefillMeta
-from model_shards.backends.cpu import CpuBackend
-from model_shards.backends.cpu_build import build_and_load
+from model_shards.backends.cpu.backend import CpuBackend
+from model_shards.backends.cpu.build import build_and_load
 from model_shards.backends.reference import ReferenceBackend
 
 THREADS = 2

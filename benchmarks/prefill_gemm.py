@@ -63,8 +63,8 @@ def peak(dtype: torch.dtype) -> float:
 
 def measure(dtype: torch.dtype, rows: list[int]) -> list[tuple[str, int, float, float]]:
     """(shape, M, packed GFLOP/s, F.linear GFLOP/s) for every shape and M."""
-    from model_shards.backends.cpu import CpuBackend
-    from model_shards.backends.cpu_build import build_and_load
+    from model_shards.backends.cpu.backend import CpuBackend
+    from model_shards.backends.cpu.build import build_and_load
 
     if not build_and_load():
         raise RuntimeError("the cpu backend's kernels did not build on this machine")

@@ -57,12 +57,12 @@ def by_kind(prof: profile, steps: int) -> dict[str, float]:
 
 def run(dtype: str, prompt_len: int) -> tuple[dict[str, float], float]:
     """Per-kind ms per prefill step, and the profiled wall ms per step."""
-    from model_shards.config import ModelConfig, ReplicaConfig
-    from model_shards.coordinator import Coordinator
+    from model_shards.config.model import ModelConfig, ReplicaConfig
+    from model_shards.engine.coordinator import Coordinator
     from model_shards.messages import GenerateRequest
     from model_shards.parallel.comm import Comm
     from model_shards.parallel.state import init_parallel
-    from model_shards.worker import Worker
+    from model_shards.worker.decoder_worker import Worker
 
     torch.set_num_threads(THREADS)
     model = str(ensure_model("main"))

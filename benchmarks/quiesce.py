@@ -5,7 +5,7 @@ computing them: ``transformers serve`` measured here went on at two cores for 12
 eight cancelled requests. Whatever point runs next would then share the machine with that
 leftover work, an extra neighbour that none of its conditions names. :func:`wait_quiet`
 polls the CPU time of each server's process tree (the process and all its descendants,
-from ``/proc``: :func:`model_shards.cpu_governor.read_family_cpu_s`, what the thread
+from ``/proc``: :func:`model_shards.launch.cpu_governor.read_family_cpu_s`, what the thread
 governor reads of its own server) until the trees together used less than ``QUIET_CORES``
 over one window; :func:`before_point` does it for every server that
 :func:`benchmarks.servers.running` has up.
@@ -17,7 +17,7 @@ import time
 from collections.abc import Iterable
 
 from benchmarks import servers
-from model_shards.cpu_governor import read_family_cpu_s
+from model_shards.launch.cpu_governor import read_family_cpu_s
 
 QUIET_CORES = 0.15
 WINDOW_S = 1.0

@@ -59,7 +59,7 @@ def ensure_model(path: Path = MODEL_DIR) -> Path:
         Qwen2VLImageProcessorPil,
     )
 
-    from model_shards.default_model import build_tokenizer, tokenizer_config
+    from model_shards.launch.default_model import build_tokenizer, tokenizer_config
 
     tokenizer = build_tokenizer()
     tokenizer.add_special_tokens(

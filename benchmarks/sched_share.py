@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from benchmarks.contention import busy_neighbours, kill_session
-from model_shards.cpu_governor import read_cpu_s, read_family_cpu_s
+from model_shards.launch.cpu_governor import read_cpu_s, read_family_cpu_s
 
 HERE = Path(__file__).resolve().parent
 SOURCE = HERE / "sched_share_probe.c"

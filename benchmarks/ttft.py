@@ -1,6 +1,6 @@
 """Time to first token at concurrency 1, and where it goes, measured on the real path.
 
-Starts ``shardserve serve`` with ``SHARDSERVE_TTFT_TRACE`` set (:mod:`server.ttft_trace`:
+Starts ``shardserve serve`` with ``SHARDSERVE_TTFT_TRACE`` set (:mod:`server.http.ttft_trace`:
 the frontend and rank 0 stamp ``time.monotonic_ns()`` at each stage of a request), sends
 streamed completions one at a time (fresh 32-token prompts, so no prefix-cache hits,
 greedy, ``OUTPUT_LEN`` tokens) and stamps the client side too: the send and the first
@@ -9,7 +9,7 @@ one request give the duration of each stage, and the stages sum to the client's 
 Each stage's row is its median over the requests (medians do not add up exactly).
 
 Tracing is a measuring instrument that costs time itself: rank 0 hooks the modules of every
-layer of a traced step (:mod:`model_shards.layer_timer`), Python around each of them. So
+layer of a traced step (:mod:`model_shards.worker.layer_timer`), Python around each of them. So
 the headline TTFT comes from a second server of the same dtype with tracing off, as many
 requests (fresh prompts) measured at the client only; the traced requests' own median is
 the row the stages sum to.
@@ -46,7 +46,7 @@ if TYPE_CHECKING:
 PROMPT_LEN, OUTPUT_LEN = 32, 4
 REQUESTS, WARMUP = 20, 3
 LAYOUT = "ttft breakdown"
-TRACE_ENV = "SHARDSERVE_TTFT_TRACE"  # server.ttft_trace.TRACE_ENV (no server import here)
+TRACE_ENV = "SHARDSERVE_TTFT_TRACE"  # server.http.ttft_trace.TRACE_ENV (no server import here)
 
 #: The stamps in path order (``side:stage``) and the label of the stage ending at each.
 POINTS: tuple[tuple[str, str], ...] = (
@@ -73,7 +73,7 @@ POINTS: tuple[tuple[str, str], ...] = (
     ("client:first_byte", "socket to the client"),
 )
 
-#: ``model_shards.layer_timer`` kinds (engine stamps ``layer:<kind>``, durations in ns),
+#: ``model_shards.worker.layer_timer`` kinds (engine stamps ``layer:<kind>``, durations in ns),
 #: shown under "prefill compute (all layers)"; the blocks include their GEMMs and kernel.
 LAYER_KINDS = (
     "embedding",

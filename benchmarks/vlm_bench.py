@@ -60,7 +60,7 @@ def ensure_model(path: Path = MODEL_DIR) -> Path:
     import transformers
     from tokenizers import AddedToken
 
-    from model_shards.default_model import build_tokenizer, tokenizer_config
+    from model_shards.launch.default_model import build_tokenizer, tokenizer_config
 
     tokenizer = build_tokenizer()
     tokenizer.add_special_tokens([AddedToken(IMAGE_TOKEN, special=True, normalized=False)])

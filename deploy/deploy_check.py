@@ -91,7 +91,7 @@ CHAT_TEMPLATE = (
 def write_model(models: Path) -> Path:
     """The built-in model's checkpoint in ``models/default-model``, with a chat template
     (the built-in has none), readable by the image's user; its path inside the mount."""
-    from model_shards.default_model import write_default_model
+    from model_shards.launch.default_model import write_default_model
 
     target = models / "default-model"
     write_default_model(target)

@@ -75,7 +75,7 @@ class GrammarSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     ``json_schema``: ``spec`` is the schema as canonical JSON (sorted keys, compact);
     ``json_object``: any JSON object (``spec`` empty); ``regex``: a regular expression;
     ``ebnf``: an xgrammar EBNF grammar with a ``root`` rule. Rank 0 compiles it once per
-    distinct spec (:mod:`model_shards.structured`).
+    distinct spec (:mod:`model_shards.engine.structured`).
     """
 
     kind: GrammarKind
@@ -126,7 +126,7 @@ class GenerateRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # count as output (max_tokens, min_tokens, penalties); only new ones come back.
     resume_output_ids: list[int] = []
     grammar: GrammarSpec | None = None
-    # Opt-in TTFT tracing (server/ttft_trace.py): rank 0 returns its timestamps with the
+    # Opt-in TTFT tracing (server/http/ttft_trace.py): rank 0 returns its timestamps with the
     # request's first output (RequestOutput.trace).
     trace: bool = False
     media: list[MediaInput] = []
@@ -265,7 +265,7 @@ class SeqChunk(msgspec.Struct, frozen=True):
     ``sample`` says whether the last stage samples a token after the last one
     (false for a prefill chunk that does not reach the end of the prompt).
     ``window_block_ids``: the same for KV groups 1.. of a model with several
-    (:mod:`model_shards.kv_groups`), one list per group; empty otherwise.
+    (:mod:`model_shards.config.kv_layout`), one list per group; empty otherwise.
     """
 
     seq_id: int
@@ -300,7 +300,9 @@ class StepPlan(msgspec.Struct, frozen=True):
     encode: list[list[int]] = []  # encoder replicas: token ids of each input to embed
     shutdown: bool = False
     token_masks: list[TokenMask] = []  # grammar masks of this step's constrained sampled chunks
-    trace: bool = False  # a traced request runs: time the layer kinds (model_shards/layer_timer.py)
+    trace: bool = (
+        False  # a traced request runs: time the layer kinds (model_shards/worker/layer_timer.py)
+    )
 
 
 _frontend_encoder = msgspec.msgpack.Encoder()

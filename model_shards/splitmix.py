@@ -8,9 +8,9 @@ A splitmix64 stream seeded with ``s`` has the ``i``-th output (``i = 1, 2, ...``
   vectorises :data:`MIX_ROUNDS` over int64 tensors, ``kernels/sampling_ops.cpp`` and
   ``backends/triton_ops/sampling.py`` write the same constants in C++ and Triton);
 * the seed of position ``p`` of a request seeded ``s``: ``mix64(s × GOLDEN + p + 1)``
-  (:func:`model_shards.sampler.position_seed`);
+  (:func:`model_shards.worker.sampler.position_seed`);
 * the seed of sample ``j > 0`` of a request with ``n`` samples: ``splitmix64(s, j)``
-  (:func:`server.choices.sample_seed`).
+  (:func:`server.api.choices.sample_seed`).
 
 Pure Python without imports, so the frontend may use it.
 """

@@ -45,7 +45,7 @@ from transformers.models.qwen2.tokenization_qwen2 import (
     PRETOKENIZE_REGEX as QWEN2_PRETOKENIZE_REGEX,
 )
 
-from model_shards.default_model import (
+from model_shards.launch.default_model import (
     BOS_TOKEN_ID,
     EOS_TOKEN,
     EOS_TOKEN_ID,

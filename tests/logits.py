@@ -20,10 +20,10 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from model_shards.coordinator import Coordinator
+from model_shards.engine.coordinator import Coordinator
 from model_shards.messages import GenerateRequest, SamplingParams, SeqChunk
-from model_shards.sampler import SampleOutput, Sampler
-from model_shards.worker import Worker
+from model_shards.worker.decoder_worker import Worker
+from model_shards.worker.sampler import SampleOutput, Sampler
 
 
 class RecordingSampler(Sampler):

@@ -18,9 +18,9 @@ import schemathesis
 import uvicorn
 from hypothesis import HealthCheck, given, settings
 
-from server.app import build_app
-from server.engine_client import EngineClient
-from server.tokenizer import Tokenizer
+from server.engine.client import EngineClient
+from server.http.app import build_app
+from server.text.tokenizer import Tokenizer
 from tests.server.conftest import EOS_ID, free_socket, write_tiny_tokenizer
 from tests.server.fake_engine import FakeEngine
 from tests.waiting import async_wait_until

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from model_shards.launch import free_port
+from model_shards.launch.replicas import free_port
 from model_shards.parallel.state import ParallelState
 
 # ``make gpu-check`` runs the multi-rank tests on GPUs: SHARDSERVE_TEST_DEVICE=cuda

@@ -35,7 +35,7 @@ import torch
 from safetensors.torch import save_file
 
 from benchmarks.gpu.shapes import SHAPES, LlamaShape
-from model_shards.default_model import (
+from model_shards.launch.default_model import (
     BOS_TOKEN_ID,
     DEFAULT_VOCAB_SIZE,
     EOS_TOKEN_ID,

@@ -24,7 +24,7 @@ from benchmarks.gpu.procs import REPO, Procs
 PARITY_TESTS = (
     "tests/model_shards/backends",
     "tests/model_shards/models/test_llama_parity.py",
-    "tests/model_shards/test_engine_batching.py",
+    "tests/model_shards/engine/test_engine_batching.py",
     "tests/test_http_parity.py",
     "tests/model_shards/models/test_family_parity.py",
 )

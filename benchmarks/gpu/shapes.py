@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from model_shards.default_model import DEFAULT_MODEL_CONFIG
+from model_shards.launch.default_model import DEFAULT_MODEL_CONFIG
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 

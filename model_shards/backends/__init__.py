@@ -32,20 +32,20 @@ BACKEND_NAMES = ("reference", "cpu", "cuda")
 
 
 def _cpu_backend(dtype: torch.dtype) -> Backend:
-    from model_shards.backends import cpu_build
+    from model_shards.backends.cpu import build as cpu_build
 
     if dtype not in cpu_build.KERNEL_DTYPES:
         log.info("no fused CPU kernels for %s: the reference backend serves", dtype)
         return ReferenceBackend()
     if not cpu_build.build_and_load():
         return ReferenceBackend()  # build_and_load warned why
-    from model_shards.backends.cpu import CpuBackend
+    from model_shards.backends.cpu.backend import CpuBackend
 
     return CpuBackend()
 
 
 def _cuda_backend(batch_invariant: bool) -> Backend:
-    from model_shards.backends.cuda import CudaBackend
+    from model_shards.backends.cuda.backend import CudaBackend
 
     return CudaBackend(batch_invariant=batch_invariant)
 

@@ -5,7 +5,7 @@ from the device, the dtype and the environment, and handed to every layer when t
 model is built. Layers call these ops and never test the device themselves.
 
 * ``reference`` (:mod:`.reference`): plain PyTorch, the numerical specification;
-* ``cpu`` (:mod:`.cpu`): the fused C++ kernels of ``model_shards/kernels`` and the
+* ``cpu`` (:mod:`.cpu`): the fused C++ kernels of ``model_shards/backends/cpu/kernels`` and the
   packed GEMM;
 * ``cuda`` (:mod:`.cuda`): Triton kernels, the batched on-device sampler.
 
@@ -22,10 +22,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from model_shards.kv_cache import KVPool
+from model_shards.worker.kv_cache import KVPool
 
 if TYPE_CHECKING:
-    from model_shards.backends.cuda_graphs import GraphBackend
+    from model_shards.backends.cuda.graphs import GraphBackend
 
 
 @dataclass
@@ -120,7 +120,7 @@ class Backend(ABC):
 
     name: str = "abstract"
     # whether the sampler keeps the logits on the device and samples them batched there
-    # (model_shards.sampling_batch) instead of row by row on the host
+    # (model_shards.worker.sampling_batch) instead of row by row on the host
     samples_on_device: bool = False
 
     # ---- norms and activations -------------------------------------------------------

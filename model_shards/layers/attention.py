@@ -19,9 +19,9 @@ import torch
 from torch import nn
 
 from model_shards.backends.base import Backend, DecodeMeta, PrefillMeta, RotaryStep
-from model_shards.kv_cache import PagedKVCache
 from model_shards.layers.rotary import RotaryEmbedding
 from model_shards.messages import SeqChunk
+from model_shards.worker.kv_cache import PagedKVCache
 
 
 def _padded(tables: list[list[int]]) -> torch.Tensor:
@@ -34,7 +34,7 @@ def _padded(tables: list[list[int]]) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class GroupMeta:
-    """One KV group's view of a step (:mod:`model_shards.kv_groups`): where each token's
+    """One KV group's view of a step (:mod:`model_shards.config.kv_layout`): where each token's
     K/V goes in that group's blocks, and the decode and prefill block tables."""
 
     slot_mapping: torch.Tensor  # [T] (< 0: padding)
@@ -192,7 +192,7 @@ class Attention(nn.Module):
     default); ``softcap``: scores squashed to ``softcap * tanh(s / softcap)`` before the
     mask and softmax (Gemma 2), ``None`` for none; ``rotary``: this layer's own RoPE
     tables (Gemma 3's sliding layers), else the model's. The window, if any, is the
-    layer's KV group's (:mod:`model_shards.kv_groups`), in the step's metadata."""
+    layer's KV group's (:mod:`model_shards.config.kv_layout`), in the step's metadata."""
 
     def __init__(
         self,

@@ -18,7 +18,7 @@ class ShardContext:
     ops: Backend  # chosen once per worker (model_shards.backends.select_backend)
     dtype: torch.dtype
     # MoE layers: each TP rank holds whole experts (E / tp of them) instead of a slice of
-    # every expert (--enable-expert-parallel; see model_shards.moe_config)
+    # every expert (--enable-expert-parallel; see model_shards.config.moe)
     expert_parallel: bool = False
     # data-parallel attention: the group of every replica's rank whose MoE layers exchange
     # tokens (all-to-all); ``comm`` is then this replica's own (tp = 1)

@@ -21,7 +21,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from model_shards.checkpoint import CheckpointError, TensorSource
 from model_shards.layers.linear import (
     ColumnParallelLinear,
     QKVParallelLinear,
@@ -29,6 +28,7 @@ from model_shards.layers.linear import (
     check_dim,
     copy_checked,
 )
+from model_shards.worker.checkpoint import CheckpointError, TensorSource
 
 
 def _out_slice(source: TensorSource, start: int, end: int) -> torch.Tensor:

@@ -18,13 +18,13 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from model_shards.checkpoint import CheckpointError, TensorSource
 from model_shards.layers.context import ShardContext
 from model_shards.layers.linear import (
     MergedColumnParallelLinear,
     QKVParallelLinear,
     check_dim,
 )
+from model_shards.worker.checkpoint import CheckpointError, TensorSource
 
 
 class FusedPart(TensorSource):

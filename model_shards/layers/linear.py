@@ -24,9 +24,9 @@ from typing import Protocol, runtime_checkable
 import torch
 from torch import nn
 
-from model_shards.checkpoint import CheckpointError, TensorSource
 from model_shards.layers.context import ShardContext
 from model_shards.parallel.comm import tp_all_reduce
+from model_shards.worker.checkpoint import CheckpointError, TensorSource
 
 WeightLoader = Callable[..., None]
 

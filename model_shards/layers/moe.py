@@ -9,7 +9,7 @@ token, ``I`` one expert's intermediate size (``I_l`` on this rank).
   ``routed_scaling``.
 * Experts (:class:`FusedExperts`), stacked so one backend call runs them all
   (:meth:`~model_shards.backends.base.Backend.fused_moe`), sharded one of two ways
-  (:mod:`model_shards.moe_config`):
+  (:mod:`model_shards.config.moe`):
 
   - tensor parallel: every expert, sliced as a dense MLP is: ``w13 [E, 2 I/tp, H]`` (this
     rank's rows of gate, then of up), ``w2 [E, H, I/tp]`` (its columns of down);
@@ -47,7 +47,7 @@ import torch
 from torch import nn
 
 from model_shards.backends.base import ExpertWeights
-from model_shards.checkpoint import TensorSource
+from model_shards.config.moe import MoEConfig
 from model_shards.layers.context import ShardContext
 from model_shards.layers.linear import (
     HasModules,
@@ -58,8 +58,8 @@ from model_shards.layers.linear import (
     copy_checked,
     set_weight_loader,
 )
-from model_shards.moe_config import MoEConfig
 from model_shards.parallel.comm import Comm, ep_all_to_all, tp_all_reduce
+from model_shards.worker.checkpoint import TensorSource
 
 ROLES = ("gate", "up", "down")
 _EXPERT_NAME = re.compile(r"^(?P<experts>.+\.experts)\.(?P<e>\d+)\.(?P<part>[^.]+)\.weight$")

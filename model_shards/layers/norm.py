@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from model_shards.checkpoint import TensorSource
 from model_shards.layers.context import ShardContext
 from model_shards.layers.linear import copy_checked, set_weight_loader
+from model_shards.worker.checkpoint import TensorSource
 
 
 class RMSNorm(nn.Module):

@@ -32,10 +32,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from model_shards.checkpoint import TensorSource
 from model_shards.layers.context import ShardContext
 from model_shards.layers.linear import check_dim, copy_checked, set_weight_loader
 from model_shards.parallel.comm import tp_all_reduce
+from model_shards.worker.checkpoint import TensorSource
 
 
 class ShardedRMSNorm(nn.Module):

@@ -17,10 +17,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from model_shards.checkpoint import TensorSource
 from model_shards.layers.context import ShardContext
 from model_shards.layers.linear import LinearBase, check_dim, copy_checked, set_weight_loader
 from model_shards.parallel.comm import tp_all_gather_last_dim, tp_all_reduce
+from model_shards.worker.checkpoint import TensorSource
 
 
 class VocabParallelEmbedding(nn.Module):

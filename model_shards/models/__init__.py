@@ -1,6 +1,6 @@
 """Model families, one file each, and the registry from HF architecture names.
 
-The names are :data:`model_shards.architectures.DECODER_FAMILIES`'s; this module
+The names are :data:`model_shards.config.architectures.DECODER_FAMILIES`'s; this module
 only says which class implements each family.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from types import MappingProxyType
 
-from model_shards.architectures import DECODER_FAMILIES
+from model_shards.config.architectures import DECODER_FAMILIES
 from model_shards.models.decoder import DecoderModel, DecoderModelClass
 from model_shards.models.deepseek_v2 import DeepseekV2ForCausalLM
 from model_shards.models.gemma import GemmaForCausalLM
@@ -19,7 +19,7 @@ from model_shards.models.llava import LlavaForConditionalGeneration
 from model_shards.models.mixtral import MixtralForCausalLM
 from model_shards.models.olmo2 import Olmo2ForCausalLM
 from model_shards.models.phi3 import Phi3ForCausalLM
-from model_shards.models.qwen2_5_vl import Qwen2_5_VLForConditionalGeneration
+from model_shards.models.qwen2_5_vl.model import Qwen2_5_VLForConditionalGeneration
 from model_shards.models.qwen2_moe import Qwen2MoeForCausalLM
 from model_shards.models.qwen3 import Qwen3ForCausalLM
 from model_shards.models.qwen3_moe import Qwen3MoeForCausalLM

@@ -14,7 +14,7 @@ from typing import ClassVar
 
 from torch import nn
 
-from model_shards.config import ModelConfig
+from model_shards.config.model import ModelConfig
 from model_shards.layers.context import ShardContext
 from model_shards.layers.vocab import ParallelLMHead, VocabParallelEmbedding
 from model_shards.models.naming import checkpoint_names_of

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from model_shards.checkpoint import TensorSource
+from model_shards.config.vlm import VisionConfig
 from model_shards.layers.context import ShardContext
 from model_shards.layers.linear import (
     ColumnParallelLinear,
@@ -27,7 +27,7 @@ from model_shards.layers.linear import (
 )
 from model_shards.layers.norm import LayerNorm
 from model_shards.layers.vocab import ReplicatedEmbedding
-from model_shards.vlm_config import VisionConfig
+from model_shards.worker.checkpoint import TensorSource
 
 
 def activation(name: str, x: torch.Tensor) -> torch.Tensor:

@@ -1,5 +1,5 @@
 """What a decoder model family provides: the contract the worker, the loader, the KV
-sizing (:mod:`model_shards.gpu_memory`) and the decode graphs rely on.
+sizing (:mod:`model_shards.worker.gpu_memory`) and the decode graphs rely on.
 
 A family class (``models/llama.py``: :class:`~model_shards.models.llama.LlamaForCausalLM`)
 is an ``nn.Module`` that builds one pipeline stage of the model on one TP rank; it
@@ -15,12 +15,12 @@ from typing import Protocol, Self
 import torch
 from torch import nn
 
-from model_shards.config import ModelConfig
+from model_shards.config.model import ModelConfig
 from model_shards.layers.attention import ForwardBatch
 from model_shards.layers.context import ShardContext
-from model_shards.loader import LoadableModel
 from model_shards.messages import SeqChunk, StepPlan
 from model_shards.parallel.state import ParallelState
+from model_shards.worker.loader import LoadableModel
 
 
 class DecoderStack(Protocol):
@@ -36,7 +36,7 @@ class DecoderStack(Protocol):
 class DecoderModel(LoadableModel, Protocol):
     """One pipeline stage of a causal LM on one TP rank, ready for :func:`load_weights`
     (``packed_modules_mapping``, ``owns``, ``expected_checkpoint_names``, … from
-    :class:`~model_shards.loader.LoadableModel`)."""
+    :class:`~model_shards.worker.loader.LoadableModel`)."""
 
     @property
     def config(self) -> ModelConfig: ...
@@ -89,7 +89,7 @@ class DecoderModelClass(Protocol):
     def check_config(self, cfg: ModelConfig, max_model_len: int) -> None:
         """``ValueError`` naming the ``config.json`` field the family cannot serve at
         ``max_model_len`` tokens; cheap. The parent calls it before spawning any rank
-        (:func:`model_shards.launch.validate_replica`); the constructor calls it again."""
+        (:func:`model_shards.launch.replicas.validate_replica`); the constructor calls it again."""
         ...
 
     def __call__(

@@ -36,14 +36,14 @@ import torch
 from torch import nn
 
 from model_shards.backends.base import RotaryStep
-from model_shards.config import ModelConfig
+from model_shards.config.model import ModelConfig
+from model_shards.config.rope import yarn_mscale
 from model_shards.layers.attention import ForwardBatch
 from model_shards.layers.context import ShardContext
 from model_shards.layers.linear import ColumnParallelLinear, ReplicatedLinear, RowParallelLinear
 from model_shards.layers.norm import RMSNorm
 from model_shards.layers.rotary import RotaryEmbedding
 from model_shards.models.sparse_moe import MoEDecoderLayer, MoEForCausalLM
-from model_shards.rope_config import yarn_mscale
 
 LATENT_NORM_EPS = 1e-6  # q_a_layernorm / kv_a_layernorm: transformers' default, not the config's
 

@@ -3,7 +3,7 @@
 What differs from Llama, each read from the Hugging Face model:
 
 * sliding-window layers interleaved with global ones (``layer_types``; Gemma 2 alternates,
-  Gemma 3 has five sliding to one global): the KV groups of :mod:`model_shards.kv_groups`
+  Gemma 3 has five sliding to one global): the KV groups of :mod:`model_shards.config.kv_layout`
   give every type its own block table, and a sliding layer's blocks leave the pool as
   they leave its window;
 * ``(1 + w)`` RMSNorm (the checkpoint stores ``w``; loaded as ``1 + w`` in float32 and
@@ -35,9 +35,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from model_shards.checkpoint import TensorSource
-from model_shards.config import ModelConfig
-from model_shards.kv_groups import layer_windows
+from model_shards.config.kv_layout import layer_windows
+from model_shards.config.model import ModelConfig
+from model_shards.config.rope import RopeConfig, parse_rope
 from model_shards.layers.attention import Attention, ForwardBatch
 from model_shards.layers.context import ShardContext
 from model_shards.layers.linear import copy_checked
@@ -46,7 +46,7 @@ from model_shards.layers.rotary import RotaryEmbedding
 from model_shards.models.causal_lm import CausalLM
 from model_shards.models.llama import LlamaAttention, LlamaForCausalLM, LlamaMLP, LlamaModel
 from model_shards.models.qwen3 import normalize_heads
-from model_shards.rope_config import RopeConfig, parse_rope
+from model_shards.worker.checkpoint import TensorSource
 
 _GELU_TANH = ("gelu_pytorch_tanh", "gelu_tanh", "gelu_new")
 _LAYER_TYPES = ("full_attention", "sliding_attention")

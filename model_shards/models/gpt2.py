@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from model_shards.config import ModelConfig, RopeConfig
+from model_shards.config.model import ModelConfig, RopeConfig
 from model_shards.layers.attention import Attention, ForwardBatch
 from model_shards.layers.context import ShardContext
 from model_shards.layers.conv1d import (

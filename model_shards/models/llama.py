@@ -17,8 +17,8 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from model_shards.config import ModelConfig
-from model_shards.kv_groups import WINDOWED_ARCHITECTURES
+from model_shards.config.kv_layout import WINDOWED_ARCHITECTURES
+from model_shards.config.model import ModelConfig
 from model_shards.layers.attention import Attention, ForwardBatch
 from model_shards.layers.context import ShardContext
 from model_shards.layers.linear import (

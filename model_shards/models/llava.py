@@ -7,7 +7,7 @@ Checkpoint names are transformers': ``language_model.model.*`` / ``language_mode
 ``vision_tower.vision_model.*``, read too) and ``multi_modal_projector.*``.
 The first pipeline stage holds the tower and the projector: :meth:`encode_images` turns
 an image's pixels into one embedding per placeholder token, and the worker's
-:class:`~model_shards.media_inputs.MediaInputs` scatters those rows into the prompt's
+:class:`~model_shards.worker.media_inputs.MediaInputs` scatters those rows into the prompt's
 token embeddings (:meth:`embed_input_ids`) before the stack runs on them.
 """
 
@@ -18,7 +18,8 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from model_shards.config import ModelConfig
+from model_shards.config.model import ModelConfig
+from model_shards.config.vlm import LlavaConfig, llava_config
 from model_shards.layers.attention import ForwardBatch
 from model_shards.layers.context import ShardContext
 from model_shards.layers.linear import ColumnParallelLinear, RowParallelLinear
@@ -27,7 +28,6 @@ from model_shards.models.causal_lm import LM_HEAD, CausalLM
 from model_shards.models.clip_vision import ClipVisionTower, activation, clip_checkpoint_names
 from model_shards.models.llama import LlamaForCausalLM, LlamaModel
 from model_shards.models.naming import checkpoint_names_of
-from model_shards.vlm_config import LlavaConfig, llava_config
 
 VISION_PREFIXES = ("vision_tower.", "multi_modal_projector.")
 
@@ -93,7 +93,7 @@ class LlavaForConditionalGeneration(CausalLM):
     @classmethod
     def check_config(cls, cfg: ModelConfig, max_model_len: int) -> None:
         """The language model's checks (Llama's) and the vision config's
-        (:func:`~model_shards.vlm_config.llava_config`); ``ValueError`` naming the field."""
+        (:func:`~model_shards.config.vlm.llava_config`); ``ValueError`` naming the field."""
         LlamaForCausalLM.check_config(cfg, max_model_len)
         llava_config(cfg.extra)
 

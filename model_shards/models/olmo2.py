@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from model_shards.config import ModelConfig
+from model_shards.config.model import ModelConfig
 from model_shards.layers.attention import ForwardBatch
 from model_shards.layers.context import ShardContext
 from model_shards.layers.norm import RMSNorm

@@ -18,7 +18,7 @@ Llama's layer (pre-norm RMSNorm, grouped-query attention, SwiGLU MLP, no biases,
   whole-head rotation is that partial one.
 
 ``sliding_window`` applies to every layer (a token attends to the ``sliding_window``
-latest positions, itself included), served through :mod:`model_shards.kv_groups`.
+latest positions, itself included), served through :mod:`model_shards.config.kv_layout`.
 
 The stack, the stage ownership and the (possibly tied) LM head are Llama's
 (:class:`~model_shards.models.llama.LlamaForCausalLM`).
@@ -32,7 +32,7 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from model_shards.config import ModelConfig
+from model_shards.config.model import ModelConfig
 from model_shards.layers.attention import Attention, ForwardBatch
 from model_shards.layers.context import ShardContext
 from model_shards.layers.fused_sources import (
@@ -67,7 +67,7 @@ class Phi3Options:
         """Read ``cfg.extra``; ``ValueError`` naming the field when it asks for something not
         supported (a partial rotary split with an odd part, longrope factors not one per
         rotated frequency)."""
-        window = cfg.extra.get("sliding_window")  # served (model_shards.kv_groups)
+        window = cfg.extra.get("sliding_window")  # served (model_shards.config.kv_layout)
         r = rotary_dim(cfg)
         try:
             rotary_head_order(cfg.head_dim, r)

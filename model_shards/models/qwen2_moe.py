@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from model_shards.config import ModelConfig
+from model_shards.config.model import ModelConfig
 from model_shards.layers.context import ShardContext
 from model_shards.layers.linear import RowParallelLinear
 from model_shards.models.llama import LlamaAttention

@@ -6,7 +6,7 @@ RMS-normalised on its own, ``q_h = w_q * q_h / rms(q_h)`` and ``k_h = w_k * k_h 
 TP rank; the statistics in float32, eps ``rms_norm_eps``). ``head_dim`` is the config's,
 independent of ``hidden_size / num_attention_heads``; q/k/v and o carry a bias only when
 ``attention_bias`` says so. Sliding windows (``use_sliding_window``) are served through the
-KV groups of :mod:`model_shards.kv_groups`.
+KV groups of :mod:`model_shards.config.kv_layout`.
 
 The stack, the checkpoint names and the (possibly tied) LM head are Llama's
 (:class:`~model_shards.models.llama.LlamaForCausalLM`).
@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
-from model_shards.config import ModelConfig
-from model_shards.kv_groups import WINDOWED_ARCHITECTURES
+from model_shards.config.kv_layout import WINDOWED_ARCHITECTURES
+from model_shards.config.model import ModelConfig
 from model_shards.layers.attention import ForwardBatch
 from model_shards.layers.context import ShardContext
 from model_shards.layers.norm import RMSNorm
@@ -44,7 +44,7 @@ class Qwen3Options:
             layer_types=tuple(str(t) for t in raw.get("layer_types") or ()),
         )
         if cfg.architecture in WINDOWED_ARCHITECTURES:
-            return options  # windows served (model_shards.kv_groups)
+            return options  # windows served (model_shards.config.kv_layout)
         if options.use_sliding_window:
             raise ValueError(
                 "config.json: use_sliding_window is true, but sliding-window attention is not "

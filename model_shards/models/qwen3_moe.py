@@ -10,7 +10,7 @@ MLP. Sliding windows are refused as for Qwen3.
 
 from __future__ import annotations
 
-from model_shards.config import ModelConfig
+from model_shards.config.model import ModelConfig
 from model_shards.models.qwen3 import Qwen3Attention, Qwen3Options
 from model_shards.models.sparse_moe import MoEDecoderLayer, MoEForCausalLM
 

@@ -16,14 +16,14 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from model_shards.config import ModelConfig
+from model_shards.config.model import ModelConfig
+from model_shards.config.moe import MoEConfig, moe_config
 from model_shards.layers.attention import ForwardBatch
 from model_shards.layers.context import ShardContext
 from model_shards.layers.moe import SparseMoeBlock, expert_param_of
 from model_shards.layers.norm import RMSNorm
 from model_shards.models.llama import LlamaAttention, LlamaForCausalLM, LlamaMLP
 from model_shards.models.stages import LayerFactory
-from model_shards.moe_config import MoEConfig, moe_config
 
 
 def experts_of(cfg: ModelConfig) -> MoEConfig:

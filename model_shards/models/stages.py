@@ -7,7 +7,7 @@ from typing import Protocol
 import torch
 from torch import nn
 
-from model_shards.config import ModelConfig
+from model_shards.config.model import ModelConfig
 from model_shards.layers.context import ShardContext
 
 

@@ -47,7 +47,7 @@ whose creator died during that short window is removed by the next group
 created on the host. :meth:`close` unmaps.
 
 Waiting: spin ~0.1 ms, ``sched_yield`` up to 5 ms, then 50 us sleeps; when the
-rank's cores are filled (``SHARDSERVE_SPIN_US``, see :mod:`model_shards.cpu_budget`)
+rank's cores are filled (``SHARDSERVE_SPIN_US``, see :mod:`model_shards.launch.cpu_budget`)
 spin that long, then sleep, which lets a preempted peer run here.
 
 Off switch: ``SHARDSERVE_SHM_ALLREDUCE=0`` (also ``false``/``off``/``no``) keeps
@@ -70,7 +70,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from model_shards.cpu_budget import spin_budget_s
+from model_shards.launch.cpu_budget import spin_budget_s
 from model_shards.parallel.same_host import all_agree, all_on_one_host, switched_off
 
 log = logging.getLogger(__name__)

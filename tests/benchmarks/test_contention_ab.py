@@ -1,5 +1,5 @@
 """The A/B driver's variant syntax (no servers; launch.environment_with, which starts its
-servers with a variant's variables, is tested in tests/server/test_cli_real_replica.py)."""
+servers with a variant's variables, is tested in tests/server/cli/test_cli_real_replica.py)."""
 
 from __future__ import annotations
 

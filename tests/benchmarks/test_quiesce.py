@@ -1,5 +1,6 @@
 """benchmarks/quiesce.py: waiting for process trees to idle (the tree walk and its CPU time
-are model_shards.cpu_governor's, tested in tests/model_shards/test_cpu_governor.py)."""
+are model_shards.launch.cpu_governor's, tested in
+tests/model_shards/launch/test_cpu_governor.py)."""
 
 from __future__ import annotations
 

@@ -13,9 +13,9 @@ import transformers
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
 from benchmarks import qwen_vl_bench
-from model_shards.config import ModelConfig
-from model_shards.qwen_vl_config import qwen_vl_config
-from server.qwen_vl_processing import QwenVLPreprocessor
+from model_shards.config.model import ModelConfig
+from model_shards.config.qwen2_5_vl import qwen_vl_config
+from server.media.qwen2_5_vl.image import QwenVLPreprocessor
 
 
 def test_bench_model_images_and_template(tmp_path: Path) -> None:

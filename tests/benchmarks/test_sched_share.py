@@ -9,7 +9,7 @@ import time
 import pytest
 
 from benchmarks import sched_share
-from model_shards.cpu_governor import family_pids
+from model_shards.launch.cpu_governor import family_pids
 
 pytestmark = pytest.mark.timeout(60)
 

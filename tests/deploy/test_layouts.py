@@ -7,10 +7,10 @@ import re
 
 import pytest
 
-from model_shards.config import ReplicaConfig
-from model_shards.launch import plan_data_parallel
-from model_shards.rank_main import TorchrunRank
-from model_shards.torchrun_worker import NodeLayout, torchrun_command
+from model_shards.config.model import ReplicaConfig
+from model_shards.launch.rank_process import TorchrunRank
+from model_shards.launch.replicas import plan_data_parallel
+from model_shards.launch.torchrun import NodeLayout, torchrun_command
 
 CONFIG = ReplicaConfig(model_dir="/models/m", tp=2, pp=2, device="cpu")
 

@@ -19,7 +19,7 @@ import psutil
 import pytest
 from transformers import AutoTokenizer
 
-from model_shards.launch import free_port
+from model_shards.launch.replicas import free_port
 from tests.checkpoints import build_tiny_llama, hf_greedy
 from tests.deploy.multinode import engine_nodes, logs
 from tests.live_server import live_server

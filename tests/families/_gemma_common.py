@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 import transformers
 
-from model_shards.default_model import BOS_TOKEN_ID, EOS_TOKEN_ID
+from model_shards.launch.default_model import BOS_TOKEN_ID, EOS_TOKEN_ID
 from tests.checkpoints import _randomize, _write_tokenizer
 
 # Gemma's published template (google/gemma-2-2b-it), whitespace as released

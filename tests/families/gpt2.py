@@ -24,7 +24,7 @@ from typing import Any
 import torch
 import transformers
 
-from model_shards.default_model import BOS_TOKEN_ID, EOS_TOKEN_ID
+from model_shards.launch.default_model import BOS_TOKEN_ID, EOS_TOKEN_ID
 from tests.checkpoints import BIAS_STD, NORM_STD, _write_tokenizer
 
 NAME = "gpt2"

@@ -7,9 +7,9 @@ from __future__ import annotations
 import torch
 
 from model_shards.backends.reference import race_uniforms
-from model_shards.sampler import position_seed
 from model_shards.splitmix import mix64, splitmix64
-from server.choices import sample_seed
+from model_shards.worker.sampler import position_seed
+from server.api.choices import sample_seed
 
 _M64 = 0xFFFFFFFFFFFFFFFF
 SEEDS = [0, 1, 7, 1234567, 2**32 + 5, 2**63 - 1, -1, -5, -(2**63)]

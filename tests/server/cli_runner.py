@@ -1,4 +1,5 @@
-"""Run ``shardserve`` with a fake ``model_shards.launch`` (a FakeEngine thread per "replica").
+"""Run ``shardserve`` with a fake ``model_shards.launch.replicas`` (a FakeEngine thread per
+"replica").
 
 Used by test_cli.py as ``python -m tests.server.cli_runner serve ...``. Environment:
 
@@ -23,7 +24,7 @@ import time
 import types
 from pathlib import Path
 
-from model_shards.config import ReplicaConfig
+from model_shards.config.model import ReplicaConfig
 from tests.server.fake_engine import FakeEngine
 
 SHUTDOWN_WAIT_S = 5.0  # how long stop() waits for the Shutdown the frontend sends first
@@ -107,17 +108,17 @@ def ensure_default_model(cache_dir: Path | None = None) -> Path:
 
 
 def install_fakes() -> None:
-    launch = types.ModuleType("model_shards.launch")
+    launch = types.ModuleType("model_shards.launch.replicas")
     launch.start_replica = start_replica  # type: ignore[attr-defined]
     launch.start_replicas = start_replicas  # type: ignore[attr-defined]
-    default_model = types.ModuleType("model_shards.default_model")
+    default_model = types.ModuleType("model_shards.launch.default_model")
     default_model.ensure_default_model = ensure_default_model  # type: ignore[attr-defined]
-    sys.modules["model_shards.launch"] = launch
-    sys.modules["model_shards.default_model"] = default_model
+    sys.modules["model_shards.launch.replicas"] = launch
+    sys.modules["model_shards.launch.default_model"] = default_model
 
 
 if __name__ == "__main__":
     install_fakes()
-    from server.cli import main
+    from server.cli.serve import main
 
     sys.exit(main(sys.argv[1:]))

@@ -16,9 +16,9 @@ import uvicorn
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers, processors, trainers
 
-from server.app import build_app
-from server.engine_client import EngineClient
-from server.tokenizer import Tokenizer
+from server.engine.client import EngineClient
+from server.http.app import build_app
+from server.text.tokenizer import Tokenizer
 from tests.server.fake_engine import FakeEngine
 from tests.waiting import async_wait_until
 

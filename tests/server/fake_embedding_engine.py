@@ -5,7 +5,7 @@ input of a ``SubmitEmbeddings`` on its next step with :func:`fake_vector` of its
 token ids, except while ``hold`` is true: then inputs stay queued until
 :meth:`FakeEmbeddingEngine.release` (a slow engine that tests control, rather
 than a clock). An ``AbortRequests`` drops the inputs still queued, as
-``model_shards/embedding_coordinator.py`` does, and is recorded in ``aborted``;
+``model_shards/engine/embedding_coordinator.py`` does, and is recorded in ``aborted``;
 with ``drops_aborted=False`` they are answered anyway (as the real replica
 answers an input already in a running batch). Answered ids are recorded in
 ``embedded``. It ignores generation (the frontend refuses that on an embedding

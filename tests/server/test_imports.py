@@ -35,7 +35,7 @@ def test_server_cli_does_not_import_the_load_tester() -> None:
     """``shardserve bench`` imports it by name when run (tests/deploy/test_bench_command.py)."""
     code = (
         "import sys\n"
-        "import server.cli, server.cli_args, server.engine_command\n"
+        "import server.cli.serve, server.cli.args, server.cli.engine\n"
         "deploy = sorted(m for m in sys.modules if m == 'deploy' or m.startswith('deploy.'))\n"
         "assert not deploy, deploy\n"
     )
@@ -43,7 +43,7 @@ def test_server_cli_does_not_import_the_load_tester() -> None:
 
 
 #: Each CLI module may import only those before it: imports run one way, no cycle.
-CLI_MODULES = ("server.cli_args", "server.engine_command", "server.cli")
+CLI_MODULES = ("server.cli.args", "server.cli.engine", "server.cli.serve")
 
 
 def _imports_of(module: str) -> set[str]:
@@ -59,7 +59,7 @@ def _imports_of(module: str) -> set[str]:
 
 
 def test_cli_modules_import_one_way() -> None:
-    """``server.cli`` → ``server.engine_command`` → ``server.cli_args``, never back; and
+    """``server.cli.serve`` → ``server.cli.engine`` → ``server.cli.args``, never back; and
     none of them names the load tester in an import."""
     for i, module in enumerate(CLI_MODULES):
         imported = _imports_of(module)

@@ -1,5 +1,6 @@
 """transformers' own ``Qwen2VLVideoProcessor`` (and ``Qwen2_5_VLProcessor``) run without
-torchvision, the reference for server/qwen_vl_video.py and server/qwen_vl_prompt.py.
+torchvision, the reference for server/media/qwen2_5_vl/video.py and
+server/media/qwen2_5_vl/prompt.py.
 
 transformers' Qwen2-VL video processor exists only for its torchvision backend, and
 torchvision cannot be installed here. :func:`hf_video_module` imports transformers'

@@ -14,7 +14,7 @@ import av
 import numpy as np
 from PIL import Image
 
-from server.video import decode_video_sampled
+from server.media.video import decode_video_sampled
 from tests.vlm.qwen_vl_hf_video import hf_processor
 
 #: Qwen2-VL / Qwen2.5-VL's chat template (as the Qwen checkpoints ship it)

@@ -18,13 +18,13 @@ import numpy as np
 import pytest
 import torch
 
-from model_shards.config import ModelConfig, ReplicaConfig
-from model_shards.coordinator import Coordinator
+from model_shards.config.model import ModelConfig, ReplicaConfig
+from model_shards.engine.coordinator import Coordinator
 from model_shards.messages import GenerateRequest, MediaInput, SamplingParams
 from model_shards.parallel.comm import Comm
 from model_shards.parallel.state import single_process_state
-from model_shards.worker import Worker
-from server.image_processing import ClipPreprocessor
+from model_shards.worker.decoder_worker import Worker
+from server.media.image import ClipPreprocessor
 from tests.vlm import llava_checkpoint as ckpt
 from tests.world import run_world
 
@@ -194,9 +194,9 @@ def test_vision_tower_is_sharded(model_dir: Path) -> None:
     """At tp=2 each rank holds half of every vision projection (a smoke check of the
     layer choice; the numbers are checked by the tp2 parity test)."""
     from model_shards.backends import select_backend
+    from model_shards.config.vlm import llava_config
     from model_shards.layers.context import ShardContext
     from model_shards.models.clip_vision import ClipVisionTower
-    from model_shards.vlm_config import llava_config
 
     llava = llava_config(json.loads((model_dir / "config.json").read_text()))
     ctx = ShardContext.single_process(select_backend(torch.device("cpu"), torch.float32))

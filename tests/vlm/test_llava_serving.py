@@ -23,7 +23,7 @@ import pytest
 import transformers
 from PIL import Image
 
-from model_shards.launch import free_port
+from model_shards.launch.replicas import free_port
 from tests.live_server import LiveServer, live_server
 from tests.vlm import llava_checkpoint as ckpt
 

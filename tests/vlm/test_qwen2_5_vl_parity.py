@@ -22,13 +22,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-from model_shards.config import ModelConfig, ReplicaConfig
-from model_shards.coordinator import Coordinator
+from model_shards.config.model import ModelConfig, ReplicaConfig
+from model_shards.engine.coordinator import Coordinator
 from model_shards.messages import GenerateRequest, MediaInput, SamplingParams
 from model_shards.parallel.comm import Comm
 from model_shards.parallel.state import single_process_state
-from model_shards.worker import Worker
-from server.qwen_vl_processing import QwenVLPreprocessor
+from model_shards.worker.decoder_worker import Worker
+from server.media.qwen2_5_vl.image import QwenVLPreprocessor
 from tests.vlm import llava_checkpoint
 from tests.vlm import qwen2_5_vl_checkpoint as ckpt
 from tests.world import run_world

@@ -12,16 +12,16 @@ import pytest
 import torch
 
 from model_shards.backends import Backend, ReferenceBackend
-from model_shards.backends.cpu import CpuBackend
-from model_shards.backends.cpu_build import build_and_load
-from model_shards.backends.cuda_graphs import FakeGraphBackend
-from model_shards.config import ModelConfig, ReplicaConfig
-from model_shards.coordinator import Coordinator
-from model_shards.decode_graphs import DecodeGraphs
+from model_shards.backends.cpu.backend import CpuBackend
+from model_shards.backends.cpu.build import build_and_load
+from model_shards.backends.cuda.graphs import FakeGraphBackend
+from model_shards.config.model import ModelConfig, ReplicaConfig
+from model_shards.engine.coordinator import Coordinator
 from model_shards.messages import GenerateRequest, SamplingParams
 from model_shards.parallel.comm import Comm
 from model_shards.parallel.state import single_process_state
-from model_shards.worker import Worker
+from model_shards.worker.decode_graphs import DecodeGraphs
+from model_shards.worker.decoder_worker import Worker
 from tests.checkpoints import build_tiny_llama, hf_greedy, hf_prompt_logits
 from tests.logits import prompt_logits, record_logits
 
@@ -40,7 +40,7 @@ def _backend(name: str) -> Backend:
         assert build_and_load()
         return CpuBackend()
     if name == "cuda":
-        from model_shards.backends.cuda import CudaBackend
+        from model_shards.backends.cuda.backend import CudaBackend
 
         return CudaBackend()
     return ReferenceBackend()

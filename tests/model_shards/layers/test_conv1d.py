@@ -8,13 +8,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from model_shards.checkpoint import CheckpointError
 from model_shards.layers.conv1d import (
     Conv1DColumnParallelLinear,
     Conv1DQKVParallelLinear,
     Conv1DRowParallelLinear,
 )
 from model_shards.layers.linear import ColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from model_shards.worker.checkpoint import CheckpointError
 from tests.model_shards.layers.test_sharding import FullTensor, _ctx
 
 

@@ -12,7 +12,6 @@ import torch
 from safetensors.torch import save_file
 
 from model_shards.backends import ReferenceBackend
-from model_shards.checkpoint import Checkpoint, CheckpointError
 from model_shards.layers.context import ShardContext
 from model_shards.layers.fused_sources import (
     FusedMergedColumnParallelLinear,
@@ -23,6 +22,7 @@ from model_shards.layers.linear import MergedColumnParallelLinear, QKVParallelLi
 from model_shards.layers.rotary import rotary_head_order
 from model_shards.parallel.comm import Comm
 from model_shards.parallel.state import single_process_state
+from model_shards.worker.checkpoint import Checkpoint, CheckpointError
 from tests.model_shards.layers.test_sharding import FullTensor
 
 HIDDEN = 5

@@ -17,15 +17,15 @@ from transformers.models.qwen2_moe.modeling_qwen2_moe import Qwen2MoeTopKRouter
 
 from model_shards.backends import Backend, ReferenceBackend
 from model_shards.backends.base import ExpertWeights
-from model_shards.backends.cpu import CpuBackend
-from model_shards.backends.cpu_build import build_and_load
-from model_shards.backends.cuda import CudaBackend
-from model_shards.checkpoint import Checkpoint
+from model_shards.backends.cpu.backend import CpuBackend
+from model_shards.backends.cpu.build import build_and_load
+from model_shards.backends.cuda.backend import CudaBackend
+from model_shards.config.moe import MoEConfig
 from model_shards.layers.context import ShardContext
 from model_shards.layers.moe import FusedExperts, expert_param_of, route
-from model_shards.moe_config import MoEConfig
 from model_shards.parallel.comm import Comm
 from model_shards.parallel.state import ParallelState
+from model_shards.worker.checkpoint import Checkpoint
 
 assert build_and_load(), "CI's machine has a compiler: the cpu backend must build"
 

@@ -10,9 +10,9 @@ import torch
 
 from model_shards.backends import ReferenceBackend
 from model_shards.backends.base import ExpertWeights
+from model_shards.config.moe import MoEConfig
 from model_shards.layers.context import ShardContext
 from model_shards.layers.moe import FusedExperts, dispatch_to_experts, route
-from model_shards.moe_config import MoEConfig
 from model_shards.parallel.comm import Comm
 from tests.world import run_world
 

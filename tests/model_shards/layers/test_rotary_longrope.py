@@ -13,7 +13,7 @@ import torch
 from transformers.models.phi3.modeling_phi3 import Phi3RotaryEmbedding, apply_rotary_pos_emb
 
 from model_shards.backends.reference import rotate_half
-from model_shards.config import ModelConfig
+from model_shards.config.model import ModelConfig
 from model_shards.layers.rotary import RotaryEmbedding, rotary_head_order
 from tests.families import phi3
 

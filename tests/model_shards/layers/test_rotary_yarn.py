@@ -11,8 +11,8 @@ import torch
 import transformers
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
+from model_shards.config.rope import parse_rope, yarn_mscale
 from model_shards.layers.rotary import RotaryEmbedding
-from model_shards.rope_config import parse_rope, yarn_mscale
 
 CASES: list[dict[str, Any]] = [
     {"factor": 4.0, "original_max_position_embeddings": 64},

@@ -11,11 +11,11 @@ import torch
 from transformers.models.olmo2.modeling_olmo2 import Olmo2RMSNorm
 
 from model_shards.backends import ReferenceBackend
-from model_shards.checkpoint import CheckpointError
 from model_shards.layers.context import ShardContext
 from model_shards.layers.sharded_norm import ShardedRMSNorm
 from model_shards.parallel.comm import Comm
 from model_shards.parallel.state import single_process_state
+from model_shards.worker.checkpoint import CheckpointError
 from tests.model_shards.layers.test_sharding import FullTensor
 from tests.world import run_world
 

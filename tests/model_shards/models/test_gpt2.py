@@ -15,15 +15,15 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from model_shards.backends import Backend, ReferenceBackend
-from model_shards.backends.cuda_graphs import FakeGraphBackend
-from model_shards.config import ModelConfig, ReplicaConfig
-from model_shards.coordinator import Coordinator
-from model_shards.decode_graphs import DecodeGraphs
+from model_shards.backends.cuda.graphs import FakeGraphBackend
+from model_shards.config.model import ModelConfig, ReplicaConfig
+from model_shards.engine.coordinator import Coordinator
 from model_shards.messages import GenerateRequest, SamplingParams
 from model_shards.models.gpt2 import GPT2Options
 from model_shards.parallel.comm import Comm
 from model_shards.parallel.state import single_process_state
-from model_shards.worker import Worker
+from model_shards.worker.decode_graphs import DecodeGraphs
+from model_shards.worker.decoder_worker import Worker
 from tests.checkpoints import hf_prompt_logits
 from tests.families import gpt2
 from tests.logits import prompt_logits, record_logits
@@ -133,7 +133,7 @@ def test_a_base_model_checkpoint_with_mask_buffers_loads(tmp_path: Path) -> None
 
 @pytest.mark.timeout(240)
 def test_cuda_kernels_and_decode_graphs_serve_gpt2(tmp_path: Path) -> None:
-    from model_shards.backends.cuda import CudaBackend
+    from model_shards.backends.cuda.backend import CudaBackend
 
     path = gpt2.build(tmp_path / "gpt2")
     ref_logits, ref_tokens = _generate(_worker(path, ReferenceBackend()), new_tokens=5)

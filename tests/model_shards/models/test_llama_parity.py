@@ -18,12 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from model_shards.backends.cpu_build import build_and_load
-from model_shards.config import ModelConfig, ReplicaConfig
-from model_shards.coordinator import Coordinator
+from model_shards.backends.cpu.build import build_and_load
+from model_shards.config.model import ModelConfig, ReplicaConfig
+from model_shards.engine.coordinator import Coordinator
 from model_shards.messages import GenerateRequest, SamplingParams
 from model_shards.parallel.comm import Comm
-from model_shards.worker import Worker
+from model_shards.worker.decoder_worker import Worker
 from tests.checkpoints import build_tiny_llama, build_tiny_qwen2, hf_greedy, hf_prompt_logits
 from tests.logits import load_rows, record_logits, run_prompts, save_first_logits
 from tests.world import run_world
@@ -144,7 +144,7 @@ def test_layout_matches_transformers(
 
 def _check_bytes_read(out: Path, model_dir: Path, tp: int, pp: int) -> None:
     """Each rank reads at most 1/(tp·pp) of the sharded weights plus the replicated ones."""
-    from model_shards.checkpoint import Checkpoint
+    from model_shards.worker.checkpoint import Checkpoint
 
     with Checkpoint(model_dir) as ck:
         replicated = sum(e.nbytes for n, e in ck.entries.items() if n.endswith("norm.weight"))

@@ -10,14 +10,14 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
 
-from model_shards.config import ModelConfig, ReplicaConfig
-from model_shards.coordinator import Coordinator
-from model_shards.kv_groups import layer_windows
+from model_shards.config.kv_layout import layer_windows
+from model_shards.config.model import ModelConfig, ReplicaConfig
+from model_shards.engine.coordinator import Coordinator
 from model_shards.models.llama import LlamaForCausalLM as OurLlama
 from model_shards.models.llama import check_no_window
 from model_shards.parallel.comm import Comm
 from model_shards.parallel.state import single_process_state
-from model_shards.worker import Worker
+from model_shards.worker.decoder_worker import Worker
 from tests.checkpoints import hf_prompt_logits
 from tests.logits import prompt_logits, record_logits
 

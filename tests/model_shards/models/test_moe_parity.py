@@ -15,13 +15,13 @@ from types import ModuleType
 import pytest
 import torch
 
-from model_shards.config import ModelConfig, ReplicaConfig
-from model_shards.coordinator import Coordinator
+from model_shards.config.model import ModelConfig, ReplicaConfig
+from model_shards.engine.coordinator import Coordinator
 from model_shards.layers.moe import SparseMoeBlock, expert_token_counts
 from model_shards.messages import GenerateRequest, SamplingParams, StepOutputs
 from model_shards.parallel.comm import Comm
 from model_shards.parallel.state import single_process_state
-from model_shards.worker import Worker
+from model_shards.worker.decoder_worker import Worker
 from tests.checkpoints import hf_greedy, hf_prompt_logits, load_hf_model
 from tests.families import deepseek_v2, mixtral, qwen2_moe, qwen3_moe
 from tests.logits import load_rows
@@ -31,7 +31,7 @@ from tests.model_shards.models.test_family_parity import (
     PROMPTS,
     serve_and_record,
 )
-from tests.server.test_cli_validation import Spawned, _error_line, no_spawning, run
+from tests.server.cli.test_cli_validation import Spawned, _error_line, no_spawning, run
 from tests.world import run_world
 
 MOE_FAMILIES: list[ModuleType] = [mixtral, qwen2_moe, qwen3_moe, deepseek_v2]

@@ -15,16 +15,16 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from model_shards.backends import ReferenceBackend
-from model_shards.checkpoint import Checkpoint, CheckpointError
-from model_shards.config import ModelConfig, ReplicaConfig
-from model_shards.coordinator import Coordinator
-from model_shards.kv_groups import layer_windows
+from model_shards.config.kv_layout import layer_windows
+from model_shards.config.model import ModelConfig, ReplicaConfig
+from model_shards.engine.coordinator import Coordinator
 from model_shards.layers.context import ShardContext
-from model_shards.loader import load_weights
 from model_shards.models.phi3 import Phi3ForCausalLM, Phi3Options
 from model_shards.parallel.comm import Comm
 from model_shards.parallel.state import single_process_state
-from model_shards.worker import Worker
+from model_shards.worker.checkpoint import Checkpoint, CheckpointError
+from model_shards.worker.decoder_worker import Worker
+from model_shards.worker.loader import load_weights
 from tests.checkpoints import hf_prompt_logits
 from tests.families import phi3
 from tests.logits import prompt_logits, record_logits

@@ -1,4 +1,4 @@
-"""The served decoder architectures are listed once (model_shards/architectures.py): the
+"""The served decoder architectures are listed once (model_shards/config/architectures.py): the
 registry builds a class for exactly those, and config validation accepts exactly those."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from model_shards.architectures import DECODER_FAMILIES, SUPPORTED_ARCHITECTURES
-from model_shards.config import ModelConfig
+from model_shards.config.architectures import DECODER_FAMILIES, SUPPORTED_ARCHITECTURES
+from model_shards.config.model import ModelConfig
 from model_shards.models import MODEL_REGISTRY
 from model_shards.models.llama import LlamaForCausalLM
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from model_shards.cpu_budget import SPIN_ENV
+from model_shards.launch.cpu_budget import SPIN_ENV
 from model_shards.parallel.comm import Comm
 from model_shards.parallel.shm_all_reduce import ShmAllReduce
 from tests.world import run_world

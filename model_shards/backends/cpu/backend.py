@@ -1,0 +1,193 @@
+"""The ``cpu`` backend: the fused C++ kernels of ``model_shards/backends/cpu/kernels`` (built by
+:mod:`.cpu_build`) and a packed GEMM for every linear layer.
+
+Chosen for CPU ranks in float32 and bfloat16 when the kernels build; each op rounds
+like the reference backend and computes every row on its own, so outputs do not
+depend on batch composition. Prefill attention is the C++ kernel's (every chunk of a
+step in one call, read straight from the paged pool, windows included; Gemma 2's
+soft-capped scores take the reference's SDPA path); decode attention is the C++
+kernels', windows and soft-caps included.
+
+GEMM: F.linear hands MKL a plain row-major ``W`` on every call; for the short, wide
+products of decoding (a few dozen rows against a large matrix) that runs at a third
+to a half of the machine's matmul peak. :meth:`CpuBackend.pack_linear` reorders each
+``W`` once, after loading:
+
+* float32 on AVX-512 and bfloat16 on AVX-512 BF16: our own GEMM
+  (``kernels/gemm.cpp``), 10-25% faster than oneDNN's on decode-sized batches
+  and as fast on prefill;
+* bfloat16 on AVX2 (AMD Zen 2/3, older Intel): our GEMM's AVX2 tiles
+  (``kernels/gemm_avx2.h``): oneDNN has no bfloat16 GEMM there;
+* otherwise: oneDNN's blocked layout, 1.5-3x faster than F.linear on decode-sized
+  batches.
+
+Either way the result of a row does not depend on the other rows of the batch.
+
+MoE (:meth:`CpuBackend.fused_moe`): the step's (token, expert) pairs sorted by expert, so
+each expert's rows are contiguous; one packed GEMM per expert over its rows for gate/up,
+one fused SiLU-and-mul over all rows, one GEMM per expert for down, one weighted scatter-add.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from model_shards.backends.base import DecodeMeta, ExpertWeights, KVPool, PrefillMeta, RotaryStep
+from model_shards.backends.reference import ReferenceBackend
+
+
+@dataclass(frozen=True)
+class PackedGemm:
+    """A weight reordered for one of the two packed GEMMs."""
+
+    data: torch.Tensor
+    out_features: int  # > 0: our own GEMM's panels; 0: oneDNN's blocked layout
+
+
+def _onednn_available() -> bool:
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+
+
+class CpuBackend(ReferenceBackend):
+    """Requires :func:`model_shards.backends.cpu.build.build_and_load` to have succeeded."""
+
+    name = "cpu"
+
+    def __init__(self) -> None:
+        self._ops = torch.ops.shardserve_cpu
+
+    def rms_norm(
+        self, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        y = self._ops.rms_norm(x, residual, weight, eps)  # residual updated in place
+        return y, residual if residual is not None else x
+
+    def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
+        return self._ops.silu_and_mul(x)
+
+    def rotary_and_cache(
+        self, qkv: torch.Tensor, step: RotaryStep, pool: KVPool, heads: tuple[int, int]
+    ) -> torch.Tensor:
+        qkv = qkv.contiguous()
+        rows = (step.positions, step.cos_cached, step.sin_cached)
+        self._ops.rotary_and_cache(qkv, *rows, pool.k, pool.v, step.slot_mapping, *heads)
+        return qkv.view(qkv.shape[0], -1, pool.k.shape[-1])[:, : heads[0]]  # rotated in place
+
+    def decode_attention(
+        self,
+        q: torch.Tensor,
+        pool: KVPool,
+        meta: DecodeMeta,
+        scale: float,
+        softcap: float | None = None,
+    ) -> torch.Tensor:
+        tables, lens, bs = meta.block_tables, meta.context_lens, pool.block_size
+        window, cap = meta.window or 0, softcap or 0.0  # 0: none
+        return self._ops.decode_attention(
+            q, pool.k, pool.v, tables, lens, bs, scale, True, window, cap
+        )
+
+    def prefill_attention(
+        self,
+        q: torch.Tensor,
+        pool: KVPool,
+        meta: PrefillMeta,
+        scale: float,
+        out: torch.Tensor,
+        softcap: float | None = None,
+    ) -> None:
+        """The C++ kernel over the paged pool; soft-capped scores (Gemma 2) take the
+        reference's path."""
+        if softcap is not None:
+            super().prefill_attention(q, pool, meta, scale, out, softcap)
+            return
+        self._ops.prefill_attention(
+            q,
+            pool.k,
+            pool.v,
+            out,
+            meta.block_tables,
+            meta.q_starts,
+            meta.q_lens,
+            meta.start_positions,
+            meta.block_size,
+            scale,
+            meta.window or 0,  # 0: none
+        )
+
+    def pack_linear(self, weight: torch.Tensor) -> PackedGemm | None:
+        """Our GEMM's panels where it is the faster one: its AVX-512 tiles, or its AVX2 tiles
+        in bfloat16 (oneDNN has no bfloat16 GEMM without AVX-512 BW or AVX-NE-CONVERT, and
+        F.linear runs 3-7x slower); in float32 on AVX2 oneDNN's (measured ~15% faster than
+        our AVX2 tiles on the bench model's layers, LM head included: ``kernels/gemm_avx2.h``)."""
+        weight = weight.detach()
+        isa = str(self._ops.gemm_isa(weight.dtype))
+        onednn = _onednn_available()
+        if isa == "avx512" or (isa == "avx2" and (weight.dtype == torch.bfloat16 or not onednn)):
+            return PackedGemm(self._ops.pack_gemm(weight), weight.shape[0])
+        if onednn:
+            try:
+                return PackedGemm(torch.ops.mkldnn._reorder_linear_weight(weight, None), 0)
+            except RuntimeError:  # e.g. bfloat16 on a CPU without avx512bw / avx_ne_convert
+                return None
+        return None
+
+    def linear(
+        self, x: torch.Tensor, weight: torch.Tensor, packed: object, bias: torch.Tensor | None
+    ) -> torch.Tensor:
+        if not isinstance(packed, PackedGemm):
+            return super().linear(x, weight, packed, bias)
+        if packed.out_features:
+            return self._ops.gemm(x, packed.data, packed.out_features, bias)
+        return torch.ops.mkldnn._linear_pointwise(x, packed.data, bias, "none", [], "")
+
+    def fused_moe(
+        self,
+        x: torch.Tensor,
+        experts: ExpertWeights,
+        topk_weights: torch.Tensor,
+        topk_ids: torch.Tensor,
+    ) -> torch.Tensor:
+        k = topk_ids.shape[1]
+        flat = topk_ids.reshape(-1)  # [T k]
+        # [1 + E]: pairs of remote experts (-1), then of each local expert
+        counts = torch.bincount(flat + 1, minlength=experts.num_experts + 1).tolist()
+        out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)  # [T, H]
+        if counts[0] == flat.numel():
+            return out.to(x.dtype)
+        order = torch.argsort(flat, stable=True)[counts[0] :]  # [N] local pairs by expert
+        rows = order // k  # [N] each pair's token
+        spans, start = [], 0
+        for e, n in enumerate(counts[1:]):
+            if n:
+                spans.append((e, start, start + n))
+            start += n
+        gate_up = self._per_expert(x.index_select(0, rows), experts.w13, experts, spans)
+        y = self._per_expert(self.silu_and_mul(gate_up), experts.w2, experts, spans)  # [N, H]
+        out.index_add_(0, rows, y.float() * topk_weights.reshape(-1)[order, None])
+        return out.to(x.dtype)
+
+    def _per_expert(
+        self,
+        rows: torch.Tensor,
+        weights: torch.Tensor,
+        experts: ExpertWeights,
+        spans: list[tuple[int, int, int]],
+    ) -> torch.Tensor:
+        """``rows [N, in]`` grouped by expert (``spans``: expert, first row, end row) times
+        each expert's ``weights[e]`` (``experts.w13`` or ``w2``) → ``[N, out]``."""
+        which = 0 if weights is experts.w13 else 1
+        parts = [
+            self.linear(rows[a:b], weights[e], experts.packed(e)[which], None) for e, a, b in spans
+        ]
+        return torch.cat(parts)
+
+    def argmax(self, x: torch.Tensor) -> torch.Tensor:
+        return self._ops.argmax(x if x.stride(-1) == 1 else x.contiguous())
+
+    def exponential_race(self, probs: torch.Tensor, seeds: torch.Tensor) -> torch.Tensor:
+        probs = probs.float()
+        probs = probs if probs.stride(-1) == 1 else probs.contiguous()
+        return self._ops.exponential_race(probs, seeds)

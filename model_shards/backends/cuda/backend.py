@@ -1,0 +1,131 @@
+"""The ``cuda`` backend: Triton kernels for every op but the dense GEMMs (cuBLAS through
+F.linear), and the draw of sampling on the device.
+
+* attention: paged decode attention with GQA (single pass, or split over the context
+  for long sequences: flash-decoding), one varlen launch for all prefill chunks of a
+  step over the paged pool, RoPE fused with the K/V write; sliding windows (a windowed
+  row reads only its window) and soft-capped scores (Gemma) in the same kernels;
+* RMSNorm with the residual add; SiLU-and-mul; the position-seeded exponential race;
+* MoE experts: not a kernel yet: :meth:`CudaBackend.fused_moe` runs the reference's math
+  densely (every local expert over every row, weight 0 where not routed), which has no
+  data-dependent shapes, so decode graphs capture it; ``E / k`` times the routed FLOPs.
+
+``batch_invariant=True`` (``--batch-invariant``) replaces cuBLAS with a Triton GEMM
+of fixed tiles and reduction order and keeps decode attention single-pass, so a row's
+output does not depend on its batch (see docs/deploy.md for what holds on GPU).
+The kernels also run in Triton's interpreter on CPU tensors, which is how they are
+tested without a GPU.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from model_shards.backends.base import DecodeMeta, ExpertWeights, KVPool, PrefillMeta, RotaryStep
+from model_shards.backends.cuda.graphs import CudaGraphBackend, GraphBackend
+from model_shards.backends.cuda.triton_ops import (
+    activation,
+    attention_decode,
+    attention_prefill,
+    gemm,
+    norm,
+    rotary,
+    sampling,
+)
+from model_shards.backends.reference import ReferenceBackend
+
+
+class CudaBackend(ReferenceBackend):
+    name = "cuda"
+    samples_on_device = True
+
+    def __init__(self, batch_invariant: bool = False) -> None:
+        self.batch_invariant = batch_invariant
+
+    def rms_norm(
+        self, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return norm.rms_norm(x, residual, weight, eps)
+
+    def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
+        return activation.silu_and_mul(x)
+
+    def rotary_and_cache(
+        self, qkv: torch.Tensor, step: RotaryStep, pool: KVPool, heads: tuple[int, int]
+    ) -> torch.Tensor:
+        rows = (step.positions, step.cos_cached, step.sin_cached)
+        return rotary.rotary_and_cache(qkv, *rows, pool.k, pool.v, step.slot_mapping, *heads)
+
+    def decode_attention(
+        self,
+        q: torch.Tensor,
+        pool: KVPool,
+        meta: DecodeMeta,
+        scale: float,
+        softcap: float | None = None,
+    ) -> torch.Tensor:
+        tables, lens, bound = meta.block_tables, meta.context_lens, meta.max_context_len
+        return attention_decode.decode_attention(
+            q,
+            pool.k,
+            pool.v,
+            tables,
+            lens,
+            pool.block_size,
+            scale,
+            max_context_len=bound,
+            batch_invariant=self.batch_invariant,
+            window=meta.window,
+            softcap=softcap,
+        )
+
+    def prefill_attention(
+        self,
+        q: torch.Tensor,
+        pool: KVPool,
+        meta: PrefillMeta,
+        scale: float,
+        out: torch.Tensor,
+        softcap: float | None = None,
+    ) -> None:
+        attention_prefill.prefill_attention(q, pool.k, pool.v, meta, scale, out, softcap)
+
+    def linear(
+        self, x: torch.Tensor, weight: torch.Tensor, packed: object, bias: torch.Tensor | None
+    ) -> torch.Tensor:
+        if self.batch_invariant:
+            return gemm.linear(x, weight, bias)
+        return super().linear(x, weight, packed, bias)
+
+    def exponential_race(self, probs: torch.Tensor, seeds: torch.Tensor) -> torch.Tensor:
+        return sampling.exponential_race(probs, seeds)
+
+    def fused_moe(
+        self,
+        x: torch.Tensor,
+        experts: ExpertWeights,
+        topk_weights: torch.Tensor,
+        topk_ids: torch.Tensor,
+    ) -> torch.Tensor:
+        """Dense: each local expert over all ``T`` rows, scaled by the row's weight for it
+        (zero when it was not routed there), in ascending expert order; graph-capturable."""
+        t, e = x.shape[0], experts.num_experts
+        routed = torch.zeros(t, e + 1, dtype=torch.float32, device=x.device)  # [T, E + 1]
+        slots = torch.where(topk_ids < 0, e, topk_ids)  # remote experts -> column E
+        routed.scatter_add_(1, slots, topk_weights.float())
+        out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)  # [T, H]
+        for i in range(e):
+            gate, up = self.linear(x, experts.w13[i], None, None).chunk(2, dim=-1)  # [T, I]
+            y = self.linear(F.silu(gate) * up, experts.w2[i], None, None)  # [T, H]
+            out += y.float() * routed[:, i : i + 1]
+        return out.to(x.dtype)
+
+    def graph_backend(self) -> GraphBackend | None:
+        if not torch.cuda.is_available():
+            return None  # Triton's interpreter on CPU tensors (tests): nothing to capture
+        return CudaGraphBackend()
+
+    def synchronize(self) -> None:
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()

@@ -1,0 +1,368 @@
+"""Rank 0's loop: take requests, schedule, run a step on every rank, report tokens.
+
+The engine step is three verbs — schedule, run, update::
+
+    step = scheduler.schedule()          # rank 0 alone decides
+    broadcast_plan(plan); worker.execute # every rank runs its stage
+    scheduler.update(step, tokens)       # tokens back to the frontends
+
+:meth:`Coordinator.serve` wraps this in a ZMQ ROUTER loop (see
+:mod:`model_shards.messages`). While idle it broadcasts an empty plan every
+``keepalive_s`` so the workers' collective timeout only fires on a real failure.
+
+A request with a grammar (structured outputs) waits in :mod:`model_shards.engine.structured`
+until its grammar is compiled (off this loop), then is queued like any other; each
+step's plan carries the masks of its constrained sequences, and their matchers advance
+with the sampled tokens.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import defaultdict, deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import msgspec
+
+from model_shards.engine.request_checks import content_problem
+from model_shards.engine.request_trace import RequestTraces
+from model_shards.engine.scheduler.scheduler import (
+    ScheduledStep,
+    Scheduler,
+    SchedulerConfig,
+    SchedulerStats,
+    Sequence,
+    SeqUpdate,
+)
+from model_shards.engine.structured.constraints import Constraints
+from model_shards.engine.structured.grammars import GrammarCache
+from model_shards.engine.zmq_loop import Reply, serve_frontends
+from model_shards.layers.moe import ExpertTokenSampler
+from model_shards.messages import (
+    AbortRequests,
+    EngineError,
+    EngineReady,
+    EngineStats,
+    FrontendMessage,
+    GenerateRequest,
+    MediaInput,
+    NewSequence,
+    RequestOutput,
+    StepOutputs,
+    StepPlan,
+    SubmitBatch,
+)
+from model_shards.worker.decoder_worker import StepResult, Worker, broadcast_plan
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _InFlight:
+    """A launched step whose tokens rank 0 has not applied yet."""
+
+    scheduled: ScheduledStep
+    plan: StepPlan
+    sampled: list[Sequence]  # the sequences of the sampled chunks, in order
+    result: StepResult | None  # already known when rank 0 is the sampler (pp == 1)
+
+
+class Coordinator:
+    def __init__(
+        self,
+        worker: Worker,
+        *,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        max_model_len: int,
+        enable_prefix_caching: bool = True,
+        pipeline_overlap: bool = True,
+        keepalive_s: float = 10.0,
+        model_dir: str | None = None,
+    ) -> None:
+        """``model_dir``: the checkpoint's directory, whose ``tokenizer.json`` grammars are
+        compiled against (``None``: requests with a grammar are refused)."""
+        self.worker = worker
+        self.ps = worker.ps
+        cfg = worker.model.config
+        self.vocab_size = cfg.vocab_size
+        self.max_model_len = max_model_len
+        self.eos_token_ids = cfg.eos_token_ids
+        self.scheduler = Scheduler(
+            SchedulerConfig(
+                max_num_seqs=max_num_seqs,
+                max_num_batched_tokens=max_num_batched_tokens,
+                max_model_len=max_model_len,
+                block_size=worker.kv.block_size,
+                num_blocks=worker.kv.num_blocks,
+                kv_windows=worker.kv.layout.windows,
+                enable_prefix_caching=enable_prefix_caching,
+                eos_token_ids=cfg.eos_token_ids,
+            )
+        )
+        self.keepalive_s = keepalive_s
+        self._expert_tokens = ExpertTokenSampler(worker.model)  # MoE routing, for /metrics
+        self._step_id = 0
+        self._last_plan_at = time.monotonic()
+        self.max_in_flight = self.ps.pp_size if pipeline_overlap else 1
+        self._in_flight: deque[_InFlight] = deque()
+        self.constraints = (
+            None
+            if model_dir is None
+            else Constraints(
+                GrammarCache(model_dir, cfg.vocab_size, list(cfg.eos_token_ids)), cfg.vocab_size
+            )
+        )
+        self._refused: list[Reply] = []  # constrained requests refused once their grammar was known
+        self.traces = RequestTraces()  # opt-in TTFT stamps (GenerateRequest.trace)
+
+    # ---- in-process API (used by serve() and by tests) ----------------------
+
+    def check_request(self, req: GenerateRequest) -> str | None:
+        """Why the engine refuses ``req`` beyond the scheduler's own admission checks
+        (token ids, sampling ranges: :mod:`model_shards.engine.request_checks`; media items the
+        model's optional ``media_problem`` refuses), or ``None``."""
+        problem = content_problem(req, self.vocab_size)
+        check: Callable[[MediaInput], str | None] | None
+        check = getattr(self.worker.model, "media_problem", None)
+        if problem is None and check is not None:
+            found = ((i, check(m)) for i, m in enumerate(req.media))
+            problem = next((f"media[{i}]: {p}" for i, p in found if p is not None), None)
+        return problem
+
+    def add_request(self, req: GenerateRequest, client: bytes = b"") -> None:
+        """Queue ``req``; ``ValueError`` naming the problem if the engine refuses it
+        (empty or too long a prompt, ``max_tokens < 1`` and pool size: the scheduler's)."""
+        problem = self.check_request(req)
+        if problem:
+            raise ValueError(problem)
+        if req.grammar is None:
+            self.scheduler.add(req, client)
+            return
+        if self.constraints is None:
+            raise ValueError("this engine has no tokenizer to compile grammars with")
+        self.constraints.submit(req, client)  # the scheduler's checks once it is compiled
+
+    def _admit_compiled(self) -> None:
+        """Queue the constrained requests whose grammar is ready (refuse the failed ones);
+        with nothing else to do, wait a few milliseconds for a compile first."""
+        c = self.constraints
+        if c is None or not c.has_waiting():
+            return
+        if not self.scheduler.has_work() and not self._in_flight:
+            c.wait(0.005)
+        for ready in c.ready():
+            problem = ready.error
+            if problem is None:
+                try:
+                    seq = self.scheduler.add(ready.request, ready.client)
+                except ValueError as exc:
+                    problem = str(exc)
+                else:
+                    problem = c.start(seq, ready.compiled)
+                    if problem:
+                        self.scheduler.abort(seq.request_id)
+            if problem:
+                self._refused.append((ready.client, EngineError(problem, ready.request.request_id)))
+
+    def abort(self, request_ids: list[str]) -> list[SeqUpdate]:
+        updates = []
+        for rid in request_ids:
+            self.traces.drop(rid)
+            seq = self.scheduler.abort(rid)
+            if seq is None and self.constraints is not None:
+                waiting = self.constraints.abort(rid)  # still compiling: never queued
+                seq = (
+                    None
+                    if waiting is None
+                    else Sequence(-1, waiting[0], waiting[0].sampling, waiting[1])
+                )
+            if seq is None:
+                continue
+            if self.constraints is not None:
+                self.constraints.drop(seq.seq_id)
+            updates.append(SeqUpdate(seq, RequestOutput(rid, [], "abort")))
+        return updates
+
+    def has_work(self) -> bool:
+        waiting = self.constraints is not None and self.constraints.has_waiting()
+        return self.scheduler.has_work() or bool(self._in_flight) or waiting
+
+    @property
+    def stats(self) -> SchedulerStats:
+        return self.scheduler.stats
+
+    def step(self) -> list[SeqUpdate]:
+        """One iteration, not overlapped: schedule, run on every rank, update."""
+        self._admit_compiled()
+        launched = self._launch()
+        return self._finish(launched) if launched is not None else []
+
+    def pump(self) -> list[SeqUpdate]:
+        """Keep up to ``max_in_flight`` steps in the pipeline, then finish the oldest.
+
+        With ``pp > 1`` every stage works on a different micro-batch (disjoint
+        sequences: the scheduler skips sequences in flight); with one step in
+        flight this is :meth:`step`.
+        """
+        self._admit_compiled()
+        while len(self._in_flight) < self.max_in_flight and self.scheduler.has_schedulable():
+            launched = self._launch()
+            if launched is None:
+                break
+            self._in_flight.append(launched)
+        return self._finish(self._in_flight.popleft()) if self._in_flight else []
+
+    def _launch(self) -> _InFlight | None:
+        """Schedule a step, send its plan, run stage 0; ``None`` when it ran no chunk."""
+        scheduled = self.scheduler.schedule(self.max_in_flight)
+        self.traces.mark(scheduled.sequences, "scheduled")
+        sampled = [
+            seq for seq, c in zip(scheduled.sequences, scheduled.chunks, strict=True) if c.sample
+        ]
+        plan = StepPlan(
+            step_id=self._next_step_id(),
+            chunks=scheduled.chunks,
+            new_sequences=self._with_stop_ids(scheduled),
+            freed_seq_ids=scheduled.freed_seq_ids,
+            token_masks=[] if self.constraints is None else self.constraints.masks(sampled),
+            trace=self.traces.active,
+        )
+        broadcast_plan(plan, self.worker.comm, self.worker.pending)
+        self._last_plan_at = time.monotonic()
+        self.traces.mark(scheduled.sequences, "plan_sent")
+        result = self.worker.execute(plan, wait=False)
+        self.traces.mark_all(scheduled.sequences, self.worker.step_stamps)
+        if not plan.chunks:
+            return None
+        return _InFlight(scheduled, plan, sampled, result)
+
+    def _finish(self, step: _InFlight) -> list[SeqUpdate]:
+        """Wait for a launched step's tokens and apply them."""
+        result = step.result if step.result is not None else self.worker.collect(step.plan)
+        updates = self.scheduler.update(step.scheduled, result.tokens)
+        if self.constraints is not None:
+            self.constraints.advance(step.sampled, result.tokens)
+        if result.logprobs is None:
+            return self.traces.attach(updates)
+        by_seq = {id(seq): lp for seq, lp in zip(step.sampled, result.logprobs, strict=True)}
+        updates = [
+            SeqUpdate(
+                u.sequence, msgspec.structs.replace(u.output, logprobs=[by_seq[id(u.sequence)]])
+            )
+            if u.sequence.request.sampling.logprobs is not None
+            else u
+            for u in updates
+        ]
+        return self.traces.attach(updates)
+
+    def _with_stop_ids(self, scheduled: ScheduledStep) -> list[NewSequence]:
+        """Tell the sampler which tokens to mask while ``min_tokens`` are not yet out."""
+        requests = {seq.seq_id: seq.request for seq in scheduled.sequences}
+        out = []
+        for new in scheduled.new_sequences:
+            req = requests[new.seq_id]
+            if req.sampling.min_tokens > 0:
+                stops = list(req.stop_token_ids)
+                if not req.ignore_eos:
+                    stops += self.eos_token_ids
+                new = msgspec.structs.replace(new, stop_token_ids=sorted(set(stops)))
+            out.append(new)
+        return out
+
+    def keepalive(self) -> None:
+        """Broadcast an empty plan (and any pending frees) if none went out for a while."""
+        if time.monotonic() - self._last_plan_at >= self.keepalive_s or (
+            self.scheduler.has_pending_frees()
+        ):
+            self.step()
+
+    def shutdown(self) -> None:
+        """Finish the steps in flight, then tell every rank to leave its loop."""
+        while self._in_flight:
+            self._finish(self._in_flight.popleft())
+        broadcast_plan(
+            StepPlan(step_id=self._next_step_id(), shutdown=True),
+            self.worker.comm,
+            self.worker.pending,
+        )
+        self.worker.pending.wait_all()
+        if self.constraints is not None:
+            self.constraints.cache.close()
+
+    def _next_step_id(self) -> int:
+        self._step_id += 1
+        return self._step_id
+
+    # ---- ZMQ loop -----------------------------------------------------------
+
+    # ---- FrontendEngine (model_shards.engine.zmq_loop) ---------------------------
+
+    def ready(self) -> EngineReady:
+        return EngineReady(self.max_model_len, self.vocab_size, list(self.eos_token_ids))
+
+    def handle(self, message: FrontendMessage, client: bytes) -> list[Reply]:
+        if isinstance(message, SubmitBatch):
+            received = time.monotonic_ns()
+            refused: list[Reply] = []
+            for req in message.requests:
+                try:
+                    self.add_request(req, client)
+                except ValueError as exc:
+                    refused.append((client, EngineError(str(exc), req.request_id)))
+                else:
+                    if req.trace:
+                        self.traces.open(req.request_id, received)
+            return refused
+        if isinstance(message, AbortRequests):  # blocks are released now: report it
+            return self._with_stats(_by_client(self.abort(message.request_ids)))
+        return [(client, EngineError(f"this replica generates; cannot {type(message).__name__}"))]
+
+    def work(self) -> list[Reply]:
+        updates = self.pump()
+        if not self.scheduler.has_work() and not self._in_flight:
+            self.keepalive()  # only grammars compiling: the ranks still hear from rank 0
+        return self.replies(updates)
+
+    def replies(self, updates: list[SeqUpdate]) -> list[Reply]:
+        """What the frontends get for a step's ``updates`` (with the engine's counters),
+        after the constrained requests refused since the last call."""
+        replies = self._with_stats(_by_client(updates))
+        refused, self._refused = self._refused, []
+        return refused + replies
+
+    def _with_stats(self, replies: list[Reply]) -> list[Reply]:
+        """Attach the current engine counters to every ``StepOutputs`` in ``replies``."""
+        if not replies:
+            return replies
+        s, media = self.stats, self.worker.media
+        stats = EngineStats(
+            num_running=s.num_running,
+            num_waiting=s.num_waiting,
+            kv_blocks_used=s.num_blocks - s.num_free_blocks,
+            kv_blocks_total=s.num_blocks,
+            prefix_cache_hit_tokens=s.prefix_cache_hit_tokens,
+            prefill_tokens_computed=s.prefill_tokens_computed,
+            num_preemptions=s.num_preemptions,
+            mm_encoder_cache_hits=media.stats.hits if media else 0,
+            mm_encoder_cache_misses=media.stats.misses if media else 0,
+            moe_expert_tokens=self._expert_tokens.sample(),
+        )
+        return [
+            (client, msgspec.structs.replace(m, stats=stats) if isinstance(m, StepOutputs) else m)
+            for client, m in replies
+        ]
+
+    def serve(self, address: str) -> None:
+        """Serve frontends on a ZMQ ROUTER at ``address`` until ``Shutdown``; then stop ranks."""
+        serve_frontends(self, address)
+
+
+def _by_client(updates: list[SeqUpdate]) -> list[Reply]:
+    """One ``StepOutputs`` per frontend, holding its requests' outputs in order."""
+    by_client: dict[bytes, list[RequestOutput]] = defaultdict(list)
+    for update in updates:
+        by_client[update.sequence.client].append(update.output)
+    return [(client, StepOutputs(outputs)) for client, outputs in by_client.items()]

@@ -1,0 +1,125 @@
+"""Rank 0's engine for an encoder replica: batch embedding inputs, run them, reply.
+
+Each step takes waiting inputs in arrival order while the batch stays within
+``max_num_seqs`` inputs and ``max_num_batched_tokens`` padded tokens (an
+input larger than the budget runs alone), broadcasts them in a plan, and
+returns one ``EmbeddingOutputs`` per frontend.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict, deque
+
+import torch
+
+from model_shards.engine.zmq_loop import Reply, serve_frontends
+from model_shards.messages import (
+    AbortRequests,
+    EmbeddingOutputs,
+    EmbeddingResult,
+    EmbedRequest,
+    EngineError,
+    EngineReady,
+    FrontendMessage,
+    StepPlan,
+    SubmitEmbeddings,
+)
+from model_shards.worker.decoder_worker import broadcast_plan
+from model_shards.worker.encoder_worker import EncoderWorker
+
+
+class EmbeddingCoordinator:
+    def __init__(
+        self,
+        worker: EncoderWorker,
+        *,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        max_model_len: int,
+        keepalive_s: float = 10.0,
+    ) -> None:
+        self.worker = worker
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_model_len = max_model_len
+        self.vocab_size = worker.model.config.vocab_size
+        self.keepalive_s = keepalive_s
+        self.waiting: deque[tuple[bytes, EmbedRequest]] = deque()
+        self._step_id = 0
+        self._last_plan_at = time.monotonic()
+
+    def check_request(self, req: EmbedRequest) -> str | None:
+        n = len(req.token_ids)
+        if n == 0:
+            return "input is empty"
+        if n > self.max_model_len:
+            return f"input has {n} tokens; the encoder takes at most {self.max_model_len}"
+        if any(not 0 <= t < self.vocab_size for t in req.token_ids):
+            return f"token ids must be in [0, {self.vocab_size})"
+        return None
+
+    def ready(self) -> EngineReady:
+        return EngineReady(self.max_model_len, self.vocab_size, [], task="embed")
+
+    def handle(self, message: FrontendMessage, client: bytes) -> list[Reply]:
+        if isinstance(message, SubmitEmbeddings):
+            refused: list[Reply] = []
+            for req in message.requests:
+                problem = self.check_request(req)
+                if problem:
+                    refused.append((client, EngineError(problem, req.request_id)))
+                else:
+                    self.waiting.append((client, req))
+            return refused
+        if isinstance(message, AbortRequests):
+            gone = set(message.request_ids)
+            self.waiting = deque(item for item in self.waiting if item[1].request_id not in gone)
+            return []
+        return [(client, EngineError(f"this replica embeds; cannot {type(message).__name__}"))]
+
+    def has_work(self) -> bool:
+        return bool(self.waiting)
+
+    def work(self) -> list[Reply]:
+        batch: list[tuple[bytes, EmbedRequest]] = []
+        longest = 0
+        while self.waiting and len(batch) < self.max_num_seqs:
+            longest_if = max(longest, len(self.waiting[0][1].token_ids))
+            if batch and longest_if * (len(batch) + 1) > self.max_num_batched_tokens:
+                break
+            batch.append(self.waiting.popleft())
+            longest = longest_if
+        vectors = self._run([req.token_ids for _, req in batch])
+        by_client: dict[bytes, list[EmbeddingResult]] = defaultdict(list)
+        for (client, req), vector in zip(batch, vectors.tolist(), strict=True):
+            by_client[client].append(EmbeddingResult(req.request_id, vector, len(req.token_ids)))
+        return [(client, EmbeddingOutputs(out)) for client, out in by_client.items()]
+
+    def embed(self, inputs: list[list[int]]) -> list[list[float]]:
+        """In-process API (tests): embed token-id inputs through every rank."""
+        return self._run(inputs).tolist()
+
+    def keepalive(self) -> None:
+        if time.monotonic() - self._last_plan_at >= self.keepalive_s:
+            self._run([])
+
+    def shutdown(self) -> None:
+        broadcast_plan(
+            StepPlan(self._next_step_id(), shutdown=True), self.worker.comm, self.worker.pending
+        )
+        self.worker.pending.wait_all()
+
+    def serve(self, address: str) -> None:
+        serve_frontends(self, address)
+
+    def _run(self, inputs: list[list[int]]) -> torch.Tensor:
+        plan = StepPlan(self._next_step_id(), encode=inputs)
+        broadcast_plan(plan, self.worker.comm, self.worker.pending)
+        self._last_plan_at = time.monotonic()
+        out = self.worker.execute(plan)
+        return out if out is not None else torch.empty(0, 0)
+
+    def _next_step_id(self) -> int:
+        self._step_id += 1
+        return self._step_id

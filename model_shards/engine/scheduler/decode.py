@@ -1,0 +1,57 @@
+"""Decodes and preemption: one more token for a running sequence, blocks freed by recompute.
+
+When a running sequence needs a block and none is free (after evicting parked
+cached blocks), the newest running sequence not already in this step and in
+no unfinished step is *preempted*: its blocks are released, its id goes out
+in this step's ``freed_seq_ids``, and it returns to the front of the waiting
+queue with its output so far, to be recomputed over prompt + output.
+"""
+
+from __future__ import annotations
+
+from model_shards.engine.scheduler.sequence import SeqStatus, Sequence
+from model_shards.engine.scheduler.state import SchedulerState
+from model_shards.engine.scheduler.step_builder import StepBuilder
+
+
+def schedule_decode(state: SchedulerState, seq: Sequence, step: StepBuilder) -> None:
+    """Add ``seq``'s next token to ``step``, preempting others if it needs a block."""
+    end = seq.num_computed + 1
+    state.release_outside_windows(seq)
+    need = state.blocks_to_extend(seq, end)
+    if make_room(state, seq, need, step):
+        state.extend_and_add(seq, end, step)
+
+
+def make_room(state: SchedulerState, seq: Sequence, need: int, step: StepBuilder) -> bool:
+    """Preempt newest unscheduled sequences until ``need`` blocks are free.
+
+    ``False`` if ``seq`` itself had to go, or if every other candidate is in flight.
+    """
+    while state.blocks.num_free < need:
+        victim = next(
+            (
+                s
+                for s in reversed(state.running)
+                if s.seq_id not in step.scheduled and s.seq_id not in state.in_flight
+            ),
+            None,
+        )
+        if victim is None:  # everyone else is in flight: wait for them
+            return False
+        _preempt(state, victim, step)
+        if victim is seq:
+            return False
+    return True
+
+
+def _preempt(state: SchedulerState, seq: Sequence, step: StepBuilder) -> None:
+    state.running.remove(seq)
+    state.release_blocks(seq)
+    seq.num_computed = 0
+    seq.num_registered_blocks = 0
+    seq.status = SeqStatus.WAITING
+    state.waiting.appendleft(seq)
+    step.freed.append(seq.seq_id)
+    step.preempted = True
+    state.counters.preemptions += 1

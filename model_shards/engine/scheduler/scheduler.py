@@ -1,0 +1,246 @@
+"""Continuous batching with chunked prefill over a paged, prefix-cached KV pool.
+
+One step (``schedule``) packs, within ``max_num_seqs`` sequences and
+``max_num_batched_tokens`` tokens:
+
+1. every running *decode* (1 token each), oldest admission first;
+2. the next chunk of every running, partially prefilled sequence;
+3. new (or preempted) waiting sequences, first come first served: each starts
+   after its prefix-cache hit and gets as much of its prompt as the token
+   budget allows. The rest of the prompt follows in later steps (chunked
+   prefill, ``sample=False`` until the chunk that reaches the last token).
+   A sequence whose next full prompt block a running sequence is computing
+   right now (``n > 1`` choices of one prompt, identical prompts) waits until
+   that block is cached, then shares it.
+
+KV blocks are taken as tokens are scheduled. When a running sequence needs
+a block and none is free (after evicting parked cached blocks), the newest
+running sequence not already in this step is *preempted*: its blocks are
+released, its id goes out in this step's ``freed_seq_ids`` (ranks drop it
+before running chunks), and it returns to the front of the waiting queue with
+its output so far. Resumed, it is announced again with ``NewSequence`` and
+recomputed over prompt + output (the ranks' sampler is deterministic per
+position, so the output continues unchanged). No new sequence is admitted in
+a step that preempted.
+
+Several steps may be in flight (pipeline micro-batches): a sequence in an
+unfinished step is neither scheduled nor preempted until ``update(step,
+tokens)`` records that step's sampled tokens. ``update`` advances the KV
+cursor, offers newly computed full blocks to the prefix cache, appends
+tokens and decides finishes. Steps run on every stage in the order they were
+scheduled, so a block released by an abort can be handed to a later step at
+once.
+
+A model with sliding-window layers (:mod:`model_shards.config.kv_layout`) keeps one block
+table per KV group and sequence, all from the one pool; before a sequence's next
+chunk is scheduled, the blocks of its windowed tables that no query from then on can
+read are released (their ids go back to the pool at once; the ranks keep the stale
+entries, which windowed attention never reads). Such models serve no prefix-cache hits.
+
+Invariant: a block is written only by the one sequence that holds it. Shared
+blocks are full, computed, cached blocks: a hit never covers the block of the
+last token to compute (at most ``(len - 1) // block_size`` blocks hit), and
+only full blocks are ever cached.
+
+:class:`Scheduler` is the entry point; each part of a step has its module:
+:mod:`.decode` (decodes, preemption), :mod:`.prefill` (the step's limits with
+the pipeline cap, prompt chunks), :mod:`.admission` (starting waiting
+sequences), over the shared :mod:`.state`; :mod:`.stats` reports the counters.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+
+import msgspec
+
+from model_shards.config.kv_layout import peak_blocks
+from model_shards.config.scheduler import SchedulerConfig, SchedulerStats
+from model_shards.engine.request_checks import fit_problem
+from model_shards.engine.scheduler.admission import admit
+from model_shards.engine.scheduler.block_manager import BlockManager
+from model_shards.engine.scheduler.decode import schedule_decode
+from model_shards.engine.scheduler.prefill import schedule_prefill, step_limits
+from model_shards.engine.scheduler.sequence import ScheduledStep, SeqStatus, Sequence, SeqUpdate
+from model_shards.engine.scheduler.state import SchedulerState
+from model_shards.engine.scheduler.stats import scheduler_stats
+from model_shards.engine.scheduler.step_builder import StepBuilder
+from model_shards.messages import FinishReason, GenerateRequest, RequestOutput
+
+
+class Scheduler:
+    """Rank 0's scheduler; see the module docstring for the policy."""
+
+    def __init__(self, config: SchedulerConfig) -> None:
+        self.config = config
+        self._state = SchedulerState(config)
+        self._next_seq_id = 0
+        self._eos = frozenset(config.eos_token_ids)
+        self._rng = random.Random()
+
+    @property
+    def blocks(self) -> BlockManager:
+        """The KV pool's bookkeeping (block ids free, held, cached)."""
+        return self._state.blocks
+
+    @property
+    def waiting(self) -> deque[Sequence]:
+        """Sequences not on the ranks (new, or preempted), first come first served."""
+        return self._state.waiting
+
+    @property
+    def running(self) -> list[Sequence]:
+        """Sequences on the ranks, in admission order (oldest first)."""
+        return self._state.running
+
+    @property
+    def _by_request(self) -> dict[str, Sequence]:
+        return self._state.by_request
+
+    # ---- requests in and out ------------------------------------------------
+
+    def add(self, request: GenerateRequest, client: bytes = b"") -> Sequence:
+        """Queue ``request``. ``ValueError`` if its id is live or it can never run.
+
+        "Never": an empty prompt, ``max_tokens < 1``, a prompt of
+        ``max_model_len`` tokens or more, or a sequence whose KV at its longest
+        (``min(prompt + max_tokens, max_model_len) - 1`` tokens; the last
+        sampled token is never computed) exceeds the whole pool, so that every
+        accepted sequence can finish once it runs alone.
+        A request without a seed gets a random one here: ranks never draw their own.
+        """
+        self._check(request)
+        sampling = request.sampling
+        if sampling.seed is None:
+            sampling = msgspec.structs.replace(sampling, seed=self._rng.getrandbits(63))
+        seq = Sequence(
+            self._next_seq_id,
+            request,
+            sampling,
+            client,
+            output_ids=list(request.resume_output_ids),
+        )
+        self._next_seq_id += 1
+        self.waiting.append(seq)
+        self._by_request[request.request_id] = seq
+        return seq
+
+    def abort(self, request_id: str) -> Sequence | None:
+        """Forget a live request (its blocks are released now); ``None`` if unknown."""
+        seq = self._by_request.get(request_id)
+        if seq is None:
+            return None
+        if seq.status is SeqStatus.RUNNING:
+            self._state.retire(seq)
+        else:
+            self.waiting.remove(seq)
+            del self._by_request[request_id]
+            seq.status = SeqStatus.FINISHED
+        return seq
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def has_pending_frees(self) -> bool:
+        """Finished or aborted sequences whose ids the ranks have not been told yet."""
+        return bool(self._state.to_free)
+
+    @property
+    def stats(self) -> SchedulerStats:
+        return scheduler_stats(self._state)
+
+    # ---- the step -----------------------------------------------------------
+
+    def schedule(self, micro_batches: int = 1) -> ScheduledStep:
+        """Decide the next step (see the module docstring). May be empty.
+
+        ``micro_batches > 1`` (pipeline overlap): the step takes at most its
+        share of the live sequences and of the prompt backlog
+        (:func:`~model_shards.engine.scheduler.prefill.step_limits`).
+        """
+        state = self._state
+        budget, seats = step_limits(state, micro_batches)
+        step = StepBuilder(budget, seats, state.take_freed())
+        for seq in list(state.running):
+            if step.full:
+                break
+            if state.ready(seq, step) and not seq.is_prefilling:
+                schedule_decode(state, seq, step)
+        for seq in list(state.running):
+            if step.full:
+                break
+            if state.ready(seq, step) and seq.is_prefilling:
+                schedule_prefill(state, seq, step)
+        while not step.preempted and admit(state, step):
+            pass
+        state.in_flight |= step.scheduled
+        return step.build()
+
+    def has_schedulable(self) -> bool:
+        """Whether a ``schedule()`` now could run anything (waiting, or running not in flight)."""
+        in_flight = self._state.in_flight
+        return bool(self.waiting) or any(s.seq_id not in in_flight for s in self.running)
+
+    def update(self, step: ScheduledStep, tokens: list[int]) -> list[SeqUpdate]:
+        """Record a step's results; ``tokens``: one per ``sample`` chunk, in chunk order.
+
+        Returns one update per sampled chunk of a sequence still live (those
+        aborted meanwhile are skipped). Finished sequences release their blocks
+        now; their ids go out with the next step's ``freed_seq_ids``.
+        """
+        num_sampled = sum(1 for c in step.chunks if c.sample)
+        if len(tokens) != num_sampled:
+            raise ValueError(f"step sampled {num_sampled} chunks but got {len(tokens)} tokens")
+        state = self._state
+        sampled = iter(tokens)
+        state.in_flight.difference_update(c.seq_id for c in step.chunks)
+        updates = []
+        for seq, chunk in zip(step.sequences, step.chunks, strict=True):
+            token = next(sampled) if chunk.sample else None
+            if (
+                seq.status is not SeqStatus.RUNNING
+                or state.by_request.get(seq.request_id) is not seq
+            ):
+                continue
+            seq.num_computed = chunk.start_pos + len(chunk.token_ids)
+            state.register_computed_blocks(seq)
+            if token is None:
+                continue
+            seq.append_token(token)
+            reason = self._finish_reason(seq, token)
+            first = len(seq.output_ids) == 1
+            output = RequestOutput(
+                seq.request_id, [token], reason, seq.num_prompt_tokens if first else 0
+            )
+            if reason is not None:
+                state.retire(seq)
+            updates.append(SeqUpdate(seq, output))
+        return updates
+
+    def _peak_blocks(self, tokens: int) -> int:
+        """Blocks one sequence of ``tokens`` KV positions holds at most, every KV group's."""
+        cfg = self.config
+        return peak_blocks(cfg.kv_windows, tokens, cfg.block_size, cfg.max_num_batched_tokens)
+
+    def _finish_reason(self, seq: Sequence, token: int) -> FinishReason | None:
+        req = seq.request
+        num_out = len(seq.output_ids)
+        if num_out >= seq.sampling.min_tokens and (
+            token in req.stop_token_ids or (not req.ignore_eos and token in self._eos)
+        ):
+            return "stop"
+        if num_out >= req.max_tokens or len(seq.token_ids) >= self.config.max_model_len:
+            return "length"
+        return None
+
+    def _check(self, request: GenerateRequest) -> None:
+        """``ValueError`` if ``request``'s id is live or it can never run (:func:`fit_problem`)."""
+        if request.request_id in self._by_request:
+            raise ValueError(f"request id {request.request_id!r} is already running")
+        cfg = self.config
+        problem = fit_problem(
+            request, cfg.max_model_len, cfg.block_size, cfg.num_blocks, self._peak_blocks
+        )
+        if problem:
+            raise ValueError(problem)

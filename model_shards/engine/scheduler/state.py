@@ -1,0 +1,115 @@
+"""What every part of the scheduler reads and changes: the KV pool, the queues, the counters."""
+
+from __future__ import annotations
+
+from collections import deque
+
+from model_shards.config.kv_layout import window_start
+from model_shards.config.scheduler import SchedulerConfig
+from model_shards.engine.scheduler.block_manager import BlockManager
+from model_shards.engine.scheduler.group_hits import group_hash
+from model_shards.engine.scheduler.sequence import SeqStatus, Sequence
+from model_shards.engine.scheduler.stats import SchedulerCounters
+from model_shards.engine.scheduler.step_builder import StepBuilder
+
+
+class SchedulerState:
+    """Rank 0's record of every live sequence and of the paged KV pool.
+
+    ``waiting``: sequences not on the ranks (new, or preempted), served first
+    come first served. ``running``: on the ranks and holding blocks, in
+    admission order (oldest first). ``by_request``: every live sequence by
+    request id. ``in_flight``: ids of sequences in a scheduled step that is not
+    updated yet; they are neither scheduled nor preempted. ``to_free``: ids of
+    retired sequences the ranks have not been told about yet.
+    """
+
+    def __init__(self, config: SchedulerConfig) -> None:
+        self.config = config
+        self.blocks = BlockManager(
+            config.num_blocks, config.block_size, config.enable_prefix_caching
+        )
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.by_request: dict[str, Sequence] = {}
+        self.in_flight: set[int] = set()
+        self.to_free: list[int] = []
+        self.counters = SchedulerCounters()
+
+    def take_freed(self) -> list[int]:
+        """The ids retired since the last call (they go out with the next step)."""
+        freed, self.to_free = self.to_free, []
+        return freed
+
+    def ready(self, seq: Sequence, step: StepBuilder) -> bool:
+        """Whether ``seq`` runs, is not in ``step`` yet, and is in no unfinished step."""
+        return (
+            seq.status is SeqStatus.RUNNING
+            and seq.seq_id not in step.scheduled
+            and seq.seq_id not in self.in_flight
+        )
+
+    def extend_and_add(self, seq: Sequence, end: int, step: StepBuilder) -> None:
+        """Grow a running sequence's block tables (one per KV group) to cover ``end``
+        tokens; add its chunk."""
+        self.counters.prefill_tokens += max(0, min(end, seq.prefill_end) - seq.num_computed)
+        n = self.blocks.blocks_for(end) - len(seq.block_table)
+        new_blocks = self.blocks.allocate(n)
+        seq.block_table.extend(new_blocks)
+        window_blocks = [self.blocks.allocate(n) for _ in seq.window_tables]
+        for table, new in zip(seq.window_tables, window_blocks, strict=True):
+            table.extend(new)
+        step.add(seq, seq.num_computed, end, new_blocks, window_blocks)
+
+    def blocks_to_extend(self, seq: Sequence, end: int) -> int:
+        """Block ids growing every table of ``seq`` to cover ``end`` tokens takes."""
+        groups = self.config.num_kv_groups
+        return groups * max(0, self.blocks.blocks_for(end) - len(seq.block_table))
+
+    def release_outside_windows(self, seq: Sequence) -> None:
+        """Release the blocks of ``seq``'s windowed tables that no query from
+        ``num_computed`` on can attend to (entry ``-1``); the ranks keep their stale
+        ids, which every windowed read skips."""
+        bs = self.config.block_size
+        for window, table in zip(self.config.kv_windows, self.tables(seq), strict=True):
+            dead = window_start(window, seq.num_computed) // bs  # blocks wholly before it
+            for i in range(min(dead, len(table))):
+                if table[i] >= 0:
+                    self.blocks.release([table[i]])
+                    table[i] = -1
+
+    @staticmethod
+    def tables(seq: Sequence) -> list[list[int]]:
+        """Every KV group's block table of ``seq``, group 0 first."""
+        return [seq.block_table, *seq.window_tables]
+
+    def register_computed_blocks(self, seq: Sequence) -> None:
+        """Offer the sequence's newly computed full blocks, every KV group's, to the prefix
+        cache (a windowed group's blocks already released are skipped)."""
+        if not self.blocks.enable_caching:
+            return
+        bs = self.config.block_size
+        full = seq.num_computed // bs
+        hashes = seq.block_hashes(full, bs)
+        for g, table in enumerate(self.tables(seq)):
+            for i in range(seq.num_registered_blocks, full):
+                if table[i] >= 0:
+                    self.blocks.register(table[i], group_hash(g, hashes[i]))
+        seq.num_registered_blocks = max(seq.num_registered_blocks, full)
+
+    def retire(self, seq: Sequence) -> None:
+        """A running sequence is done (finished or aborted): release and forget it."""
+        self.running.remove(seq)
+        self.release_blocks(seq)
+        del self.by_request[seq.request_id]
+        self.to_free.append(seq.seq_id)
+        seq.status = SeqStatus.FINISHED
+
+    def release_blocks(self, seq: Sequence) -> None:
+        """Give back every block of ``seq``'s table (cached ones stay parked)."""
+        # Tail first, so a sequence's deepest cached blocks are evicted before its
+        # shared-prefix blocks (an evicted parent would make its children unreachable).
+        for table in reversed(self.tables(seq)):
+            self.blocks.release(b for b in reversed(table) if b >= 0)
+        seq.block_table = []
+        seq.window_tables = []

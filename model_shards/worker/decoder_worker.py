@@ -1,0 +1,374 @@
+"""Every rank's step executor: run this stage of the model on a :class:`StepPlan`.
+
+Data flow of one step (the same plan on every rank):
+
+1. drop the block tables of freed sequences, extend block tables;
+   the sampling rank registers new sequences, records fed tokens and takes the
+   step's grammar masks;
+2. first stage embeds the plan's token ids, later stages receive the previous
+   stage's hidden states ``[T, H]``;
+3. run this stage's layers (TP all-reduces inside), writing K/V into the pool;
+4. non-last stages send ``[T, H]`` on; the last stage computes logits for each
+   sampled chunk's final token, its TP rank 0 samples and sends the result to
+   global rank 0 (see :func:`_send_result` for the wire order).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass
+from itertools import accumulate
+
+import torch
+
+from model_shards.backends import Backend, select_backend
+from model_shards.config import vision_budget
+from model_shards.config.kv_layout import KVLayout, peak_blocks
+from model_shards.config.model import EncoderConfig, ModelConfig, ReplicaConfig
+from model_shards.layers.attention import ForwardBatch
+from model_shards.layers.context import ShardContext
+from model_shards.layers.linear import prepare_weights
+from model_shards.messages import SeqChunk, StepPlan, TokenLogprob, decode_plan, encode
+from model_shards.models import MODEL_REGISTRY, DecoderModel
+from model_shards.models.decoder import StepPositions
+from model_shards.parallel import comm
+from model_shards.parallel.comm import Comm
+from model_shards.parallel.state import ParallelState
+from model_shards.worker import gpu_memory, layer_timer
+from model_shards.worker.checkpoint import Checkpoint
+from model_shards.worker.decode_graphs import DecodeGraphs
+from model_shards.worker.kv_cache import PagedKVCache
+from model_shards.worker.loader import load_weights
+from model_shards.worker.media_inputs import MediaInputs
+from model_shards.worker.sampler import SampleOutput, Sampler
+
+log = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+CPU_KV_CACHE_DEFAULT = 1 << 30  # bytes per rank when neither flag nor GPU says otherwise
+
+
+def resolve_dtype(
+    flag: str, model: ModelConfig | EncoderConfig, device: torch.device | None = None
+) -> torch.dtype:
+    """``--dtype`` to a torch dtype; ``auto`` takes the checkpoint config's, except that on
+    CUDA a float32 checkpoint is served in bfloat16 (as vLLM does; logged)."""
+    name = model.torch_dtype if flag == "auto" else flag
+    if name not in _DTYPES:  # config.json's torch_dtype is checked at validation
+        raise ValueError(f"dtype {name!r} is not supported; supported: {', '.join(_DTYPES)}")
+    dtype = _DTYPES[name]
+    if flag == "auto" and dtype == torch.float32 and device is not None and device.type == "cuda":
+        log.info("--dtype auto: the float32 checkpoint is served in bfloat16 on %s", device)
+        return torch.bfloat16
+    return dtype
+
+
+@dataclass
+class StepResult:
+    """What global rank 0 learns from one step."""
+
+    tokens: list[int]  # one per chunk with ``sample``
+    logprobs: list[TokenLogprob] | None = None
+
+
+def broadcast_plan(plan: StepPlan, peers: Comm, pending: comm.Pending) -> None:
+    """Rank 0: send the plan to every rank without waiting for them to take it."""
+    comm.broadcast_bytes_from_root(encode(plan), peers, pending)
+
+
+def receive_plan(peers: Comm) -> StepPlan:
+    return decode_plan(comm.broadcast_bytes(None, peers, src=0))
+
+
+def kv_cache_blocks(
+    cfg: ModelConfig,
+    replica: ReplicaConfig,
+    peers: Comm,
+    model: DecoderModel,
+    dtype: torch.dtype,
+    max_model_len: int,
+    *,
+    graphs: bool,
+) -> int:
+    """Blocks this rank's memory budget allows, agreed (minimum) over the whole replica.
+
+    Budget: ``--kv-cache-memory``; else on GPU what :mod:`model_shards.worker.gpu_memory`
+    leaves of ``--gpu-memory-utilization`` (one forward's peak, a VLM's vision tower
+    over one step's largest media, and the graph pool measured); else 1 GiB. Never more
+    than ``max_num_seqs`` full-length sequences need.
+    """
+    ps = peers.ps
+    layout = KVLayout.for_model(cfg)
+    buffers = layout.slots_on(range(model.model.start, model.model.end))
+    per_block = cfg.kv_block_bytes(ps.tp_size, buffers, replica.block_size, dtype.itemsize)
+    if replica.kv_cache_memory is not None:
+        budget = replica.kv_cache_memory
+    elif ps.device.type == "cuda":
+        budget = _gpu_kv_budget(replica, model, max_model_len, graphs)
+    else:
+        budget = CPU_KV_CACHE_DEFAULT
+    chunk = replica.max_num_batched_tokens
+    per_seq = peak_blocks(layout.windows, max_model_len, replica.block_size, chunk)
+    blocks = min(max(budget, 0) // per_block, per_seq * replica.max_num_seqs)
+    blocks = comm.all_reduce_min_int(blocks, peers)
+    if blocks < per_seq:
+        raise ValueError(
+            f"KV cache of {blocks} blocks cannot hold one {max_model_len}-token sequence; "
+            f"raise --kv-cache-memory (or --gpu-memory-utilization) or lower --max-model-len"
+        )
+    return blocks
+
+
+def _gpu_kv_budget(
+    replica: ReplicaConfig, model: DecoderModel, max_model_len: int, graphs: bool
+) -> int:
+    bs, seqs = replica.block_size, replica.max_num_seqs
+    tokens = replica.max_num_batched_tokens
+    peak = gpu_memory.forward_peak_bytes(model, tokens, max_model_len, bs, seqs)
+    vision = 0  # a VLM's first stage: the tower over the largest media of one step
+    if _takes_images(model, model.ps):
+        caps = vision_budget.MediaCaps.from_dir(replica.model_dir)
+        media = vision_budget.worst_case_media(model.config.extra, tokens, max_model_len, caps)
+        vision = gpu_memory.vision_peak_bytes(model, media)
+    peak = max(peak, vision)
+    pool = gpu_memory.forward_peak_bytes(model, seqs, 1, bs, seqs) if graphs else 0
+    free, total = torch.cuda.mem_get_info(model.ps.device)
+    budget = gpu_memory.kv_budget_bytes(
+        replica.gpu_memory_utilization, total, total - free, peak, pool
+    )
+    log.info(
+        "GPU memory: %.2f GiB total, %.2f GiB in use after loading, forward peak %.2f GiB "
+        "(%d tokens; vision tower %.2f GiB), graph pool %.2f GiB: %.2f GiB for the KV cache",
+        total / 2**30,
+        (total - free) / 2**30,
+        peak / 2**30,
+        tokens,
+        vision / 2**30,
+        pool / 2**30,
+        budget / 2**30,
+    )
+    return budget
+
+
+class Worker:
+    def __init__(
+        self, model: DecoderModel, ctx: ShardContext, num_blocks: int, block_size: int
+    ) -> None:
+        self.model = model
+        self.ctx = ctx
+        self.comm = ctx.comm
+        self.ps = ps = ctx.ps
+        self.ops = ctx.ops
+        self.dtype = dtype = ctx.dtype
+        cfg = model.config
+        layers = range(model.model.start, model.model.end)
+        self.kv = PagedKVCache.for_stage(
+            cfg, layers, ps.tp_size, num_blocks, block_size, dtype, ps.device
+        )
+        self.sampler = Sampler(ctx.ops)
+        self.graphs: DecodeGraphs | None = None  # set by build() on a backend with graphs
+        self.bytes_loaded = 0
+        self.pending = comm.Pending()  # non-blocking sends in progress
+        # time.monotonic_ns() when the last step's forward / LM head / sampling ended
+        # (those it ran), for rank 0's opt-in TTFT trace (model_shards.engine.request_trace)
+        self.step_stamps: dict[str, int] = {}
+        # a vision-language model's first stage: images of its sequences, encoder cache
+        self.media = MediaInputs(model, ps.device) if _takes_images(model, ps) else None  # type: ignore[arg-type]
+        # a model with its own position streams (M-RoPE): every rank tracks them
+        self.positions: StepPositions | None = getattr(model, "step_positions", None)
+
+    @staticmethod
+    def build(
+        replica: ReplicaConfig,
+        cfg: ModelConfig,
+        peers: Comm,
+        max_model_len: int,
+        ops: Backend | None = None,
+        ep_comm: Comm | None = None,
+    ) -> Worker:
+        """Build this rank's stage, load its slices of the checkpoint, size the KV pool.
+
+        ``ops``: the backend (default: :func:`select_backend` for the rank's device);
+        ``ep_comm``: data-parallel attention's expert group (``ShardContext.ep_comm``)."""
+        ps = peers.ps
+        dtype = resolve_dtype(replica.dtype, cfg, ps.device)
+        if ops is None:
+            ops = select_backend(ps.device, dtype, batch_invariant=replica.batch_invariant)
+        ep = replica.enable_expert_parallel
+        ctx = ShardContext(peers, ops, dtype, expert_parallel=ep, ep_comm=ep_comm)
+        model_cls = MODEL_REGISTRY[cfg.architecture]
+        with torch.device(ps.device):
+            model = model_cls(cfg, ctx, max_model_len, replica.pp_layer_partition)
+        with Checkpoint(replica.model_dir) as checkpoint:
+            load_weights(model, checkpoint)
+            bytes_read = checkpoint.bytes_read
+        prepare_weights(model)
+        graph_backend = None if replica.enforce_eager else ops.graph_backend()
+        if graph_backend is not None and KVLayout.for_model(cfg).num_groups > 1:
+            log.info("decode graphs off: %s keeps several KV groups", cfg.architecture)
+            graph_backend = None  # the captured inputs hold one group's tables
+        if graph_backend is not None and getattr(model, "step_positions", None) is not None:
+            log.info("decode graphs off: %s has its own position streams", cfg.architecture)
+            graph_backend = None  # the captured inputs index the model's tables
+        blocks = kv_cache_blocks(
+            cfg,
+            replica,
+            peers,
+            model.eval(),
+            dtype,
+            max_model_len,
+            graphs=graph_backend is not None,
+        )
+        worker = Worker(model, ctx, blocks, replica.block_size)
+        if graph_backend is not None:
+            worker.graphs = DecodeGraphs(
+                worker.model, worker.kv, replica.max_num_seqs, max_model_len, graph_backend
+            )
+            worker.graphs.capture()
+        worker.bytes_loaded = bytes_read
+        return worker
+
+    @property
+    def is_sampler(self) -> bool:
+        return self.ps.is_last_stage and self.ps.tp_rank == 0
+
+    @torch.inference_mode()
+    def execute(self, plan: StepPlan, wait: bool = True) -> StepResult | None:
+        """Run this rank's stage of one step.
+
+        On global rank 0 returns the step's result — when it is the sampler, or
+        ``wait`` (else call :meth:`collect` later, in plan order). ``None`` elsewhere.
+        """
+        ps = self.ps
+        for seq_id in plan.freed_seq_ids:
+            self.kv.free(seq_id)
+            self.sampler.remove(seq_id)
+        if self.media is not None:
+            self.media.observe(plan)
+        if self.positions is not None:
+            self.positions.observe(plan)
+        if self.is_sampler:
+            for new in plan.new_sequences:
+                self.sampler.add(new)
+            for chunk in plan.chunks:
+                self.sampler.observe(chunk)
+            self.sampler.set_masks(plan.token_masks)
+        if not plan.chunks:
+            return None
+        self.kv.extend_tables(plan.chunks)
+        graphed = self.graphs is not None and all(len(c.token_ids) == 1 for c in plan.chunks)
+        graphed = graphed and (self.media is None or not self.media.touches(plan.chunks))
+        kinds: dict[str, int] = {}  # a traced step: per-layer-kind forward ns (layer_timer)
+        with layer_timer.timed(self.model, kinds) if plan.trace else nullcontext():
+            stage_out = self._forward(plan.chunks, graphed)  # [T, H], or [T, V] from a graph
+        self.step_stamps = {"forward_done": time.monotonic_ns()}
+        self.step_stamps.update({layer_timer.PREFIX + k: v for k, v in kinds.items()})
+        if not ps.is_last_stage:
+            comm.send_to_next_stage(stage_out, self.comm, self.pending)
+            return self.collect(plan) if wait and ps.rank == 0 else None
+        sampled = [i for i, c in enumerate(plan.chunks) if c.sample]
+        if not sampled:
+            return StepResult([]) if ps.rank == 0 else None
+        if graphed:
+            logits = stage_out if len(sampled) == len(plan.chunks) else stage_out[sampled]
+        else:
+            ends = list(accumulate(len(c.token_ids) for c in plan.chunks))
+            rows = torch.tensor([ends[i] - 1 for i in sampled], device=ps.device)
+            logits = self.model.compute_logits(stage_out[rows])  # [S, V]
+            self.step_stamps["lm_head_done"] = time.monotonic_ns()
+        if ps.tp_rank != 0:
+            return None
+        out = self.sampler.sample(logits, [plan.chunks[i] for i in sampled])
+        self.step_stamps["sampled"] = time.monotonic_ns()
+        if ps.rank == 0:
+            return _to_result(out)
+        _send_result(out, self.comm, self.pending)
+        return None
+
+    def _forward(self, chunks: list[SeqChunk], graphed: bool) -> torch.Tensor:
+        """This stage's pass over the step: ``[T, H]``; when ``graphed`` (a decode-only
+        step replaying a captured graph) on the last stage the logits ``[T, V]`` (the LM
+        head is inside the graph).
+
+        The step's metadata is built before a later stage waits for its activations, so
+        that host work overlaps the previous stage's compute."""
+        ps = self.ps
+        batch = None if graphed else ForwardBatch.build(chunks, self.kv)
+        if batch is not None and self.positions is not None:
+            batch.rotary_rows = self.positions.rotary_rows(chunks)
+        hidden: torch.Tensor | None = None
+        if not ps.is_first_stage:
+            shape = (sum(len(c.token_ids) for c in chunks), self.model.config.hidden_size)
+            hidden = comm.recv_from_prev_stage(shape, self.dtype, self.comm)
+        if batch is None:
+            assert self.graphs is not None  # graphed: only with captured graphs
+            return self.graphs.run(chunks, hidden)
+        if hidden is None:
+            ids = [t for c in chunks for t in c.token_ids]
+            hidden = torch.tensor(ids, dtype=torch.int64, device=ps.device)
+            if self.media is not None:  # token embeddings with the images' rows in
+                hidden = self.media.embed(hidden, chunks)  # [T, H]
+        return self.model(hidden, batch)  # [T, H]
+
+    def collect(self, plan: StepPlan) -> StepResult:
+        """Global rank 0, when it is not the sampler: wait for the sampler's result of ``plan``."""
+        if not any(c.sample for c in plan.chunks):
+            return StepResult([])
+        return _recv_result(self.comm, self.ps.last_stage_leader)
+
+    def serve_forever(self) -> None:
+        """Non-zero ranks: execute plans from rank 0 until a shutdown plan."""
+        while True:
+            plan = receive_plan(self.comm)
+            if plan.shutdown:
+                self.pending.wait_all()
+                return
+            self.execute(plan)
+
+
+def _takes_images(model: DecoderModel, ps: ParallelState) -> bool:
+    """Whether this rank runs a vision tower: a vision-language model's first stage."""
+    return ps.is_first_stage and (hasattr(model, "encode_images") or hasattr(model, "encode_media"))
+
+
+def _to_result(out: SampleOutput) -> StepResult:
+    logprobs = None
+    if out.logprobs is not None and out.top_ids is not None and out.top_logprobs is not None:
+        logprobs = [
+            TokenLogprob(lp, ids, tops)
+            for lp, ids, tops in zip(
+                out.logprobs.tolist(), out.top_ids.tolist(), out.top_logprobs.tolist(), strict=True
+            )
+        ]
+    return StepResult(out.tokens.tolist(), logprobs)
+
+
+def _send_result(out: SampleOutput, peers: Comm, pending: comm.Pending) -> None:
+    """Wire order to rank 0: header ``[S, K]``, tokens, then (K >= 0) logprobs, top ids and
+    top logprobs. ``K = -1`` when no sequence asked for logprobs."""
+    k = -1 if out.top_ids is None else int(out.top_ids.shape[1])  # -1: no logprobs
+    comm.send_cpu(torch.tensor([out.tokens.shape[0], k], dtype=torch.int64), 0, peers, pending)
+    comm.send_cpu(out.tokens, 0, peers, pending)
+    if k >= 0:
+        assert out.logprobs is not None and out.top_logprobs is not None
+        assert out.top_ids is not None
+        comm.send_cpu(out.logprobs, 0, peers, pending)
+        if k > 0:  # gloo cannot send empty tensors
+            comm.send_cpu(out.top_ids, 0, peers, pending)
+            comm.send_cpu(out.top_logprobs, 0, peers, pending)
+
+
+def _recv_result(peers: Comm, src: int) -> StepResult:
+    """Global rank 0: the sampler's :func:`_send_result` of one step, from global rank ``src``."""
+    s, k = comm.recv_cpu((2,), torch.int64, src, peers).tolist()
+    out = SampleOutput(comm.recv_cpu((s,), torch.int64, src, peers))
+    if k >= 0:
+        out.logprobs = comm.recv_cpu((s,), torch.float32, src, peers)
+        out.top_ids = torch.empty(s, 0, dtype=torch.int64)
+        out.top_logprobs = torch.empty(s, 0)
+        if k > 0:
+            out.top_ids = comm.recv_cpu((s, k), torch.int64, src, peers)
+            out.top_logprobs = comm.recv_cpu((s, k), torch.float32, src, peers)
+    return _to_result(out)

@@ -1,0 +1,64 @@
+"""Every rank's step executor for an encoder replica (embeddings; ``tp`` ranks, ``pp == 1``).
+
+A step's plan lists the inputs to embed (``StepPlan.encode``); every rank runs
+the padded batch through its shard of the encoder (TP all-reduces inside) and
+ends with the same pooled vectors; global rank 0 returns them.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from model_shards.backends import select_backend
+from model_shards.config.model import EncoderConfig, ReplicaConfig
+from model_shards.layers.context import ShardContext
+from model_shards.layers.linear import prepare_weights
+from model_shards.messages import StepPlan
+from model_shards.models.bert import BertModel
+from model_shards.parallel import comm
+from model_shards.parallel.comm import Comm
+from model_shards.worker.checkpoint import Checkpoint
+from model_shards.worker.decoder_worker import receive_plan, resolve_dtype
+from model_shards.worker.loader import load_weights
+
+
+class EncoderWorker:
+    def __init__(self, model: BertModel, peers: Comm) -> None:
+        self.model = model
+        self.comm = peers
+        self.ps = peers.ps
+        self.pending = comm.Pending()  # rank 0's plan broadcasts in progress
+        self.bytes_loaded = 0
+
+    @staticmethod
+    def build(replica: ReplicaConfig, cfg: EncoderConfig, peers: Comm) -> EncoderWorker:
+        device = peers.ps.device
+        dtype = resolve_dtype(replica.dtype, cfg, device)
+        ctx = ShardContext(peers, select_backend(device, dtype), dtype)
+        with torch.device(device):
+            model = BertModel(cfg, ctx)
+        with Checkpoint(replica.model_dir) as checkpoint:
+            load_weights(model, checkpoint)
+            prepare_weights(model)
+            worker = EncoderWorker(model.eval(), peers)
+            worker.bytes_loaded = checkpoint.bytes_read
+        return worker
+
+    @torch.inference_mode()
+    def execute(self, plan: StepPlan) -> torch.Tensor | None:
+        """Embed ``plan.encode``; ``[B, H]`` float32 on every rank (``None`` when empty)."""
+        if not plan.encode:
+            return None
+        longest = max(len(ids) for ids in plan.encode)
+        padded = [ids + [0] * (longest - len(ids)) for ids in plan.encode]
+        input_ids = torch.tensor(padded, dtype=torch.int64, device=self.ps.device)
+        lengths = torch.tensor([len(ids) for ids in plan.encode], device=self.ps.device)
+        return self.model(input_ids, lengths).cpu()
+
+    def serve_forever(self) -> None:
+        """Non-zero ranks: execute plans from rank 0 until a shutdown plan."""
+        while True:
+            plan = receive_plan(self.comm)
+            if plan.shutdown:
+                return
+            self.execute(plan)

@@ -1,0 +1,212 @@
+"""``POST /v1/chat/completions``: template the messages, then JSON or SSE.
+
+:func:`prepare` renders the conversation with the checkpoint's chat template
+(:mod:`server.text.chat_template`), tokenizes it without adding special tokens (the
+template writes them) and plans one engine request per choice. A checkpoint
+without a template, or a template that refuses the messages, is a 400 naming
+``messages``. :func:`complete` returns a ``chat.completion``; :func:`stream`
+yields ``chat.completion.chunk`` frames: for each choice first a delta with
+``role: assistant`` and empty content, then content deltas, the last with its
+``finish_reason``; usage in a final ``choices: []`` chunk when
+``stream_options.include_usage``; then ``data: [DONE]``. Engine failures are
+handled as in :mod:`server.api.completions`.
+
+Roles must be OpenAI's (:data:`server.api.chat_protocol.ROLES`; else a 400 naming
+``messages[i].role``). ``tools`` go to the template; ``tool_choice`` and the output's
+tool calls are :mod:`server.api.chat_tools`'; ``response_format`` and the other
+structured-output fields constrain the output (:mod:`server.api.structured`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass, field
+
+from server.api.chat_protocol import (
+    ROLES,
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChatDelta,
+)
+from server.api.chat_tools import ToolPlan, ToolStream, finish_reason, message, tool_plan
+from server.api.choices import Plan, plan
+from server.api.logprobs import chat_logprobs
+from server.api.protocol import Usage
+from server.api.serving import (
+    ENGINE_ERRORS,
+    Serving,
+    bad_words_ids,
+    check_ids,
+    engine_api_error,
+    sse,
+)
+from server.http.errors import APIError
+from server.media.multimodal import PreparedImage, prompt_ids, template_messages, with_media
+from server.text.chat_template import ChatTemplate, ChatTemplateError
+
+
+def load_template(serving: Serving) -> ChatTemplate | None:
+    """The served checkpoint's compiled template, or ``None`` when it has none.
+
+    Raises :class:`ChatTemplateError` if the template does not compile.
+    """
+    source = serving.tokenizer.chat_template
+    return None if source is None else ChatTemplate(source, serving.tokenizer.special_tokens)
+
+
+@dataclass(frozen=True)
+class ChatPlan(Plan):
+    """A chat request's choices and how its tool calls are made and read."""
+
+    tools: ToolPlan = field(default_factory=ToolPlan)
+
+
+def _check_roles(body: ChatCompletionRequest) -> None:
+    for i, m in enumerate(body.messages):
+        if m.role not in ROLES:
+            raise APIError.bad_request(
+                f"'messages[{i}].role' must be one of {', '.join(ROLES)}, not {m.role!r}",
+                param=f"messages[{i}].role",
+            )
+
+
+def prepare(
+    serving: Serving,
+    template: ChatTemplate | None,
+    body: ChatCompletionRequest,
+    response_id: str,
+    images: list[PreparedImage] | None = None,
+) -> ChatPlan:
+    """Check, render and tokenize ``body``; one engine request per choice. ``images``: its
+    image parts, loaded (:func:`server.media.multimodal.load_chat_images`)."""
+    vocab_size = serving.check(body.model)
+    _check_roles(body)
+    tools, tool_grammar = tool_plan(body, serving.tool_parser)
+    grammar = body.grammar()
+    if tool_grammar is not None and grammar is not None:
+        raise APIError.bad_request(
+            "'tool_choice' required or a named function already constrains the output; "
+            "drop the structured-output field",
+            param="tool_choice",
+        )
+    if template is None:
+        raise APIError.bad_request(
+            f"the model `{serving.model_name}` has no chat template (no 'chat_template' in "
+            "tokenizer_config.json and no chat_template.jinja); use /v1/completions instead",
+            param="messages",
+            code="no_chat_template",
+        )
+    try:
+        text = template.render(
+            template_messages(serving.tokenizer, body, serving.image_model),
+            add_generation_prompt=body.add_generation_prompt,
+            tools=[t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None,
+        )
+    except ChatTemplateError as exc:
+        raise APIError.bad_request(f"'messages': {exc}", param="messages") from exc
+    stop_token_ids = list(body.stop_token_ids or [])
+    check_ids(stop_token_ids, vocab_size, "stop_token_ids")
+    check_ids(list(body.logit_bias_ids), vocab_size, "logit_bias")
+    check_ids(list(body.allowed_token_ids or []), vocab_size, "allowed_token_ids")
+    max_param = "max_tokens" if body.max_completion_tokens is None else "max_completion_tokens"
+    ids, media = prompt_ids(serving.tokenizer, text, images or [], serving.image_model)
+    work = plan(
+        response_id,
+        [ids],
+        n=body.n,
+        max_tokens=body.requested_max_tokens,
+        max_tokens_param=max_param,
+        max_model_len=serving.max_model_len,
+        sampling=body.sampling_params(
+            body.num_logprobs, bad_words_ids(serving.tokenizer, body.bad_words)
+        ),
+        stop_token_ids=stop_token_ids,
+        ignore_eos=body.ignore_eos,
+        grammar=grammar or tool_grammar,
+    )
+    return ChatPlan(work.response_id, work.n, with_media(work.requests, media), tools)
+
+
+async def complete(
+    serving: Serving, work: ChatPlan, body: ChatCompletionRequest
+) -> ChatCompletionResponse:
+    """Run every choice to the end and return the whole ``chat.completion``."""
+    results = await serving.collect(work, body.stop_strings)
+    messages = [message(work.tools, r.text) for r in results]
+    choices = [
+        ChatChoice(
+            index=r.index,
+            message=m,
+            finish_reason=finish_reason(bool(m.tool_calls), r.finish_reason),
+            logprobs=None if r.logprobs is None else chat_logprobs(serving.tokenizer, r.logprobs),
+        )
+        for r, m in zip(results, messages, strict=True)
+    ]
+    return ChatCompletionResponse(
+        id=work.response_id,
+        model=serving.model_name,
+        choices=choices,
+        usage=Usage.of(work.prompt_tokens, sum(r.completion_tokens for r in results)),
+    )
+
+
+async def stream(
+    serving: Serving, work: ChatPlan, body: ChatCompletionRequest
+) -> AsyncGenerator[bytes, None]:
+    """SSE ``chat.completion.chunk`` frames; see the module docstring.
+
+    An engine failure before the first content frame raises :class:`APIError`
+    from the first ``anext``; a later one is sent as an error event before ``[DONE]``.
+    """
+
+    def chunk(*choices: ChatChunkChoice, usage: Usage | None = None) -> bytes:
+        frame = ChatCompletionChunk(
+            id=work.response_id, model=serving.model_name, choices=list(choices), usage=usage
+        )
+        return sse(frame.model_dump_json())
+
+    tokens = dict.fromkeys(range(len(work.requests)), 0)
+    started: set[int] = set()
+    streams = {i: ToolStream(work.tools) for i in range(len(work.requests))}
+    deltas = serving.merge(work, body.stop_strings)
+    async with contextlib.aclosing(deltas):
+        try:
+            async for index, delta in deltas:
+                if index not in started:
+                    started.add(index)
+                    role = ChatDelta(role="assistant", content="")
+                    yield chunk(ChatChunkChoice(index=index, delta=role))
+                tokens[index] = delta.completion_tokens
+                logprobs = None
+                if delta.logprobs is not None:
+                    logprobs = chat_logprobs(serving.tokenizer, delta.logprobs)
+                pieces = _pieces(streams[index], delta.text, delta.finish_reason is not None)
+                for piece in pieces[:-1]:
+                    yield chunk(ChatChunkChoice(index=index, delta=piece))
+                reason = finish_reason(streams[index].called, delta.finish_reason)
+                yield chunk(
+                    ChatChunkChoice(
+                        index=index, delta=pieces[-1], logprobs=logprobs, finish_reason=reason
+                    )
+                )
+        except ENGINE_ERRORS as exc:
+            if not started:
+                raise engine_api_error(exc) from exc
+            yield sse(json.dumps(engine_api_error(exc).body()))
+        else:
+            if body.include_usage:
+                yield chunk(usage=Usage.of(work.prompt_tokens, sum(tokens.values())))
+    yield sse("[DONE]")
+
+
+def _pieces(stream: ToolStream, text: str, last: bool) -> list[ChatDelta]:
+    """The deltas one text delta makes (at least one: an empty one carries the rest)."""
+    if stream.plan.mode == "none":
+        return [ChatDelta(content=text) if text else ChatDelta()]
+    pieces = stream.feed(text) + (stream.finish() if last else [])
+    return pieces or [ChatDelta()]

@@ -1,0 +1,119 @@
+"""What every generating route shares: the served model, its checks, errors and SSE framing.
+
+:class:`Serving` bundles the engine client, tokenizer, model name, context
+length and metrics that a route needs. :meth:`Serving.check` makes the checks
+only the frontend can make, in order: model name (404) → engine serviceable,
+i.e. healthy or recovering (503) → the route's task is the model's (400).
+:func:`check_ids` names the field of a token id outside the vocabulary (400).
+The engine checks every request again, whoever sends it
+(:mod:`model_shards.engine.request_checks`: ids, sampling ranges, context, KV pool);
+a refusal there reaches the client as a 400 (``engine_refused``).
+:meth:`Serving.collect` and :meth:`Serving.merge` run a request's choices
+(:mod:`server.api.choices`) on this engine.
+:func:`engine_api_error` maps engine failures to HTTP errors: a refused
+request is a 400, a dead engine a 503.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from server.api import choices
+from server.engine.client import Engine, EngineDeadError, EngineRequestError
+from server.http.errors import APIError
+from server.http.metrics import Metrics
+from server.media.fetch import MediaOptions
+from server.text.generation import TextDelta
+from server.text.tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    from server.media.multimodal import ImageModel
+
+
+@dataclass(frozen=True)
+class Serving:
+    engine: Engine
+    tokenizer: Tokenizer
+    model_name: str
+    max_model_len: int
+    metrics: Metrics
+    tool_parser: str | None = None  # the --tool-call-parser (or the template's) name
+    image_model: ImageModel | None = None  # a vision-language model's image intake
+    media_options: MediaOptions = field(default_factory=MediaOptions)  # the media flags
+
+    def check(self, model: str | None, task: str = "generate") -> int:
+        """Raise the 404 (unknown ``model``), 503 (engine not serviceable) or 400 (``task``
+        is not the model's) a request gets now; return the vocabulary size."""
+        if model is not None and model != self.model_name:
+            raise APIError(
+                404,
+                f"The model `{model}` does not exist; this server serves `{self.model_name}`.",
+                param="model",
+                code="model_not_found",
+            )
+        info = self.engine.info
+        if info is None or not self.engine.serviceable:
+            raise APIError.unavailable(self.engine.dead_reason or "engine is not ready")
+        if info.task != task:
+            raise APIError.bad_request(
+                f"`{self.model_name}` is an {'embedding' if info.task == 'embed' else 'generative'}"
+                f" model; this route needs a {'generative' if task == 'generate' else 'embedding'}"
+                " model",
+                param="model",
+                code="wrong_model_task",
+            )
+        return info.vocab_size
+
+    async def collect(self, work: choices.Plan, stop: list[str]) -> list[choices.ChoiceResult]:
+        """Every choice of ``work`` run to the end; an engine failure as its HTTP error."""
+        try:
+            return await choices.collect(work, self.engine, self.tokenizer, stop, self.metrics)
+        except ENGINE_ERRORS as exc:
+            raise engine_api_error(exc) from exc
+
+    def merge(
+        self, work: choices.Plan, stop: list[str]
+    ) -> AsyncGenerator[tuple[int, TextDelta], None]:
+        """``(choice index, text delta)`` pairs as the choices of ``work`` produce them."""
+        return choices.merge(work, self.engine, self.tokenizer, stop, self.metrics)
+
+
+def bad_words_ids(tokenizer: Tokenizer, words: list[str] | None) -> list[list[int]]:
+    """Each bad word's ids as written and after a space (vLLM's two spellings), once each."""
+    out: list[list[int]] = []
+    for word in words or []:
+        for text in (word.lstrip(), " " + word.lstrip()):
+            ids = tokenizer.encode(text, add_special_tokens=False)
+            if ids and ids not in out:
+                out.append(ids)
+    return out
+
+
+def check_ids(ids: list[int], vocab_size: int, param: str) -> None:
+    """400 naming ``param`` if an id is outside ``0..vocab_size-1``."""
+    bad = [t for t in ids if not 0 <= t < vocab_size]
+    if bad:
+        raise APIError.bad_request(
+            f"token id {bad[0]} in '{param}' is out of range: the vocabulary has "
+            f"{vocab_size} tokens (ids 0..{vocab_size - 1})",
+            param=param,
+        )
+
+
+def engine_api_error(exc: Exception) -> APIError:
+    """Map an engine-side failure to the HTTP error the client sees."""
+    if isinstance(exc, EngineRequestError):
+        return APIError.bad_request(f"the engine refused the request: {exc}", code="engine_refused")
+    if isinstance(exc, EngineDeadError):
+        return APIError.unavailable(f"the engine is unavailable: {exc}")
+    return APIError(500, "internal server error", type="server_error")
+
+
+def sse(payload: str) -> bytes:
+    """One server-sent event carrying ``payload``."""
+    return f"data: {payload}\n\n".encode()
+
+
+ENGINE_ERRORS = (EngineRequestError, EngineDeadError)

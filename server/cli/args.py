@@ -1,0 +1,367 @@
+"""The ``shardserve`` command line: every subcommand's flags, their parsers and checks.
+
+``serve`` and ``engine`` share the replica flags (:func:`add_replica_flags`,
+turned into a :class:`~model_shards.config.model.ReplicaConfig` by
+:func:`replica_config`); ``serve`` adds the HTTP, data-parallel and resilience
+flags, ``engine`` where frontends connect and the torchrun nodes. A bad value
+is an argparse error naming the flag (exit 2); a bad combination is a
+``ValueError`` naming the flags (:func:`check_serve_flags`, then
+``ReplicaConfig.validate``), before anything starts.
+
+Imports run one way: ``server.cli.serve`` → ``server.cli.engine`` → this module.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any
+
+from model_shards.config.model import DTYPE_CHOICES, ReplicaConfig, parse_size
+from server.cli.flag_types import int_in as _int_in
+from server.cli.flag_types import non_negative_float as _non_negative_float
+from server.cli.flag_types import non_negative_int as _non_negative_int
+from server.cli.flag_types import positive_float as _positive_float
+from server.cli.flag_types import positive_int as _positive_int
+from server.http.middleware import DEFAULT_MAX_REQUEST_BYTES
+from server.media.multimodal import add_media_flags
+
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
+API_KEY_ENV = "SHARDSERVE_API_KEY"
+MODEL_ENV = "SHARDSERVE_MODEL"
+DEFAULT_ENGINE_PORT = 5555
+ENGINE_ADDRESS_FORMS = "tcp://HOST:PORT or ipc://PATH"
+
+
+def add_replica_flags(command: argparse.ArgumentParser) -> None:
+    """Flags that describe one replica (both ``serve`` and ``engine`` take them)."""
+    command.add_argument(
+        "--model",
+        default=os.environ.get(MODEL_ENV) or None,
+        help=f"checkpoint directory (default: ${MODEL_ENV}, else the built-in tiny Llama)",
+    )
+    command.add_argument("--tensor-parallel-size", "-tp", type=int, default=1, metavar="N")
+    command.add_argument("--pipeline-parallel-size", "-pp", type=int, default=1, metavar="M")
+    command.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto")
+    command.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    command.add_argument("--max-num-seqs", type=int, default=64)
+    command.add_argument("--max-model-len", type=int, default=None)
+    command.add_argument("--log-level", choices=LOG_LEVELS, default="info")
+    engine = _engine_group(command)
+    engine.add_argument("--max-num-batched-tokens", type=int, default=8192, metavar="T")
+    engine.add_argument("--block-size", type=int, default=16, help="KV cache block size (tokens)")
+    engine.add_argument(
+        "--kv-cache-memory",
+        type=_size,
+        default=None,
+        metavar="SIZE",
+        help="KV cache bytes per rank, e.g. 2GiB (default: GPU memory utilization, or 1GiB on CPU)",
+    )
+    engine.add_argument("--gpu-memory-utilization", type=float, default=0.9, metavar="F")
+    engine.add_argument(
+        "--no-prefix-caching",
+        dest="prefix_caching",
+        action="store_false",
+        help="turn off automatic prefix caching",
+    )
+    engine.add_argument(
+        "--no-pipeline-overlap",
+        dest="pipeline_overlap",
+        action="store_false",
+        help="with -pp > 1, run one micro-batch at a time (for comparison)",
+    )
+    engine.add_argument(
+        "--enforce-eager",
+        action="store_true",
+        help="CUDA: run every step eagerly (no CUDA graphs for decode-only steps)",
+    )
+    engine.add_argument(
+        "--batch-invariant",
+        action="store_true",
+        help="CUDA: GEMM, attention and RMSNorm with a fixed reduction order, so a row's "
+        "output does not depend on its batch (CPU backends always are)",
+    )
+    engine.add_argument(
+        "--enable-expert-parallel",
+        action="store_true",
+        help="MoE models: each TP rank holds experts/tp whole experts, not a slice of each",
+    )
+    engine.add_argument(
+        "--pp-layer-partition",
+        default="even",
+        metavar="SPEC",
+        help="layers per pipeline stage: 'even' (default), 'balanced' (equal compute, the LM "
+        "head counted on the last stage) or counts such as 19,11",
+    )
+
+
+def _engine_group(command: argparse.ArgumentParser) -> Any:
+    """The replica's engine flags' group, with ``--cpu-threads-per-rank``."""
+    engine = command.add_argument_group("engine (continuous batching, paged KV cache)")
+    engine.add_argument(
+        "--cpu-threads-per-rank",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="CPU: torch threads in each rank, fixed (default: the usable cores, from the "
+        "affinity mask and cgroup quota, less the frontend's share, split among the ranks)",
+    )
+    return engine
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="shardserve",
+        description="shardserve: tensor- and pipeline-parallel OpenAI-compatible inference server",
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    # handled in server.cli.serve.main before parsing: the load generator's flags
+    commands.add_parser(
+        "bench",
+        help="load-test an OpenAI-compatible server (see `shardserve bench --help`)",
+        add_help=False,
+    )
+    _add_serve_parser(commands)
+    _add_engine_parser(commands)
+    _add_ping_parser(commands)
+    return parser
+
+
+def _add_serve_parser(commands: Any) -> None:
+    serve = commands.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API")
+    add_replica_flags(serve)
+    _add_replica_source_flags(serve)
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=_port, default=8000, help="0 picks a free port")
+    serve.add_argument(
+        "--served-model-name", type=_non_empty, help="model name in the API (default: dir name)"
+    )
+    serve.add_argument(
+        "--batch-window-ms",
+        type=_non_negative_float,
+        default=2.0,
+        help="how long the frontend gathers requests into one batch while the engine is "
+        "busy (an idle engine gets a request at once)",
+    )
+    serve.add_argument(
+        "--api-key",
+        type=_non_empty,
+        default=os.environ.get(API_KEY_ENV) or None,
+        help=f"require 'Authorization: Bearer KEY' on /v1/* (default: ${API_KEY_ENV})",
+    )
+    serve.add_argument(
+        "--max-request-bytes",
+        type=_positive_int,
+        default=DEFAULT_MAX_REQUEST_BYTES,
+        help="larger request bodies get a 413 (default: 8 MiB)",
+    )
+    serve.add_argument(
+        "--tool-call-parser",
+        choices=TOOL_CALL_PARSERS,
+        default=None,
+        help="how tool_choice auto reads the model's tool calls (default: from the chat template)",
+    )
+    serve.add_argument(
+        "--enable-auto-tool-choice",
+        action="store_true",
+        help="accepted for vLLM compatibility (auto tool choice is on whenever a parser is known)",
+    )
+    add_media_flags(serve)
+    _add_resilience_flags(serve)
+
+
+def _add_replica_source_flags(serve: Any) -> None:
+    """How many replicas ``serve`` starts and how they share experts, or the engines it uses."""
+    serve.add_argument(
+        "--data-parallel-size",
+        "-dp",
+        type=_positive_int,
+        default=1,
+        metavar="D",
+        help="replicas to start behind this frontend (least-loaded routing)",
+    )
+    serve.add_argument(
+        "--dp-attention",
+        action="store_true",
+        help="with -dp D --enable-expert-parallel on a MoE model: the D replicas (tp 1) run "
+        "attention on their own requests and share the experts (one world, all-to-all)",
+    )
+    serve.add_argument(
+        "--engine",
+        action="append",
+        default=[],
+        metavar="tcp://HOST:PORT",
+        help="serve a replica started by 'shardserve engine' instead of starting one "
+        "(repeat for several replicas); the tokenizer still comes from --model",
+    )
+
+
+#: ``--tool-call-parser`` values (vLLM's names; :mod:`server.text.tool_parsers`).
+TOOL_CALL_PARSERS = ("hermes", "llama3_json", "mistral")
+
+
+def _add_resilience_flags(serve: argparse.ArgumentParser) -> None:
+    """Recovery, load shedding, timeouts and draining (``serve`` only)."""
+    group = serve.add_argument_group("resilience")
+    group.add_argument(
+        "--max-restarts",
+        type=_non_negative_int,
+        default=3,
+        metavar="N",
+        help="restart a replica whose rank died at most N times in a row (default 3)",
+    )
+    group.add_argument(
+        "--max-queued-requests",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="refuse new requests with 429 while N are outstanding (default: no limit)",
+    )
+    group.add_argument(
+        "--max-queued-tokens",
+        type=_positive_int,
+        default=None,
+        metavar="T",
+        help="refuse new requests with 429 while their prompt + max_tokens (embeddings: their "
+        "input tokens) would take the outstanding tokens past T (default: no limit)",
+    )
+    group.add_argument(
+        "--request-timeout",
+        type=_positive_float,
+        default=None,
+        metavar="SECONDS",
+        help="end a request after SECONDS with a 504 (or an SSE error event) and abort it",
+    )
+    group.add_argument(
+        "--shutdown-timeout",
+        type=_non_negative_float,
+        default=30.0,
+        metavar="SECONDS",
+        help="on SIGTERM, let requests in flight finish for up to SECONDS (default 30)",
+    )
+
+
+def _add_engine_parser(commands: Any) -> None:
+    engine = commands.add_parser(
+        "engine", help="run one replica's ranks under torchrun (this node's share of them)"
+    )
+    add_replica_flags(engine)
+    net = engine.add_argument_group("where frontends connect (rank 0's ZMQ ROUTER)")
+    net.add_argument(
+        "--engine-host",
+        type=_non_empty,
+        default="0.0.0.0",
+        help="interface rank 0 binds (default 0.0.0.0: reachable from other hosts; the "
+        "protocol has no authentication, keep it on a private network)",
+    )
+    net.add_argument("--engine-port", type=_listen_port, default=DEFAULT_ENGINE_PORT)
+    nodes = engine.add_argument_group("several nodes (torchrun, c10d rendezvous)")
+    nodes.add_argument("--nnodes", type=int, default=1, help="nodes this replica spans")
+    nodes.add_argument("--node-rank", type=int, default=0, help="0 runs the coordinator")
+    nodes.add_argument(
+        "--rdzv-endpoint",
+        type=_host_port,
+        metavar="HOST:PORT",
+        help="c10d rendezvous, the same on every node (default with one node: --standalone)",
+    )
+    nodes.add_argument(
+        "--rdzv-id", type=_non_empty, default="shardserve", help="names this replica's rendezvous"
+    )
+
+
+def _add_ping_parser(commands: Any) -> None:
+    ping = commands.add_parser("ping", help="exit 0 when the engine at ADDRESS is ready")
+    ping.add_argument("address", metavar="ADDRESS", help=ENGINE_ADDRESS_FORMS)
+    ping.add_argument("--timeout", type=_positive_float, default=5.0, help="seconds (default 5)")
+    ping.add_argument("--log-level", choices=LOG_LEVELS, default="warning")
+
+
+def replica_config(args: argparse.Namespace) -> ReplicaConfig:
+    """The replica the flags describe (not validated); the default model if no ``--model``."""
+    if args.model is None:
+        from model_shards.launch.default_model import ensure_default_model
+
+        model_dir = str(ensure_default_model())
+    else:
+        model_dir = args.model
+    return ReplicaConfig(
+        model_dir=model_dir,
+        tp=args.tensor_parallel_size,
+        pp=args.pipeline_parallel_size,
+        dtype=args.dtype,
+        device=args.device,
+        max_num_seqs=args.max_num_seqs,
+        max_model_len=args.max_model_len,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        block_size=args.block_size,
+        kv_cache_memory=args.kv_cache_memory,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        enforce_eager=args.enforce_eager,
+        batch_invariant=args.batch_invariant,
+        enable_prefix_caching=args.prefix_caching,
+        pipeline_overlap=args.pipeline_overlap,
+        pp_layer_partition=args.pp_layer_partition,
+        enable_expert_parallel=args.enable_expert_parallel,
+        threads_per_rank=args.cpu_threads_per_rank,
+        dp_attention=getattr(args, "dp_attention", False),
+    )
+
+
+def engine_address_problem(address: str) -> str | None:
+    """Why ``address`` is no engine address a frontend can connect to, or ``None``."""
+    if address.startswith("ipc://") and len(address) > len("ipc://"):
+        return None
+    host, colon, port = address.removeprefix("tcp://").rpartition(":")
+    if not address.startswith("tcp://") or not (host and colon and port):
+        return f"expected {ENGINE_ADDRESS_FORMS}"
+    if not (port.isdigit() and 1 <= int(port) <= 65535):
+        return f"port {port!r} is not in 1..65535"
+    return None
+
+
+def check_serve_flags(args: argparse.Namespace) -> None:
+    """``ValueError`` naming the flag when ``serve``'s ``--engine`` is misused."""
+    for i, address in enumerate(args.engine):
+        problem = engine_address_problem(address)
+        if problem:
+            raise ValueError(f"--engine {address}: {problem}")
+        if address in args.engine[:i]:
+            raise ValueError(f"--engine {address} is given twice; each --engine is one replica")
+    if args.engine and args.data_parallel_size != 1:
+        raise ValueError(
+            "--data-parallel-size starts replicas; with --engine, give one --engine per replica"
+        )
+    if args.dp_attention:
+        from model_shards.launch.dp_attention import check_dp_attention_args
+
+        check_dp_attention_args(args)
+
+
+def _port(text: str) -> int:
+    """A TCP port to listen on; 0 picks a free one."""
+    return _int_in(0, 65535, text)
+
+
+def _listen_port(text: str) -> int:
+    """A TCP port others must know in advance (0 would pick one nobody knows)."""
+    return _int_in(1, 65535, text)
+
+
+def _host_port(text: str) -> str:
+    host, colon, port = text.rpartition(":")
+    if not (host and colon and port.isdigit() and 1 <= int(port) <= 65535):
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT with PORT in 1..65535, got {text!r}")
+    return text
+
+
+def _non_empty(text: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError("must not be empty")
+    return text
+
+
+def _size(text: str) -> int:
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc

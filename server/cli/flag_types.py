@@ -1,0 +1,50 @@
+"""argparse ``type=`` checks shared by the CLI's flags (:mod:`server.cli.args`) and the
+media flags (:mod:`server.media.multimodal`). A leaf: it imports neither of them.
+
+Each raises :class:`argparse.ArgumentTypeError` with what was wrong; argparse puts the
+flag's name before it (``argument --video-fps: must be > 0, got 0.0``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+
+def int_in(minimum: int, maximum: float, text: str) -> int:
+    """``text`` as an integer in ``minimum..maximum`` (``math.inf``: no upper bound)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if not minimum <= value <= maximum:
+        bound = f">= {minimum}" if maximum == math.inf else f"in {minimum}..{maximum}"
+        raise argparse.ArgumentTypeError(f"must be {bound}, got {value}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    return int_in(0, math.inf, text)
+
+
+def positive_int(text: str) -> int:
+    return int_in(1, math.inf, text)
+
+
+def non_negative_float(text: str) -> float:
+    """A finite number >= 0 (NaN and infinity refused)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 <= value < math.inf:
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """A finite number > 0."""
+    value = non_negative_float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
+    return value

@@ -1,0 +1,400 @@
+"""``shardserve serve``: validate flags, start the replicas, serve HTTP until told to stop.
+
+``shardserve serve`` spawns ``-dp`` replicas of ``-tp * -pp`` ranks itself,
+each on its own ``ipc://`` address, behind one router (:mod:`server.engine.router`);
+``shardserve serve --engine tcp://HOST:PORT`` (repeatable, one per replica)
+spawns nothing and serves replicas started elsewhere by ``shardserve engine``
+(:mod:`server.cli.engine`), which it never shuts down.
+
+Start-up order, so a mistake costs nothing: parse flags (:mod:`server.cli.args`;
+a bad value exits 2 naming it) → check their combinations and validate the
+replica config, load the tokenizer and compile its chat template (a
+``ValueError`` prints ``shardserve: error: <message>`` and exits 2, nothing
+spawned) → bind the HTTP socket (a busy port fails here, still nothing
+spawned) → validate the checkpoint and the devices, spawn the replicas'
+ranks → wait for every ``EngineReady`` (exit 1 naming the ranks'
+exit codes if one dies first, or after ``READY_TIMEOUT_S``) → run uvicorn.
+
+Serving: each spawned replica is watched by a
+:class:`~server.engine.supervisor.ReplicaSupervisor` (a dead rank is restarted with
+its replica, up to ``--max-restarts`` times, requests replayed);
+``--max-queued-requests``/``--max-queued-tokens`` shed load with 429s and
+``--request-timeout`` ends long requests (:mod:`server.http.limits`).
+
+Stopping: the first SIGINT/SIGTERM drains (:mod:`server.http.lifecycle`): new
+requests get a 503, requests in flight finish for up to
+``--shutdown-timeout`` seconds, then uvicorn stops (a second signal stops at
+once); whatever the way out (signal during start-up included), ``Shutdown`` is sent to the replicas
+this process started and ``handle.stop()`` reaps every rank in a ``finally``.
+A signal arriving while the ranks are being spawned is held until the
+handles exist.
+
+torch is never imported here: ``model_shards.launch.replicas`` and
+``model_shards.launch.default_model`` are imported only when a replica is started or
+the default model is needed. ``shardserve bench`` runs the load generator
+(``BENCH_MODULE``), imported by name only for that subcommand.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import importlib
+import logging
+import signal
+import socket
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import TYPE_CHECKING
+
+from model_shards.config.model import ReplicaConfig
+from server.cli.args import build_parser, check_serve_flags, replica_config
+from server.engine.supervisor import SpawnedReplica
+from server.http.request_context import RequestIdFilter
+from server.media.multimodal import ImageModel, media_options
+from server.text.chat_template import ChatTemplate
+from server.text.tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    from server.engine.router import Replica, Router
+    from server.engine.stats import EngineStatsBoard
+    from server.http.draining import DrainingServer
+    from server.http.metrics import Metrics
+
+logger = logging.getLogger("shardserve")
+
+READY_TIMEOUT_S = 300.0
+HEARTBEAT_S = 5.0  # how often a frontend pings an --engine it did not start
+HEARTBEAT_TIMEOUT_S = 60.0  # silence after which that engine counts as dead
+DEFAULT_SERVED_MODEL_NAME = "shardserve-default"
+GRACEFUL_SHUTDOWN_S = 5
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s [%(request_id)s]: %(message)s"
+BENCH_MODULE = "deploy.loadtest"  # what ``shardserve bench`` runs
+
+
+ReplicaHandle = SpawnedReplica  # what the CLI uses of model_shards.launch.replicas.ReplicaHandle
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Console script ``shardserve``; returns the process exit status."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["bench"]:
+        return _run_bench(argv[1:])
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format=LOG_FORMAT)
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(RequestIdFilter())
+    if args.command in ("engine", "ping"):
+        from server.cli.engine import run_engine, run_ping
+
+        return run_engine(args) if args.command == "engine" else run_ping(args)
+    return serve(args)
+
+
+def _run_bench(argv: list[str]) -> int:
+    """``shardserve bench ARGS``: the load generator's ``main(ARGS)`` (it owns its flags),
+    imported by name only here, so that the server never imports its load tester."""
+    return int(importlib.import_module(BENCH_MODULE).main(argv))
+
+
+class _Stop(Exception):
+    """Raised in the main thread by SIGINT/SIGTERM."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+class _SignalGuard:
+    """SIGINT/SIGTERM → :class:`_Stop`, optionally held back during a critical section.
+
+    Every signal is also recorded in ``state.signal``: a :class:`_Stop` raised where
+    something swallows exceptions (inside a logging call, whose handler reports and
+    drops them) is still seen by :func:`_raise_if_signalled` before serving starts."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self, state: _State) -> None:
+        self._state = state
+        self._held: int | None = None
+        self._holding = False
+        self._previous = {sig: signal.signal(sig, self._handle) for sig in self.SIGNALS}
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        self._state.signal = self._state.signal or signum
+        if self._holding:
+            self._held = self._held or signum
+        else:
+            raise _Stop(signum)
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        """Signals arriving inside the block are raised when it ends."""
+        self._holding = True
+        try:
+            yield
+        finally:
+            self._holding = False
+        if self._held is not None:
+            raise _Stop(self._held)
+
+    def ignore(self) -> None:
+        for sig in self.SIGNALS:
+            signal.signal(sig, signal.SIG_IGN)
+
+    def restore(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+@dataclass
+class _State:
+    serving: bool = False  # uvicorn started: a signal from now on is a normal stop
+    signal: int | None = None  # the first SIGINT/SIGTERM received, if any
+
+
+def _raise_if_signalled(state: _State) -> None:
+    """Raise the :class:`_Stop` of a signal that arrived but was swallowed on the way."""
+    if state.signal is not None:
+        raise _Stop(state.signal)
+
+
+def _error(message: str) -> None:
+    print(f"shardserve: error: {message}", file=sys.stderr, flush=True)
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    # IPPROTO_TCP: asyncio sets TCP_NODELAY only then (Nagle cost ~40 ms of every TTFT)
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError:
+        sock.close()
+        raise
+    sock.set_inheritable(False)
+    return sock
+
+
+def serve(args: argparse.Namespace) -> int:
+    """Run the ``serve`` command; see the module docstring for the order of events."""
+    state = _State()
+    guard = _SignalGuard(state)
+    handles: Sequence[ReplicaHandle] = ()
+    try:
+        try:
+            config, tokenizer, name = _check_start_up(args)
+        except ValueError as exc:
+            _error(str(exc))
+            return 2
+        try:
+            sock = _bind(args.host, args.port)
+        except OSError as exc:
+            _error(f"--host {args.host} --port {args.port}: cannot listen ({exc.strerror or exc})")
+            return 2
+        with sock:
+            if not args.engine:
+                try:
+                    with guard.held():
+                        handles = _start_replicas(config, args.data_parallel_size)
+                except ValueError as exc:
+                    _error(str(exc))
+                    return 2
+            return asyncio.run(_serve_async(args, handles, tokenizer, name, sock, state))
+    except _Stop as stop:
+        if state.serving:
+            logger.info("stopped by %s", stop)
+            return 0
+        _error(f"interrupted by {stop} during start-up")
+        return 128 + stop.signum
+    finally:
+        guard.ignore()
+        try:
+            if handles:
+                logger.info("stopping %d replica(s)", len(handles))
+            for started in handles:
+                started.stop()
+        finally:
+            guard.restore()
+
+
+def _check_start_up(args: argparse.Namespace) -> tuple[ReplicaConfig, Tokenizer, str]:
+    """Every check that needs neither a socket nor a process: the flags, the replica,
+    the tokenizer and its chat template; ``ValueError`` naming the flag. Returns the
+    replica's config, the tokenizer and the model name served in the API."""
+    check_serve_flags(args)
+    config = replica_config(args)
+    if args.engine:  # that replica was validated by its own command; these flags go unused
+        config.check_flags()
+    else:
+        config.validate()
+    tokenizer = Tokenizer.from_dir(config.model_dir)
+    args.image_model = ImageModel.from_dir(config.model_dir)  # or exit 2 before spawning
+    if tokenizer.chat_template is not None:  # compiles, or exit 2 before spawning
+        ChatTemplate(tokenizer.chat_template, tokenizer.special_tokens)
+    if args.served_model_name:
+        return config, tokenizer, args.served_model_name
+    default = DEFAULT_SERVED_MODEL_NAME if args.model is None else Path(args.model).resolve().name
+    return config, tokenizer, default
+
+
+def _start_replicas(config: ReplicaConfig, dp: int) -> Sequence[ReplicaHandle]:
+    """Spawn ``dp`` replicas of ``config`` (``ValueError`` first if the checkpoint or the
+    devices do not fit: ``start_replicas`` validates again) and log their ranks."""
+    from model_shards.launch.replicas import start_replicas
+
+    handles = start_replicas(config, dp)
+    for i, handle in enumerate(handles):
+        logger.info(
+            "started replica %d tp=%d pp=%d at %s; rank pids %s",
+            i,
+            config.tp,
+            config.pp,
+            handle.address,
+            handle.pids(),
+        )
+    return handles
+
+
+async def _serve_async(
+    args: argparse.Namespace,
+    handles: Sequence[ReplicaHandle],
+    tokenizer: Tokenizer,
+    name: str,
+    sock: socket.socket,
+    state: _State,
+) -> int:
+    """Connect to the replicas (``handles``, else ``args.engine``), then serve HTTP on
+    ``sock`` until stopped (0); 1 if a replica dies or times out before it is ready."""
+    from server.engine.client import EngineDeadError
+    from server.engine.router import Router
+    from server.engine.stats import EngineStatsBoard
+    from server.http.metrics import Metrics
+
+    metrics = Metrics()
+    router = Router(_replica_clients(args, handles, EngineStatsBoard(metrics)), metrics)
+    try:
+        try:
+            ready = await router.connect(timeout_s=READY_TIMEOUT_S)
+        except (EngineDeadError, TimeoutError) as exc:
+            codes = f"; rank exit codes: {_exitcodes(handles)}" if handles else ""
+            _error(f"{exc}{codes}")
+            return 1
+        server = _http_server(args, router, tokenizer, name, ready.max_model_len, metrics)
+        host, port = sock.getsockname()[:2]
+        logger.info("serving %s on http://%s:%d", name, f"[{host}]" if ":" in host else host, port)
+        _raise_if_signalled(state)  # a signal during that log call was dropped by logging
+        state.serving = True
+        await server.serve(sockets=[sock])
+        return 0
+    finally:
+        await router.close(send_shutdown=bool(handles))  # never stop another's --engine
+
+
+def _replica_clients(
+    args: argparse.Namespace, handles: Sequence[ReplicaHandle], board: EngineStatsBoard
+) -> list[Replica]:
+    """What the router routes to: a supervisor per spawned replica (restarting it when a
+    rank dies), else a heartbeating client per ``--engine``."""
+    from server.engine.client import EngineClient
+    from server.engine.supervisor import ReplicaSupervisor
+
+    window_s = args.batch_window_ms / 1000
+
+    def spawned_client(replica: int) -> Callable[[SpawnedReplica], EngineClient]:
+        def make(handle: SpawnedReplica) -> EngineClient:
+            return EngineClient(
+                handle.address,
+                is_alive=handle.is_alive,
+                describe_death=handle.death,
+                batch_window_s=window_s,
+                on_stats=board.reporter(replica),
+            )
+
+        return make
+
+    if handles:
+        return [
+            ReplicaSupervisor(
+                h,
+                spawned_client(i),
+                name=f"replica {i}",
+                max_restarts=args.max_restarts,
+                ready_timeout_s=READY_TIMEOUT_S,
+                on_down=lambda i=i: board.forget(i),  # type: ignore[misc]
+            )
+            for i, h in enumerate(handles)
+        ]
+    return [
+        EngineClient(
+            address,
+            batch_window_s=window_s,
+            heartbeat_s=HEARTBEAT_S,
+            heartbeat_timeout_s=HEARTBEAT_TIMEOUT_S,
+            on_stats=board.reporter(i),
+        )
+        for i, address in enumerate(args.engine)
+    ]
+
+
+def _http_server(
+    args: argparse.Namespace,
+    router: Router,
+    tokenizer: Tokenizer,
+    name: str,
+    max_model_len: int,
+    metrics: Metrics,
+) -> DrainingServer:
+    """The OpenAI-compatible app over ``router`` with the flags' limits, in a uvicorn
+    server that drains requests in flight on the first signal."""
+    import uvicorn
+
+    from server.http.app import build_app
+    from server.http.draining import DrainingServer
+    from server.http.lifecycle import Lifecycle
+    from server.http.limits import Admission
+
+    lifecycle = Lifecycle()
+    app = build_app(
+        router,
+        tokenizer,
+        name,
+        max_model_len,
+        api_key=args.api_key,
+        max_request_bytes=args.max_request_bytes,
+        metrics=metrics,
+        admission=Admission(args.max_queued_requests, args.max_queued_tokens),
+        request_timeout_s=args.request_timeout,
+        lifecycle=lifecycle,
+        tool_call_parser=args.tool_call_parser,
+        image_model=args.image_model,
+        media_options=media_options(args),
+    )
+    config = uvicorn.Config(
+        app,
+        log_level=args.log_level,
+        access_log=False,  # the front door logs each request with its id
+        lifespan="off",
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+    )
+    return DrainingServer(config, lifecycle, args.shutdown_timeout)
+
+
+def _exitcodes(handles: Sequence[ReplicaHandle]) -> str:
+    def ranks(handle: ReplicaHandle) -> str:
+        codes = handle.exitcodes()
+        return ", ".join(f"rank {r}: {'running' if c is None else c}" for r, c in enumerate(codes))
+
+    if len(handles) == 1:
+        return ranks(handles[0])
+    return "; ".join(f"replica {i}: {ranks(h)}" for i, h in enumerate(handles))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

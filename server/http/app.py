@@ -1,0 +1,369 @@
+"""The FastAPI application: routes only; the work is in the route modules.
+
+:func:`build_app` is a factory (no module globals): everything a route needs
+is captured from its arguments. Routes:
+
+* ``POST /v1/completions`` (:mod:`server.api.completions`) and
+  ``POST /v1/chat/completions`` (:mod:`server.api.chat`): JSON or SSE
+  (``stream: true``);
+* ``POST /v1/embeddings`` (:mod:`server.api.embeddings`): encoder replicas only;
+* ``GET /v1/models``: the one served model, with ``max_model_len`` and its ``modalities``;
+* ``GET /health``: 200 when the engine is ready and the replica alive, else 503;
+* ``GET /metrics``: Prometheus text (:mod:`server.http.metrics`).
+
+Every request first passes the front door (:mod:`server.http.middleware`:
+request id, API key, body size, draining, metrics). Order of checks for a
+generation: body (400) → model name (404) → engine serviceable (503) →
+vocabulary/context (400) → load shedding (429 + ``Retry-After``,
+:mod:`server.http.limits`) → generation, ended by ``request_timeout_s`` if set
+(504, or an SSE error event once streaming). An embedding request goes the
+same way: body → model → engine → task and inputs (400) → shedding (its input
+tokens) → embedding, ended by ``request_timeout_s`` (504). A request whose
+client disconnects is aborted on the engine, streamed or not. Request bodies
+are declared in ``/openapi.json`` (:mod:`server.http.openapi`).
+
+:func:`build_app` wires the parts: the front door, then one ``_add_*`` function
+per route family.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncGenerator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+from fastapi import FastAPI, Request, Response
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel, ValidationError
+
+from server.api import chat, completions, embeddings
+from server.api.chat_protocol import ChatCompletionRequest
+from server.api.choices import Plan
+from server.api.completion_protocol import CompletionRequest
+from server.api.embeddings import EmbeddingRequest
+from server.api.protocol import ModelCard, ModelList, new_id
+from server.api.serving import Serving
+from server.engine.client import Engine
+from server.http import ttft_trace
+from server.http.errors import APIError, install_error_handlers, validation_error
+from server.http.lifecycle import Lifecycle
+from server.http.limits import Admission, Ticket, timeout_error, with_deadline
+from server.http.metrics import Metrics
+from server.http.middleware import DEFAULT_MAX_REQUEST_BYTES, FrontDoor
+from server.http.openapi import BodySchemas
+from server.media import multimodal
+from server.media.fetch import MediaOptions
+from server.text import tool_parsers
+from server.text.chat_template import ChatTemplate
+from server.text.tokenizer import Tokenizer
+
+T = TypeVar("T")
+B = TypeVar("B", bound=BaseModel)
+
+#: How often a non-streamed request checks whether its client is still there.
+DISCONNECT_POLL_S = 0.5
+
+ROUTES = (
+    "/v1/completions",
+    "/v1/chat/completions",
+    "/v1/embeddings",
+    "/v1/models",
+    "/health",
+    "/metrics",
+)
+
+
+class _ClientGone(Exception):
+    pass
+
+
+async def _unless_disconnected(request: Request, work: Awaitable[T]) -> T:
+    """Await ``work``; cancel it (aborting the generation) if the client goes away."""
+    task = asyncio.ensure_future(work)
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
+            if done:
+                return task.result()
+            if await request.is_disconnected():
+                raise _ClientGone()
+    finally:
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+
+async def _chain(first: bytes, rest: AsyncGenerator[bytes, None]) -> AsyncGenerator[bytes, None]:
+    """``first`` then ``rest``; closing this closes ``rest`` (which aborts the request)."""
+    async with contextlib.aclosing(rest):
+        yield first
+        ttft_trace.first_flush()  # resumed: the first frame is with the socket
+        async for frame in rest:
+            yield frame
+
+
+async def _parse(request: Request, model: type[B]) -> B:
+    raw = await request.body()
+    ttft_trace.mark("body_read")
+    try:
+        parsed = model.model_validate_json(raw)
+    except ValidationError as exc:
+        raise validation_error(list(exc.errors())) from None
+    ttft_trace.mark("validated")
+    return parsed
+
+
+async def _released(
+    frames: AsyncGenerator[bytes, None], ticket: Ticket
+) -> AsyncGenerator[bytes, None]:
+    """``frames``, then ``ticket`` released (however the stream ends)."""
+    try:
+        async with contextlib.aclosing(frames):
+            async for frame in frames:
+                yield frame
+    finally:
+        ticket.release()
+
+
+async def _respond(
+    request: Request,
+    streamed: bool,
+    frames: Callable[[], AsyncGenerator[bytes, None]],
+    whole: Callable[[], Awaitable[BaseModel]],
+    ticket: Ticket,
+    timeout_s: float | None,
+) -> Response:
+    """Send ``frames()`` as SSE or ``whole()`` as JSON; abort if the client leaves or the
+    ``timeout_s`` deadline passes; ``ticket`` is released when the response is done."""
+    if streamed:
+        return await _respond_streamed(request, frames, ticket, timeout_s)
+    return await _respond_json(request, whole, ticket, timeout_s)
+
+
+async def _respond_streamed(
+    request: Request,
+    frames: Callable[[], AsyncGenerator[bytes, None]],
+    ticket: Ticket,
+    timeout_s: float | None,
+) -> Response:
+    """``frames()`` as SSE, ended at the ``timeout_s`` deadline; see :func:`_respond`."""
+    loop = asyncio.get_running_loop()
+    deadline = None if timeout_s is None else loop.time() + timeout_s
+    stream = _released(with_deadline(frames(), deadline, timeout_s), ticket)
+    try:  # the first frame decides the status: a refusal is still a 4xx
+        first = await _unless_disconnected(request, anext(stream))
+        ttft_trace.mark("first_frame")
+    except _ClientGone:
+        await stream.aclose()
+        return Response(status_code=499)
+    except StopAsyncIteration:  # cannot happen: a stream always ends with [DONE]
+        first = b""
+    except BaseException:
+        await stream.aclose()
+        raise
+    return StreamingResponse(
+        _chain(first, stream),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )
+
+
+async def _respond_json(
+    request: Request,
+    whole: Callable[[], Awaitable[BaseModel]],
+    ticket: Ticket,
+    timeout_s: float | None,
+) -> Response:
+    """``whole()`` as JSON: 504 (cancelled, so aborted) past the ``timeout_s`` deadline,
+    499 if the client left first; ``ticket`` is released either way."""
+    loop = asyncio.get_running_loop()
+    deadline = None if timeout_s is None else loop.time() + timeout_s
+    try:
+        async with asyncio.timeout_at(deadline):
+            result = await _unless_disconnected(request, whole())
+    except _ClientGone:
+        return Response(status_code=499)
+    except TimeoutError:
+        raise timeout_error(timeout_s or 0.0) from None
+    finally:
+        ticket.release()
+    return JSONResponse(result.model_dump())
+
+
+def _work_tokens(work: Plan) -> int:
+    """Tokens a plan may hold: each choice's prompt plus its ``max_tokens``."""
+    return sum(len(r.prompt_token_ids) + r.max_tokens for r in work.requests)
+
+
+@dataclass(frozen=True)
+class _Limits:
+    """What every work route applies between its checks and the engine."""
+
+    admission: Admission
+    request_timeout_s: float | None
+
+
+def build_app(
+    engine_client: Engine,
+    tokenizer: Tokenizer,
+    served_model_name: str,
+    max_model_len: int,
+    *,
+    api_key: str | None = None,
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+    metrics: Metrics | None = None,
+    admission: Admission | None = None,
+    request_timeout_s: float | None = None,
+    lifecycle: Lifecycle | None = None,
+    tool_call_parser: str | None = None,
+    image_model: multimodal.ImageModel | None = None,
+    media_options: MediaOptions | None = None,
+) -> FastAPI:
+    """An OpenAI-compatible app serving ``served_model_name`` through ``engine_client``.
+
+    ``api_key`` (if set) guards every ``/v1/*`` route. ``admission`` sheds load
+    (default: no limit); ``request_timeout_s`` ends a generation or an
+    embedding request (default: never); ``lifecycle`` is the draining state the
+    CLI flips on SIGTERM. A checkpoint chat template that does not compile
+    raises ``ValueError`` here, at start-up. ``tool_call_parser`` reads ``auto`` tool
+    calls (default: the one the chat template shows, :func:`server.text.tool_parsers.detect`).
+    ``image_model``: how a vision-language model takes images (``None``: text only);
+    ``media_options``: the media flags (:mod:`server.media.multimodal`).
+    """
+    metrics = metrics or Metrics()
+    lifecycle = lifecycle or Lifecycle()
+    limits = _Limits(admission or Admission(), request_timeout_s)
+    schemas = BodySchemas()
+    parser = tool_call_parser or tool_parsers.detect(tokenizer.chat_template)
+    serving = Serving(
+        engine_client,
+        tokenizer,
+        served_model_name,
+        max_model_len,
+        metrics,
+        parser,
+        image_model,
+        media_options or MediaOptions(),
+    )
+    template = chat.load_template(serving)
+    app = FastAPI(title="shardserve", summary="OpenAI-compatible completions")
+    _install_front_door(app, metrics, lifecycle, api_key, max_request_bytes)
+    _add_status_routes(app, serving, lifecycle)
+    _add_completion_route(app, serving, schemas, limits)
+    _add_embedding_route(app, serving, schemas, limits)
+    _add_chat_route(app, serving, template, schemas, limits)
+    schemas.install(app)
+    return app
+
+
+def _install_front_door(
+    app: FastAPI,
+    metrics: Metrics,
+    lifecycle: Lifecycle,
+    api_key: str | None,
+    max_request_bytes: int,
+) -> None:
+    """OpenAI-style error handlers, then the :class:`FrontDoor` middleware."""
+    install_error_handlers(app)
+    app.add_middleware(
+        FrontDoor,
+        metrics=metrics,
+        routes=ROUTES,
+        api_key=api_key,
+        max_request_bytes=max_request_bytes,
+        lifecycle=lifecycle,
+    )
+
+
+def _add_status_routes(app: FastAPI, serving: Serving, lifecycle: Lifecycle) -> None:
+    """``GET /health``, ``GET /metrics`` and ``GET /v1/models``."""
+    engine, metrics = serving.engine, serving.metrics
+
+    @app.get("/health")
+    async def health() -> Response:
+        if lifecycle.draining:
+            return APIError.unavailable("the server is shutting down").response()
+        if engine.healthy:
+            return JSONResponse({"status": "ok"})
+        reason = engine.dead_reason or "engine is not ready"
+        return APIError.unavailable(reason).response()
+
+    @app.get("/metrics")
+    async def metrics_text() -> Response:
+        return Response(metrics.render(), media_type=metrics.content_type)
+
+    @app.get("/v1/models")
+    async def models() -> ModelList:
+        name = serving.model_name
+        modalities = serving.image_model.modalities if serving.image_model else ["text"]
+        card = ModelCard(
+            id=name, root=name, max_model_len=serving.max_model_len, modalities=modalities
+        )
+        return ModelList(data=[card])
+
+
+def _add_completion_route(
+    app: FastAPI, serving: Serving, schemas: BodySchemas, limits: _Limits
+) -> None:
+    """``POST /v1/completions``: JSON or SSE."""
+
+    @app.post("/v1/completions", response_model=None, openapi_extra=schemas.body(CompletionRequest))
+    async def create_completion(request: Request) -> Response:
+        body = await _parse(request, CompletionRequest)
+        work: Plan = completions.prepare(serving, body, new_id("cmpl"))
+        return await _respond(
+            request,
+            body.stream,
+            lambda: completions.stream(serving, work, body),
+            lambda: completions.complete(serving, work, body),
+            limits.admission.admit(_work_tokens(work)),
+            limits.request_timeout_s,
+        )
+
+
+def _add_embedding_route(
+    app: FastAPI, serving: Serving, schemas: BodySchemas, limits: _Limits
+) -> None:
+    """``POST /v1/embeddings``: JSON, with the same shedding and deadline as generation."""
+
+    @app.post("/v1/embeddings", response_model=None, openapi_extra=schemas.body(EmbeddingRequest))
+    async def create_embedding(request: Request) -> Response:
+        body = await _parse(request, EmbeddingRequest)
+        work = embeddings.prepare(serving, body)
+        return await _respond_json(
+            request,
+            lambda: embeddings.embed(serving, work, body),
+            limits.admission.admit(work.tokens),
+            limits.request_timeout_s,
+        )
+
+
+def _add_chat_route(
+    app: FastAPI,
+    serving: Serving,
+    template: ChatTemplate | None,
+    schemas: BodySchemas,
+    limits: _Limits,
+) -> None:
+    """``POST /v1/chat/completions``: JSON or SSE, rendered with ``template``."""
+
+    @app.post(
+        "/v1/chat/completions",
+        response_model=None,
+        openapi_extra=schemas.body(ChatCompletionRequest),
+    )
+    async def create_chat_completion(request: Request) -> Response:
+        body = await _parse(request, ChatCompletionRequest)
+        media = serving.image_model, serving.media_options
+        images = await multimodal.load_chat_images(body, *media)
+        work = chat.prepare(serving, template, body, new_id("chatcmpl"), images)
+        return await _respond(
+            request,
+            body.stream,
+            lambda: chat.stream(serving, work, body),
+            lambda: chat.complete(serving, work, body),
+            limits.admission.admit(_work_tokens(work)),
+            limits.request_timeout_s,
+        )

@@ -1,0 +1,150 @@
+"""Text ↔ token ids for one checkpoint, with the ``tokenizers`` library only.
+
+Contract: :meth:`Tokenizer.encode` returns the ids
+``transformers.AutoTokenizer.from_pretrained(dir)(text)["input_ids"]`` returns
+for the same directory. With ``tokenizer.json`` present, transformers >= 5
+takes special tokens from that file's post-processor (a BOS it adds is added
+once, here too) and drops ``add_bos_token``/``add_eos_token`` from
+``tokenizer_config.json``; we do the same, so no BOS is ever doubled. From
+``tokenizer_config.json`` we read the BOS/EOS token strings.
+
+:meth:`Tokenizer.decode` skips special tokens and ids outside the vocabulary
+(an engine's embedding table may be padded past it). Text cleanup
+(``clean_up_tokenization_spaces``) is not applied, as in vLLM's streaming path.
+
+The chat template is read as transformers reads it: ``chat_template.jinja`` in
+the checkpoint directory if present, else ``chat_template`` in
+``tokenizer_config.json`` (a string, or a list of ``{name, template}`` of which
+``default`` is used). :attr:`Tokenizer.special_tokens` holds the special-token
+strings a template may use (``bos_token``, ``eos_token``, ...).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from tokenizers import Tokenizer as _HFTokenizer
+
+from server.http import ttft_trace
+
+
+def _token_string(value: Any) -> str | None:
+    """A special token in tokenizer_config.json is a string or an AddedToken dict."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict) and isinstance(value.get("content"), str):
+        return str(value["content"])
+    return None
+
+
+_SPECIAL_TOKEN_KEYS = (
+    "bos_token",
+    "eos_token",
+    "unk_token",
+    "sep_token",
+    "pad_token",
+    "cls_token",
+    "mask_token",
+)
+
+
+def _template_from_config(config: dict[str, Any]) -> str | None:
+    value = config.get("chat_template")
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):  # [{"name": ..., "template": ...}, ...]
+        named = {t.get("name"): t.get("template") for t in value if isinstance(t, dict)}
+        default = named.get("default")
+        return default if isinstance(default, str) else None
+    return None
+
+
+class Tokenizer:
+    """A checkpoint's tokenizer: ``tokenizer.json`` plus ``tokenizer_config.json``."""
+
+    def __init__(
+        self,
+        backend: _HFTokenizer,
+        config: dict[str, Any] | None = None,
+        chat_template: str | None = None,
+    ) -> None:
+        self._backend = backend
+        config = config or {}
+        self.special_tokens = {
+            key: token
+            for key in _SPECIAL_TOKEN_KEYS
+            if (token := _token_string(config.get(key))) is not None
+        }
+        self.bos_token = self.special_tokens.get("bos_token")
+        self.eos_token = self.special_tokens.get("eos_token")
+        self.chat_template = chat_template or _template_from_config(config)
+        self._token_texts: dict[int, str] = {}
+        self._truncating: tuple[int, _HFTokenizer] | None = None
+        self.bos_token_id = self._id_of(self.bos_token)
+        self.eos_token_id = self._id_of(self.eos_token)
+        self.vocab_size = backend.get_vocab_size(with_added_tokens=True)
+
+    @staticmethod
+    def from_dir(model_dir: str | Path) -> Tokenizer:
+        """Load ``model_dir/tokenizer.json``; raise ``ValueError`` naming the file if unusable."""
+        path = Path(model_dir) / "tokenizer.json"
+        if not path.is_file():
+            raise ValueError(f"--model {model_dir}: no tokenizer.json in that directory")
+        try:
+            backend = _HFTokenizer.from_file(str(path))
+        except Exception as exc:  # the Rust side raises a bare Exception
+            raise ValueError(f"{path}: cannot load tokenizer ({exc})") from exc
+        config_path = Path(model_dir) / "tokenizer_config.json"
+        config: dict[str, Any] = {}
+        if config_path.is_file():
+            try:
+                config = json.loads(config_path.read_text())
+            except (OSError, json.JSONDecodeError) as exc:
+                raise ValueError(f"{config_path}: not valid JSON ({exc})") from exc
+        template_path = Path(model_dir) / "chat_template.jinja"
+        template = template_path.read_text() if template_path.is_file() else None
+        return Tokenizer(backend, config, template)
+
+    def _id_of(self, token: str | None) -> int | None:
+        return None if token is None else self._backend.token_to_id(token)
+
+    def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
+        """Prompt ids, special tokens added exactly as transformers adds them.
+
+        A rendered chat template already holds its special tokens: encode it with
+        ``add_special_tokens=False``, as ``apply_chat_template`` does.
+        """
+        ttft_trace.mark("tokenize_start")
+        ids = list(self._backend.encode(text, add_special_tokens=add_special_tokens).ids)
+        ttft_trace.mark("tokenized", last=True)
+        return ids
+
+    def encode_truncated(self, text: str, max_tokens: int) -> list[int]:
+        """Ids with special tokens, the text cut so the whole fits ``max_tokens`` (as
+        transformers' ``truncation=True, max_length=max_tokens`` does); no padding."""
+        if self._truncating is None or self._truncating[0] != max_tokens:
+            backend = _HFTokenizer.from_str(self._backend.to_str())
+            backend.no_padding()
+            backend.enable_truncation(max_tokens)
+            self._truncating = (max_tokens, backend)
+        return list(self._truncating[1].encode(text).ids)
+
+    def token_text(self, token_id: int) -> str:
+        """One token's own text, special tokens included (for logprobs); ``""`` if unknown.
+
+        A token holding part of a multi-byte character decodes to ``\ufffd``.
+        """
+        text = self._token_texts.get(token_id)
+        if text is None:
+            text = ""
+            if 0 <= token_id < self.vocab_size:
+                text = str(self._backend.decode([token_id], skip_special_tokens=False))
+            self._token_texts[token_id] = text
+        return text
+
+    def decode(self, token_ids: list[int]) -> str:
+        """Text of ``token_ids``, special tokens and out-of-vocabulary ids skipped."""
+        valid = [t for t in token_ids if 0 <= t < self.vocab_size]
+        return str(self._backend.decode(valid, skip_special_tokens=True))
