@@ -59,7 +59,8 @@ def build(dtype: str, clock: PhaseClock, threads: int = THREADS) -> Any:
     """A coordinator over one in-process rank, its phases wrapped into ``clock``."""
     import model_shards.engine.coordinator as coordinator_module
     import model_shards.worker.decoder_worker as worker_module
-    from model_shards.config.model import ModelConfig, ReplicaConfig
+    from model_shards.config.model import ModelConfig
+    from model_shards.config.replica import ReplicaConfig
     from model_shards.parallel.comm import Comm
     from model_shards.parallel.state import init_parallel
 

@@ -57,7 +57,8 @@ def by_kind(prof: profile, steps: int) -> dict[str, float]:
 
 def run(dtype: str, prompt_len: int) -> tuple[dict[str, float], float]:
     """Per-kind ms per prefill step, and the profiled wall ms per step."""
-    from model_shards.config.model import ModelConfig, ReplicaConfig
+    from model_shards.config.model import ModelConfig
+    from model_shards.config.replica import ReplicaConfig
     from model_shards.engine.coordinator import Coordinator
     from model_shards.messages import GenerateRequest
     from model_shards.parallel.comm import Comm

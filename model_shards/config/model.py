@@ -1,39 +1,29 @@
-"""Frozen, validated configuration: the model's shape and the replica's layout.
-
-Everything here is checked before any process is spawned; a bad combination is
-a ``ValueError`` that names the flag and the fix. A decoder's shape is
-:class:`ModelConfig`, an encoder's :class:`~model_shards.config.encoder.EncoderConfig`
-(:func:`load_model_config` picks by ``architectures``); :class:`ReplicaConfig`
-is the replica's flags, checked against the model by :meth:`ReplicaConfig.validate`.
+"""A checkpoint's model shape, frozen and validated: :class:`ModelConfig` for a decoder,
+:class:`~model_shards.config.encoder.EncoderConfig` for an encoder
+(:func:`load_model_config` picks by ``architectures``). A bad ``config.json`` is a
+``ValueError`` naming the field, before any process is spawned.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from itertools import pairwise
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Literal
+from typing import Any
 
 from model_shards.config.architectures import SUPPORTED_ARCHITECTURES
 from model_shards.config.encoder import ENCODER_ARCHITECTURES, EncoderConfig
 from model_shards.config.hf_json import (
-    CHECKPOINT_DTYPES,
     TransformerShape,
     checkpoint_dtype,
     read_json,
 )
-from model_shards.config.kv_layout import KVLayout, peak_blocks
-from model_shards.config.moe import check_expert_layout
 from model_shards.config.rope import RopeConfig, parse_rope
-from model_shards.config.scheduler import check_step_limits
 from model_shards.config.vlm import flatten_text_config, is_vlm, vision_tp_problem
-
-DTYPE_CHOICES: tuple[str, ...] = ("auto", *CHECKPOINT_DTYPES)
 
 
 @dataclass(frozen=True)
@@ -227,163 +217,6 @@ def _with_gpt2_names(raw: dict[str, Any]) -> dict[str, Any]:
         out["intermediate_size"] = 4 * int(out["hidden_size"]) if inner is None else int(inner)
     out.setdefault("tie_word_embeddings", True)
     return out
-
-
-def ranks_use_gpus(device: str, ranks: int, gpu_count: int, ranks_text: str) -> bool:
-    """Whether ``ranks`` ranks run on GPUs, one each, under ``--device``: never with ``cpu``,
-    else when ``gpu_count`` covers them. ``ValueError`` naming the flags when ``cuda``
-    lacks GPUs and when ``auto`` sees some but fewer than ranks: a machine with GPUs never
-    silently serves on its CPU. ``ranks_text`` says what was counted (e.g. ``dp*tp*pp = 4``).
-    """
-    if device == "cpu":
-        return False
-    if gpu_count >= ranks:
-        return True
-    if device == "cuda" or gpu_count > 0:
-        raise ValueError(
-            f"--device {device} needs one GPU per rank: {ranks_text} but {gpu_count} CUDA "
-            f"device(s) are visible; lower -dp/-tp/-pp or pass --device cpu to serve on CPU"
-        )
-    return False
-
-
-@dataclass(frozen=True)
-class ReplicaConfig:
-    """One replica: a ``tp * pp`` world serving one model directory."""
-
-    model_dir: str
-    tp: int = 1
-    pp: int = 1
-    dtype: str = "auto"
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 8192
-    block_size: int = 16
-    kv_cache_memory: int | None = None  # bytes per rank; default: see worker.kv_cache_blocks
-    gpu_memory_utilization: float = 0.9
-    enforce_eager: bool = False  # CUDA: no CUDA graphs for decode-only steps
-    batch_invariant: bool = False  # CUDA: fixed-reduction-order kernels (--batch-invariant)
-    enable_prefix_caching: bool = True
-    pipeline_overlap: bool = True  # up to pp micro-batches in flight when pp > 1
-    pp_layer_partition: str = "even"  # see ModelConfig.layer_partition
-    max_model_len: int | None = None  # default: the model's max_position_embeddings
-    collective_timeout_s: float = 120.0
-    threads_per_rank: int | None = None  # CPU only; default: cores // world size, at least 1
-    enable_expert_parallel: bool = False  # MoE: whole experts per TP rank (moe_config.py)
-    dp_attention: bool = False  # -dp replicas share their experts (dp_attention_launch.py)
-
-    @property
-    def world_size(self) -> int:
-        return self.tp * self.pp
-
-    def check_flags(self) -> None:
-        """The checks that need no model: dtype, the scheduler's rules on its limits
-        (:func:`~model_shards.config.scheduler.check_step_limits`), block size, KV cache
-        memory and GPU memory utilization; ``ValueError`` naming the flag."""
-        if self.dtype not in DTYPE_CHOICES:
-            raise ValueError(f"--dtype {self.dtype!r} invalid; choose one of {DTYPE_CHOICES}")
-        check_step_limits(self.max_num_seqs, self.max_num_batched_tokens, self.block_size)
-        if self.block_size > 1024:
-            raise ValueError(f"--block-size must be in 1..1024, got {self.block_size}")
-        if self.kv_cache_memory is not None and self.kv_cache_memory <= 0:
-            raise ValueError(f"--kv-cache-memory must be positive, got {self.kv_cache_memory}")
-        if not 0 < self.gpu_memory_utilization <= 1:
-            raise ValueError(
-                f"--gpu-memory-utilization must be in (0, 1], got {self.gpu_memory_utilization}"
-            )
-
-    def validate(self) -> ModelConfig | EncoderConfig:
-        """Check flags, the model directory and the layout; return the model's config.
-
-        Needs only the flags and the checkpoint's ``config.json``: each mistake is a
-        ``ValueError`` naming the flag, before any process is spawned.
-        """
-        self.check_flags()
-        if not Path(self.model_dir).is_dir():
-            raise ValueError(f"--model {self.model_dir}: not a directory")
-        model = load_model_config(self.model_dir)
-        model.check_layout(self.tp, self.pp)
-        if isinstance(model, ModelConfig):
-            model.layer_partition(self.pp, self.pp_layer_partition)
-            check_expert_layout(model, self.tp, self.enable_expert_parallel)
-        elif self.enable_expert_parallel:
-            raise ValueError("--enable-expert-parallel: encoder (embedding) models have no experts")
-        elif self.pp_layer_partition != "even":
-            raise ValueError("--pp-layer-partition: encoder (embedding) models run with -pp 1")
-        if self.max_model_len is not None and not (
-            1 <= self.max_model_len <= model.max_position_embeddings
-        ):
-            raise ValueError(
-                f"--max-model-len {self.max_model_len} must be in "
-                f"1..{model.max_position_embeddings} (the model's max_position_embeddings)"
-            )
-        if isinstance(model, ModelConfig):
-            self._check_kv_cache_memory(model)
-        return model
-
-    def _check_kv_cache_memory(self, model: ModelConfig) -> None:
-        """``--kv-cache-memory`` must hold one ``max_model_len``-token sequence on every rank.
-
-        Each rank checks again once its dtype is known (``worker.kv_cache_blocks``); here
-        the smallest element the dtype may resolve to is assumed (``auto`` off CPU may
-        serve a float32 checkpoint in bfloat16), so a refusal here is certain there too.
-        """
-        if self.kv_cache_memory is None:
-            return
-        name = model.torch_dtype if self.dtype == "auto" else self.dtype
-        itemsize = CHECKPOINT_DTYPES[name]
-        if self.dtype == "auto" and self.device != "cpu":
-            itemsize = min(itemsize, CHECKPOINT_DTYPES["bfloat16"])
-        layout = KVLayout.for_model(model)
-        counts = model.layer_partition(self.pp, self.pp_layer_partition)
-        starts = [sum(counts[:s]) for s in range(len(counts))]
-        layers = max(layout.slots_on(range(a, a + n)) for a, n in zip(starts, counts, strict=True))
-        per_block = model.kv_block_bytes(self.tp, layers, self.block_size, itemsize)
-        max_len = self.resolved_max_model_len(model)
-        chunk = self.max_num_batched_tokens
-        need = peak_blocks(layout.windows, max_len, self.block_size, chunk) * per_block
-        if self.kv_cache_memory < need:
-            raise ValueError(
-                f"--kv-cache-memory {self.kv_cache_memory} bytes cannot hold one {max_len}-token "
-                f"sequence per rank (K and V of {layers} layers: {need} bytes); raise "
-                f"--kv-cache-memory or lower --max-model-len"
-            )
-
-    def resolved_max_model_len(self, model: ModelConfig | EncoderConfig) -> int:
-        if isinstance(model, EncoderConfig):
-            return min(self.max_model_len or model.max_seq_length, model.max_seq_length)
-        return self.max_model_len or model.max_position_embeddings
-
-
-_SIZE_UNITS = {
-    "": 1,
-    "b": 1,
-    "k": 10**3,
-    "kb": 10**3,
-    "kib": 2**10,
-    "m": 10**6,
-    "mb": 10**6,
-    "mib": 2**20,
-    "g": 10**9,
-    "gb": 10**9,
-    "gib": 2**30,
-    "t": 10**12,
-    "tb": 10**12,
-    "tib": 2**40,
-}
-
-
-def parse_size(text: str) -> int:
-    """``"2GiB"``, ``"512MB"``, ``"1e9"`` → bytes; ``ValueError`` on anything else."""
-    s = text.strip().lower().replace(" ", "")
-    number = s.rstrip("abcdefghijklmnopqrstuvwxyz")
-    unit = s[len(number) :]
-    if unit not in _SIZE_UNITS or not number:
-        raise ValueError(f"invalid size {text!r}; use e.g. 512MiB, 2GiB, 4GB")
-    value = float(number) * _SIZE_UNITS[unit]
-    if not 0 < value < math.inf:
-        raise ValueError(f"size {text!r} must be positive and finite")
-    return int(value)
 
 
 def load_model_config(model_dir: str | os.PathLike[str]) -> ModelConfig | EncoderConfig:

@@ -1,6 +1,6 @@
 """The mixture-of-experts fields of a ``config.json``, and the layouts that can shard them.
 
-No torch import: :meth:`ReplicaConfig.validate <model_shards.config.model.ReplicaConfig.validate>`
+No torch import: :meth:`ReplicaConfig.validate <model_shards.config.replica.ReplicaConfig.validate>`
 calls :func:`check_expert_layout` in the parent, before any rank is spawned.
 
 Two ways to shard experts over a TP group of ``tp`` ranks:

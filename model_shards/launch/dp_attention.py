@@ -27,7 +27,8 @@ import threading
 from dataclasses import dataclass, field, replace
 from multiprocessing.process import BaseProcess
 
-from model_shards.config.model import ModelConfig, ReplicaConfig, load_model_config
+from model_shards.config.model import ModelConfig, load_model_config
+from model_shards.config.replica import ReplicaConfig
 from model_shards.launch.cpu_budget import detect_budget, plan_threads
 from model_shards.launch.replicas import (
     ReplicaHandle,

@@ -28,7 +28,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from model_shards.config.model import EncoderConfig, ReplicaConfig, load_model_config
+from model_shards.config.encoder import EncoderConfig
+from model_shards.config.model import load_model_config
+from model_shards.config.replica import ReplicaConfig
 
 if TYPE_CHECKING:
     from model_shards.parallel.comm import Comm

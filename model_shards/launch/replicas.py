@@ -26,7 +26,9 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from multiprocessing.process import BaseProcess
 
-from model_shards.config.model import EncoderConfig, ModelConfig, ReplicaConfig, ranks_use_gpus
+from model_shards.config.encoder import EncoderConfig
+from model_shards.config.model import ModelConfig
+from model_shards.config.replica import ReplicaConfig, ranks_use_gpus
 from model_shards.launch.cpu_budget import CpuBudget, ThreadPlan, detect_budget, plan_threads
 from model_shards.launch.rank_process import run_rank
 from model_shards.worker.checkpoint import verify_checkpoint
@@ -178,14 +180,9 @@ def start_replicas(config: ReplicaConfig, dp: int = 1) -> list[ReplicaHandle]:
     """Validate once, then spawn ``dp`` replicas; each listens on its own ``ipc://`` address.
 
     ``ValueError`` (naming the flag) before anything is spawned. If starting a
-    later replica fails, the ones already started are stopped. ``config.dp_attention``:
-    one world of ``dp`` replicas sharing their experts
-    (:func:`~model_shards.launch.dp_attention.start_dp_attention`).
+    later replica fails, the ones already started are stopped. ``--dp-attention`` worlds are
+    :func:`~model_shards.launch.dp_attention.start_dp_attention`'s.
     """
-    if config.dp_attention:
-        from model_shards.launch.dp_attention import start_dp_attention
-
-        return start_dp_attention(config, dp)
     validate_replica(config)
     gpu_count = 0
     if config.device != "cpu":

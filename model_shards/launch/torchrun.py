@@ -14,7 +14,7 @@ endpoint uses ``--standalone``. torchrun ignores ``--node-rank`` under c10d
 (it orders nodes itself), so the node rank goes to the workers instead,
 which derive the replica rank from it (see
 :class:`model_shards.launch.rank_process.TorchrunRank`). The replica's configuration travels as the
-JSON of :class:`~model_shards.config.model.ReplicaConfig`, so every node runs the
+JSON of :class:`~model_shards.config.replica.ReplicaConfig`, so every node runs the
 exact flags its ``shardserve engine`` validated.
 """
 
@@ -25,7 +25,7 @@ import dataclasses
 import json
 import sys
 
-from model_shards.config.model import ReplicaConfig
+from model_shards.config.replica import ReplicaConfig
 from model_shards.launch.rank_process import run_torchrun_rank
 
 

@@ -35,7 +35,7 @@ import math
 import torch
 from torch import nn
 
-from model_shards.config.model import RopeConfig
+from model_shards.config.rope import RopeConfig
 
 
 def inverse_frequencies(head_dim: int, rope: RopeConfig, *, long: bool = False) -> torch.Tensor:

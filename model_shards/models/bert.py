@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from model_shards.config.model import EncoderConfig
+from model_shards.config.encoder import EncoderConfig
 from model_shards.layers.context import ShardContext
 from model_shards.layers.linear import ColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from model_shards.layers.norm import LayerNorm

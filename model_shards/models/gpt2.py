@@ -23,7 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from model_shards.config.model import ModelConfig, RopeConfig
+from model_shards.config.model import ModelConfig
+from model_shards.config.rope import RopeConfig
 from model_shards.layers.attention import Attention, ForwardBatch
 from model_shards.layers.context import ShardContext
 from model_shards.layers.conv1d import (

@@ -28,7 +28,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from model_shards.config.model import ranks_use_gpus
+from model_shards.config.replica import ranks_use_gpus
 
 
 @dataclass(frozen=True)
@@ -91,7 +91,7 @@ def single_process_state(device: torch.device | None = None) -> ParallelState:
 
 def choose_backend(world_size: int, device: str) -> str:
     """``nccl`` when every rank can have its own CUDA device, else ``gloo`` on CPU
-    (:func:`~model_shards.config.model.ranks_use_gpus`: too few GPUs is a ``ValueError``)."""
+    (:func:`~model_shards.config.replica.ranks_use_gpus`: too few GPUs is a ``ValueError``)."""
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     on_gpus = ranks_use_gpus(device, world_size, count, f"{world_size} rank(s)")
     return "nccl" if on_gpus else "gloo"

@@ -25,8 +25,10 @@ import torch
 
 from model_shards.backends import Backend, select_backend
 from model_shards.config import vision_budget
+from model_shards.config.encoder import EncoderConfig
 from model_shards.config.kv_layout import KVLayout, peak_blocks
-from model_shards.config.model import EncoderConfig, ModelConfig, ReplicaConfig
+from model_shards.config.model import ModelConfig
+from model_shards.config.replica import ReplicaConfig
 from model_shards.layers.attention import ForwardBatch
 from model_shards.layers.context import ShardContext
 from model_shards.layers.linear import prepare_weights

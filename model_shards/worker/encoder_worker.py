@@ -10,7 +10,8 @@ from __future__ import annotations
 import torch
 
 from model_shards.backends import select_backend
-from model_shards.config.model import EncoderConfig, ReplicaConfig
+from model_shards.config.encoder import EncoderConfig
+from model_shards.config.replica import ReplicaConfig
 from model_shards.layers.context import ShardContext
 from model_shards.layers.linear import prepare_weights
 from model_shards.messages import StepPlan

@@ -1,7 +1,7 @@
 """The ``shardserve`` command line: every subcommand's flags, their parsers and checks.
 
 ``serve`` and ``engine`` share the replica flags (:func:`add_replica_flags`,
-turned into a :class:`~model_shards.config.model.ReplicaConfig` by
+turned into a :class:`~model_shards.config.replica.ReplicaConfig` by
 :func:`replica_config`); ``serve`` adds the HTTP, data-parallel and resilience
 flags, ``engine`` where frontends connect and the torchrun nodes. A bad value
 is an argparse error naming the flag (exit 2); a bad combination is a
@@ -17,7 +17,7 @@ import argparse
 import os
 from typing import Any
 
-from model_shards.config.model import DTYPE_CHOICES, ReplicaConfig, parse_size
+from model_shards.config.replica import DTYPE_CHOICES, ReplicaConfig, parse_size
 from server.cli.flag_types import int_in as _int_in
 from server.cli.flag_types import non_negative_float as _non_negative_float
 from server.cli.flag_types import non_negative_int as _non_negative_int

@@ -39,20 +39,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import importlib
 import logging
-import signal
 import socket
 import sys
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from types import FrameType
 from typing import TYPE_CHECKING
 
-from model_shards.config.model import ReplicaConfig
+from model_shards.config.replica import ReplicaConfig
 from server.cli.args import build_parser, check_serve_flags, replica_config
+from server.cli.signals import ServeState, SignalGuard, Stop, raise_if_signalled
 from server.engine.supervisor import SpawnedReplica
 from server.http.request_context import RequestIdFilter
 from server.media.multimodal import ImageModel, media_options
@@ -101,68 +98,6 @@ def _run_bench(argv: list[str]) -> int:
     return int(importlib.import_module(BENCH_MODULE).main(argv))
 
 
-class _Stop(Exception):
-    """Raised in the main thread by SIGINT/SIGTERM."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
-
-
-class _SignalGuard:
-    """SIGINT/SIGTERM → :class:`_Stop`, optionally held back during a critical section.
-
-    Every signal is also recorded in ``state.signal``: a :class:`_Stop` raised where
-    something swallows exceptions (inside a logging call, whose handler reports and
-    drops them) is still seen by :func:`_raise_if_signalled` before serving starts."""
-
-    SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-    def __init__(self, state: _State) -> None:
-        self._state = state
-        self._held: int | None = None
-        self._holding = False
-        self._previous = {sig: signal.signal(sig, self._handle) for sig in self.SIGNALS}
-
-    def _handle(self, signum: int, frame: FrameType | None) -> None:
-        self._state.signal = self._state.signal or signum
-        if self._holding:
-            self._held = self._held or signum
-        else:
-            raise _Stop(signum)
-
-    @contextlib.contextmanager
-    def held(self) -> Iterator[None]:
-        """Signals arriving inside the block are raised when it ends."""
-        self._holding = True
-        try:
-            yield
-        finally:
-            self._holding = False
-        if self._held is not None:
-            raise _Stop(self._held)
-
-    def ignore(self) -> None:
-        for sig in self.SIGNALS:
-            signal.signal(sig, signal.SIG_IGN)
-
-    def restore(self) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-
-
-@dataclass
-class _State:
-    serving: bool = False  # uvicorn started: a signal from now on is a normal stop
-    signal: int | None = None  # the first SIGINT/SIGTERM received, if any
-
-
-def _raise_if_signalled(state: _State) -> None:
-    """Raise the :class:`_Stop` of a signal that arrived but was swallowed on the way."""
-    if state.signal is not None:
-        raise _Stop(state.signal)
-
-
 def _error(message: str) -> None:
     print(f"shardserve: error: {message}", file=sys.stderr, flush=True)
 
@@ -184,8 +119,8 @@ def _bind(host: str, port: int) -> socket.socket:
 
 def serve(args: argparse.Namespace) -> int:
     """Run the ``serve`` command; see the module docstring for the order of events."""
-    state = _State()
-    guard = _SignalGuard(state)
+    state = ServeState()
+    guard = SignalGuard(state)
     handles: Sequence[ReplicaHandle] = ()
     try:
         try:
@@ -207,7 +142,7 @@ def serve(args: argparse.Namespace) -> int:
                     _error(str(exc))
                     return 2
             return asyncio.run(_serve_async(args, handles, tokenizer, name, sock, state))
-    except _Stop as stop:
+    except Stop as stop:
         if state.serving:
             logger.info("stopped by %s", stop)
             return 0
@@ -246,10 +181,14 @@ def _check_start_up(args: argparse.Namespace) -> tuple[ReplicaConfig, Tokenizer,
 
 def _start_replicas(config: ReplicaConfig, dp: int) -> Sequence[ReplicaHandle]:
     """Spawn ``dp`` replicas of ``config`` (``ValueError`` first if the checkpoint or the
-    devices do not fit: ``start_replicas`` validates again) and log their ranks."""
-    from model_shards.launch.replicas import start_replicas
+    devices do not fit: ``start_replicas`` validates again) and log their ranks. With
+    ``--dp-attention`` the ``dp`` replicas are one world sharing their experts."""
+    if config.dp_attention:
+        from model_shards.launch.dp_attention import start_dp_attention as start
+    else:
+        from model_shards.launch.replicas import start_replicas as start
 
-    handles = start_replicas(config, dp)
+    handles = start(config, dp)
     for i, handle in enumerate(handles):
         logger.info(
             "started replica %d tp=%d pp=%d at %s; rank pids %s",
@@ -268,7 +207,7 @@ async def _serve_async(
     tokenizer: Tokenizer,
     name: str,
     sock: socket.socket,
-    state: _State,
+    state: ServeState,
 ) -> int:
     """Connect to the replicas (``handles``, else ``args.engine``), then serve HTTP on
     ``sock`` until stopped (0); 1 if a replica dies or times out before it is ready."""
@@ -289,7 +228,7 @@ async def _serve_async(
         server = _http_server(args, router, tokenizer, name, ready.max_model_len, metrics)
         host, port = sock.getsockname()[:2]
         logger.info("serving %s on http://%s:%d", name, f"[{host}]" if ":" in host else host, port)
-        _raise_if_signalled(state)  # a signal during that log call was dropped by logging
+        raise_if_signalled(state)  # a signal during that log call was dropped by logging
         state.serving = True
         await server.serve(sockets=[sock])
         return 0

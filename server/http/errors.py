@@ -16,14 +16,27 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
-
-from server.api.protocol import ErrorInfo, ErrorResponse
 
 logger = logging.getLogger(__name__)
 
 _CUSTOM_ERROR_TYPES = {"empty", "unsupported", "range", "too_many"}
+
+
+class ErrorInfo(BaseModel):
+    """The ``error`` object of an OpenAI error body."""
+
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    """An OpenAI error body: ``{"error": {"message", "type", "param", "code"}}``."""
+
+    error: ErrorInfo
 
 
 class APIError(Exception):

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from model_shards.config.model import ReplicaConfig
+from model_shards.config.replica import ReplicaConfig
 from model_shards.launch.rank_process import TorchrunRank
 from model_shards.launch.replicas import plan_data_parallel
 from model_shards.launch.torchrun import NodeLayout, torchrun_command

@@ -24,7 +24,7 @@ import time
 import types
 from pathlib import Path
 
-from model_shards.config.model import ReplicaConfig
+from model_shards.config.replica import ReplicaConfig
 from tests.server.fake_engine import FakeEngine
 
 SHUTDOWN_WAIT_S = 5.0  # how long stop() waits for the Shutdown the frontend sends first

@@ -1,4 +1,5 @@
-"""The frontend stays torch-free and load-tester-free; the CLI modules import one way."""
+"""The frontend and the config readers stay torch-free, the frontend load-tester-free; the CLI
+modules import one way."""
 
 from __future__ import annotations
 
@@ -10,7 +11,20 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-MODULES = [p.stem for p in (REPO / "server").glob("*.py") if p.stem != "__init__"]
+
+
+def _modules(package: str) -> list[str]:
+    """Every module of ``package`` (a dotted name), its subpackages' included."""
+    root = REPO / package.replace(".", "/")
+    return [
+        ".".join(p.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__")
+        for p in sorted(root.rglob("*.py"))
+        if p.name != "__main__.py"
+    ]
+
+
+#: the frontend (DESIGN: no torch), and the checkpoint-config readers it imports
+TORCH_FREE = [*_modules("server"), *_modules("model_shards.config"), "model_shards.messages"]
 
 
 def _run_clean(code: str) -> None:
@@ -19,11 +33,16 @@ def _run_clean(code: str) -> None:
     assert result.returncode == 0, result.stderr
 
 
+def test_the_torch_free_list_covers_the_packages() -> None:
+    assert len(_modules("server")) > 40 and "server.api.chat" in TORCH_FREE
+    assert "model_shards.config.replica" in TORCH_FREE
+
+
 @pytest.mark.timeout(60)
-def test_server_imports_no_torch() -> None:
+def test_server_and_config_import_no_torch() -> None:
     code = (
         "import importlib, sys\n"
-        f"for name in {MODULES!r}: importlib.import_module('server.' + name)\n"
+        f"for name in {TORCH_FREE!r}: importlib.import_module(name)\n"
         "heavy = sorted(m for m in ('torch', 'transformers') if m in sys.modules)\n"
         "assert not heavy, heavy\n"
     )

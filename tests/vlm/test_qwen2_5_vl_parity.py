@@ -22,7 +22,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from model_shards.config.model import ModelConfig, ReplicaConfig
+from model_shards.config.model import ModelConfig
+from model_shards.config.replica import ReplicaConfig
 from model_shards.engine.coordinator import Coordinator
 from model_shards.messages import GenerateRequest, MediaInput, SamplingParams
 from model_shards.parallel.comm import Comm

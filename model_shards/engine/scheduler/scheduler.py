@@ -64,7 +64,6 @@ from model_shards.engine.scheduler.decode import schedule_decode
 from model_shards.engine.scheduler.prefill import schedule_prefill, step_limits
 from model_shards.engine.scheduler.sequence import ScheduledStep, SeqStatus, Sequence, SeqUpdate
 from model_shards.engine.scheduler.state import SchedulerState
-from model_shards.engine.scheduler.stats import scheduler_stats
 from model_shards.engine.scheduler.step_builder import StepBuilder
 from model_shards.messages import FinishReason, GenerateRequest, RequestOutput
 
@@ -148,7 +147,7 @@ class Scheduler:
 
     @property
     def stats(self) -> SchedulerStats:
-        return scheduler_stats(self._state)
+        return self._state.stats()
 
     # ---- the step -----------------------------------------------------------
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import deque
 
 from model_shards.config.kv_layout import window_start
-from model_shards.config.scheduler import SchedulerConfig
+from model_shards.config.scheduler import SchedulerConfig, SchedulerStats
 from model_shards.engine.scheduler.block_manager import BlockManager
 from model_shards.engine.scheduler.group_hits import group_hash
 from model_shards.engine.scheduler.sequence import SeqStatus, Sequence
@@ -113,3 +113,17 @@ class SchedulerState:
             self.blocks.release(b for b in reversed(table) if b >= 0)
         seq.block_table = []
         seq.window_tables = []
+
+    def stats(self) -> SchedulerStats:
+        """The counters so far, and the pool and queues as they are now."""
+        counters = self.counters
+        return SchedulerStats(
+            prefill_tokens_computed=counters.prefill_tokens,
+            prefix_cache_hit_tokens=counters.hit_tokens,
+            num_preemptions=counters.preemptions,
+            num_free_blocks=self.blocks.num_free,
+            num_cached_blocks=len(self.blocks.cache),
+            num_blocks=self.config.num_blocks,
+            num_running=len(self.running),
+            num_waiting=len(self.waiting),
+        )

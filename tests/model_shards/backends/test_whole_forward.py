@@ -15,7 +15,8 @@ from model_shards.backends import Backend, ReferenceBackend
 from model_shards.backends.cpu.backend import CpuBackend
 from model_shards.backends.cpu.build import build_and_load
 from model_shards.backends.cuda.graphs import FakeGraphBackend
-from model_shards.config.model import ModelConfig, ReplicaConfig
+from model_shards.config.model import ModelConfig
+from model_shards.config.replica import ReplicaConfig
 from model_shards.engine.coordinator import Coordinator
 from model_shards.messages import GenerateRequest, SamplingParams
 from model_shards.parallel.comm import Comm

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from model_shards.config.model import ModelConfig, ReplicaConfig
+from model_shards.config.model import ModelConfig
+from model_shards.config.replica import ReplicaConfig
 from model_shards.launch.replicas import validate_replica
 from model_shards.models.stages import stage_layer_range
 from tests.checkpoints import build_tiny_llama

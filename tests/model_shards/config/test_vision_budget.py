@@ -17,7 +17,8 @@ import pytest
 import torch
 from PIL import Image
 
-from model_shards.config.model import ModelConfig, ReplicaConfig
+from model_shards.config.model import ModelConfig
+from model_shards.config.replica import ReplicaConfig
 from model_shards.config.vision_budget import MediaCaps, grid_of, worst_case_media
 from model_shards.parallel.comm import Comm
 from model_shards.parallel.state import single_process_state

@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from model_shards.config.model import ReplicaConfig
+from model_shards.config.replica import ReplicaConfig
 from model_shards.launch.dp_attention import check_dp_attention_model, start_dp_attention
 from server.cli.args import build_parser, check_serve_flags
 from tests.families import mixtral

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from benchmarks.ttft import LAYER_KINDS
-from model_shards.config.model import ModelConfig, ReplicaConfig
+from model_shards.config.model import ModelConfig
+from model_shards.config.replica import ReplicaConfig
 from model_shards.engine.coordinator import Coordinator
 from model_shards.engine.request_trace import RequestTraces
 from model_shards.engine.scheduler.scheduler import Sequence, SeqUpdate

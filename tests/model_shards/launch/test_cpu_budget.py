@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from model_shards.config.model import ReplicaConfig
+from model_shards.config.replica import ReplicaConfig
 from model_shards.launch.cpu_budget import (
     GOVERNOR_ENV,
     SHORT_SPIN_COUNT,

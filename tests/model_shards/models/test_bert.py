@@ -16,7 +16,8 @@ import pytest
 import torch
 from tokenizers import Tokenizer
 
-from model_shards.config.model import EncoderConfig, ReplicaConfig
+from model_shards.config.encoder import EncoderConfig
+from model_shards.config.replica import ReplicaConfig
 from model_shards.engine.embedding_coordinator import EmbeddingCoordinator
 from model_shards.parallel.comm import Comm
 from model_shards.worker.encoder_worker import EncoderWorker

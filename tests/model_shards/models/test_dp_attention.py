@@ -12,7 +12,8 @@ from types import ModuleType
 
 import pytest
 
-from model_shards.config.model import ModelConfig, ReplicaConfig
+from model_shards.config.model import ModelConfig
+from model_shards.config.replica import ReplicaConfig
 from model_shards.engine.coordinator import Coordinator
 from model_shards.engine.dp_attention import LockstepEngine
 from model_shards.layers.moe import SparseMoeBlock

@@ -16,7 +16,8 @@ from safetensors.torch import load_file, save_file
 
 from model_shards.backends import Backend, ReferenceBackend
 from model_shards.backends.cuda.graphs import FakeGraphBackend
-from model_shards.config.model import ModelConfig, ReplicaConfig
+from model_shards.config.model import ModelConfig
+from model_shards.config.replica import ReplicaConfig
 from model_shards.engine.coordinator import Coordinator
 from model_shards.messages import GenerateRequest, SamplingParams
 from model_shards.models.gpt2 import GPT2Options

@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 from model_shards.backends.cpu.build import build_and_load
-from model_shards.config.model import ModelConfig, ReplicaConfig
+from model_shards.config.model import ModelConfig
+from model_shards.config.replica import ReplicaConfig
 from model_shards.engine.coordinator import Coordinator
 from model_shards.messages import GenerateRequest, SamplingParams
 from model_shards.parallel.comm import Comm

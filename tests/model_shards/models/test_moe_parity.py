@@ -15,7 +15,8 @@ from types import ModuleType
 import pytest
 import torch
 
-from model_shards.config.model import ModelConfig, ReplicaConfig
+from model_shards.config.model import ModelConfig
+from model_shards.config.replica import ReplicaConfig
 from model_shards.engine.coordinator import Coordinator
 from model_shards.layers.moe import SparseMoeBlock, expert_token_counts
 from model_shards.messages import GenerateRequest, SamplingParams, StepOutputs

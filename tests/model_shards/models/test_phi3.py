@@ -16,7 +16,8 @@ from safetensors.torch import load_file, save_file
 
 from model_shards.backends import ReferenceBackend
 from model_shards.config.kv_layout import layer_windows
-from model_shards.config.model import ModelConfig, ReplicaConfig
+from model_shards.config.model import ModelConfig
+from model_shards.config.replica import ReplicaConfig
 from model_shards.engine.coordinator import Coordinator
 from model_shards.layers.context import ShardContext
 from model_shards.models.phi3 import Phi3ForCausalLM, Phi3Options

@@ -11,7 +11,8 @@ import torch
 
 from model_shards.backends import ReferenceBackend
 from model_shards.config.kv_layout import KVLayout, layer_windows
-from model_shards.config.model import ModelConfig, ReplicaConfig
+from model_shards.config.model import ModelConfig
+from model_shards.config.replica import ReplicaConfig
 from model_shards.engine.coordinator import Coordinator
 from model_shards.layers.context import ShardContext
 from model_shards.models.qwen3 import Qwen3ForCausalLM, Qwen3Options

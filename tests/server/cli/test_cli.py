@@ -214,29 +214,29 @@ def test_broken_chat_template_exits_2_before_spawning(
 
 
 def test_a_signal_that_logging_swallowed_still_stops_start_up() -> None:
-    """SIGTERM inside a logging call: the handler's _Stop is caught and dropped by
+    """SIGTERM inside a logging call: the handler's Stop is caught and dropped by
     logging's StreamHandler, yet start-up still sees the signal before serving."""
     import io
     import logging
     import os
     import signal
 
-    from server.cli.serve import _raise_if_signalled, _SignalGuard, _State, _Stop
+    from server.cli.signals import ServeState, SignalGuard, Stop, raise_if_signalled
 
     class SignallingStream(io.StringIO):
         def write(self, text: str) -> int:
             os.kill(os.getpid(), signal.SIGTERM)  # arrives mid-emit
             return super().write(text)
 
-    state = _State()
-    guard = _SignalGuard(state)
+    state = ServeState()
+    guard = SignalGuard(state)
     log = logging.getLogger("test-swallowed-signal")
     handler = logging.StreamHandler(SignallingStream())
     log.addHandler(handler)
     try:
-        log.warning("serving")  # raises _Stop inside emit: logging reports and drops it
-        with pytest.raises(_Stop):
-            _raise_if_signalled(state)
+        log.warning("serving")  # raises Stop inside emit: logging reports and drops it
+        with pytest.raises(Stop):
+            raise_if_signalled(state)
     finally:
         log.removeHandler(handler)
         guard.restore()

@@ -18,7 +18,7 @@ from model_shards.backends import Backend, ReferenceBackend, select_backend
 from model_shards.backends.base import DecodeMeta, KVPool
 from model_shards.backends.cpu.backend import CpuBackend
 from model_shards.backends.cpu.build import build_and_load
-from model_shards.config.model import RopeConfig
+from model_shards.config.rope import RopeConfig
 from model_shards.layers.attention import Attention, ForwardBatch
 from model_shards.layers.rotary import RotaryEmbedding
 from model_shards.messages import SeqChunk
