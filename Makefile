@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e '.[test]'
 	# the fused CPU kernels, compiled once for this machine (or a warning and the slower path)
-	$(BIN)/python -c 'from model_shards.backends import cpu_build; cpu_build.build_and_load()'
+	$(BIN)/python -c 'from model_shards.backends.cpu import build; build.build_and_load()'
 	touch $(STAMP)
 
 install: $(STAMP)

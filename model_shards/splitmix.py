@@ -5,8 +5,9 @@ A splitmix64 stream seeded with ``s`` has the ``i``-th output (``i = 1, 2, ...``
 
 * a sample's draw: token ``i`` of a row seeded ``s`` gets the uniform of
   ``splitmix64(s, i + 1)`` (the backends' ``exponential_race``: the reference backend
-  vectorises :data:`MIX_ROUNDS` over int64 tensors, ``kernels/sampling_ops.cpp`` and
-  ``backends/triton_ops/sampling.py`` write the same constants in C++ and Triton);
+  vectorises :data:`MIX_ROUNDS` over int64 tensors,
+  ``backends/cpu/kernels/sampling_ops.cpp`` and
+  ``backends/cuda/triton_ops/sampling.py`` write the same constants in C++ and Triton);
 * the seed of position ``p`` of a request seeded ``s``: ``mix64(s × GOLDEN + p + 1)``
   (:func:`model_shards.worker.sampler.position_seed`);
 * the seed of sample ``j > 0`` of a request with ``n`` samples: ``splitmix64(s, j)``

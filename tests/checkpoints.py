@@ -94,7 +94,7 @@ def _common_shape() -> dict[str, Any]:
     }
 
 
-def _randomize(model: torch.nn.Module, seed: int) -> None:
+def randomize(model: torch.nn.Module, seed: int) -> None:
     """Redraw every parameter from ``torch.Generator().manual_seed(seed)``, in name order.
 
     Norm weights (names ending ``norm.weight``) get ``1 + N(0, NORM_STD)``,
@@ -114,7 +114,7 @@ def _randomize(model: torch.nn.Module, seed: int) -> None:
             param.copy_(noise)
 
 
-def _write_tokenizer(path: Path, *, qwen2_style: bool, chat_template: str | None = None) -> None:
+def write_tokenizer(path: Path, *, qwen2_style: bool, chat_template: str | None = None) -> None:
     """Write the shared test tokenizer (vocab :data:`TOKENIZER_VOCAB_SIZE`) into ``path``,
     with ``chat_template`` in its ``tokenizer_config.json`` when given.
 
@@ -154,7 +154,7 @@ def _save(
         model.save_pretrained(path)
     else:
         model.save_pretrained(path, max_shard_size=max_shard_size)
-    _write_tokenizer(path, qwen2_style=qwen2_style)
+    write_tokenizer(path, qwen2_style=qwen2_style)
 
 
 def build_tiny_llama(path: Path, *, sharded: bool = True) -> Path:
@@ -176,7 +176,7 @@ def build_tiny_llama(path: Path, *, sharded: bool = True) -> Path:
     )
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(config)
-    _randomize(model, seed=1234)
+    randomize(model, seed=1234)
     _save(model, Path(path), LLAMA_SHARD_SIZE if sharded else None)
     return Path(path)
 
@@ -198,7 +198,7 @@ def build_tiny_qwen2(path: Path) -> Path:
     )
     torch.manual_seed(0)
     model = transformers.Qwen2ForCausalLM(config)
-    _randomize(model, seed=4321)
+    randomize(model, seed=4321)
     _save(model, Path(path), None, qwen2_style=True)
     return Path(path)
 

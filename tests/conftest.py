@@ -10,6 +10,9 @@ from collections.abc import Iterator
 import pytest
 import torch
 
+# fixtures shared across test folders (used by name)
+pytest_plugins = ["tests.server.cli.spawn_guard"]
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 if not torch.cuda.is_available():

@@ -1,11 +1,17 @@
 """Backends: one implementation of every model op, chosen once per worker.
 
+* ``__init__.py``: :func:`select_backend`, the choice below;
+* ``base.py``: ``Backend``: every op a model runs, with its contract (shapes, step metadata);
+* ``reference.py``: plain PyTorch on any device, the numerical specification;
+* ``cpu/``: the ``cpu`` backend: C++ kernels JIT-built once per machine, a packed GEMM;
+* ``cuda/``: the ``cuda`` backend: Triton kernels, cuBLAS GEMMs, CUDA graphs of decode steps.
+
 :func:`select_backend` decides from the device, the dtype and the environment:
 
 =========  ===========================================================================
 device     backend
 =========  ===========================================================================
-cuda       ``cuda`` (Triton kernels; ``batch_invariant`` for ``--batch-invariant``)
+cuda       ``cuda`` (Triton kernels; a batch-invariant GEMM with ``--batch-invariant``)
 cpu        ``cpu`` in float32/bfloat16 when the C++ kernels build, else ``reference``
 =========  ===========================================================================
 
@@ -13,6 +19,11 @@ cpu        ``cpu`` in float32/bfloat16 when the C++ kernels build, else ``refere
 tensors needs ``TRITON_INTERPRET=1``: Triton's interpreter, for tests);
 ``SHARDSERVE_CPU_KERNELS=0`` keeps CPU ranks on the reference backend. Nothing
 CPU-only (the C++ build) ever runs in a CUDA rank.
+
+Layers call the ops of the backend they were built with and never test the device. The
+``reference`` and ``cpu`` backends compute each row on its own, so a row's output never depends
+on the rest of its batch; ``cuda`` only with ``--batch-invariant`` (a Triton GEMM instead of
+cuBLAS, decode attention never split over the context).
 """
 
 from __future__ import annotations

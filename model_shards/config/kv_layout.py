@@ -13,8 +13,8 @@ different groups *share memory*: the ``j``-th layer of every group writes into b
 Group size: the smallest type's layer count (Gemma 2, alternating: half the layers per
 group, two groups; Gemma 3, five sliding to one global: ``L / 6`` layers, one global and
 five sliding groups). A type whose count the size does not divide gets one smaller last
-group. Group 0 is a whole-context group when the model has one (its table is the one
-the prefix cache serves).
+group. Group 0 is a whole-context group when the model has one (its block keys are the
+plain prefix hashes; the other groups' are group-tagged).
 
 A sliding group's table keeps one entry per block of positions like any other; the
 scheduler releases the blocks wholly outside the window of every later query (entry

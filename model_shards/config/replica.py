@@ -60,8 +60,8 @@ class ReplicaConfig:
     max_model_len: int | None = None  # default: the model's max_position_embeddings
     collective_timeout_s: float = 120.0
     threads_per_rank: int | None = None  # CPU only; default: cores // world size, at least 1
-    enable_expert_parallel: bool = False  # MoE: whole experts per TP rank (moe_config.py)
-    dp_attention: bool = False  # -dp replicas share their experts (dp_attention_launch.py)
+    enable_expert_parallel: bool = False  # MoE: whole experts per TP rank (config/moe.py)
+    dp_attention: bool = False  # -dp replicas share their experts (launch/dp_attention.py)
 
     @property
     def world_size(self) -> int:

@@ -15,12 +15,14 @@ class SchedulerConfig:
     ``max_model_len``: a sequence stops ("length") when prompt + output reaches it.
     ``block_size`` / ``num_blocks``: the paged KV pool, ``num_blocks`` blocks of
     ``block_size`` token slots each, shared by all sequences.
-    ``enable_prefix_caching``: reuse full blocks whose tokens were computed before.
+    ``enable_prefix_caching``: reuse full blocks whose tokens were computed before (every
+    KV group's, windowed groups included).
     ``eos_token_ids``: tokens that end a sequence ("stop") unless ``ignore_eos``.
     ``kv_windows``: the attention window of each KV group (:mod:`model_shards.config.kv_layout`),
     group 0 first; ``None`` attends to the whole context. Each group keeps its own block
-    table per sequence (block ids from the one pool); a windowed group's blocks wholly
-    outside every later query's window are released as the sequence advances.
+    table per sequence (block ids from the one pool) and caches its own blocks; a windowed
+    group's blocks wholly outside every later query's window are released as the sequence
+    advances, and a prefix-cache hit needs from it only the blocks still in the window.
     """
 
     max_num_seqs: int

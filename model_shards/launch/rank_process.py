@@ -189,14 +189,14 @@ def serve_rank(
     model = load_model_config(config.model_dir)
     max_len = config.resolved_max_model_len(model)
     ps = init()
-    peers = Comm.open(ps)
+    comm = Comm.open(ps)
     clean = False
     try:
         if isinstance(model, EncoderConfig):
-            _serve_encoder(rank, config, model, peers, address, max_len)
+            _serve_encoder(rank, config, model, comm, address, max_len)
             clean = True
             return
-        worker = Worker.build(config, model, peers, max_len)
+        worker = Worker.build(config, model, comm, max_len)
         govern_threads(worker, threads, ps.device.type)
         log.info(
             "loaded stage %d/%d tp %d/%d on %s (%s backend, %s): %.1f MiB read; KV cache %d "
@@ -225,7 +225,7 @@ def serve_rank(
             worker.serve_forever()
         clean = True
     finally:
-        destroy_parallel(ps if clean else None, peers.close)
+        destroy_parallel(ps if clean else None, comm.close)
 
 
 def _step_limits(config: ReplicaConfig, max_len: int) -> dict[str, int]:
@@ -241,7 +241,7 @@ def _serve_encoder(
     rank: int,
     config: ReplicaConfig,
     model: EncoderConfig,
-    peers: Comm,
+    comm: Comm,
     address: str,
     max_len: int,
 ) -> None:
@@ -249,11 +249,11 @@ def _serve_encoder(
     from model_shards.engine.embedding_coordinator import EmbeddingCoordinator
     from model_shards.worker.encoder_worker import EncoderWorker
 
-    worker = EncoderWorker.build(config, model, peers)
+    worker = EncoderWorker.build(config, model, comm)
     log.info(
         "loaded encoder tp %d/%d: %.1f MiB read",
-        peers.ps.tp_rank,
-        peers.ps.tp_size,
+        comm.ps.tp_rank,
+        comm.ps.tp_size,
         worker.bytes_loaded / 2**20,
     )
     if rank == 0:

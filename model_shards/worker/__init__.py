@@ -1,0 +1,19 @@
+"""Every rank's side of a step: run this rank's stage of the model on the plan rank 0 sent.
+
+* ``decoder_worker.py``: ``Worker``: a decoder rank's step executor; the plan's broadcast;
+* ``encoder_worker.py``: ``EncoderWorker``: the same for an encoder replica (embeddings);
+* ``checkpoint.py``: safetensors headers parsed here; each slice read with ``pread``;
+* ``loader.py``: checkpoint to this rank's parameters, strictly, reading only its slices;
+* ``kv_cache.py``: the paged K/V pool and block tables (one per KV group and sequence);
+* ``gpu_memory.py``: the GPU KV budget: one forward's peak and the graph pool, measured;
+* ``decode_graphs.py``: decode-only steps replayed as CUDA graphs (``cuda`` backend);
+* ``media_inputs.py``: a VLM's images on the first stage: encoder-output cache, embeddings;
+* ``sampler.py``: next-token sampling on the last stage's TP rank 0 (vLLM semantics);
+* ``sampling_batch.py``: the sampler's tokens for every row at once, on the logits' device;
+* ``layer_timer.py``: per-layer-kind prefill times of a traced step (opt-in TTFT trace).
+
+Every rank runs a worker, rank 0 too (beside its coordinator). It decides nothing: block ids,
+chunks, seeds and grammar masks come in the plan; beside its weights and KV pool it keeps only
+what plans told it (block tables, per-sequence sampling and media state), dropped when a plan
+frees the sequence.
+"""

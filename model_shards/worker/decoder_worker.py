@@ -35,8 +35,17 @@ from model_shards.layers.linear import prepare_weights
 from model_shards.messages import SeqChunk, StepPlan, TokenLogprob, decode_plan, encode
 from model_shards.models import MODEL_REGISTRY, DecoderModel
 from model_shards.models.decoder import StepPositions
-from model_shards.parallel import comm
-from model_shards.parallel.comm import Comm
+from model_shards.parallel.comm import (
+    Comm,
+    Pending,
+    all_reduce_min_int,
+    broadcast_bytes,
+    broadcast_bytes_from_root,
+    recv_cpu,
+    recv_from_prev_stage,
+    send_cpu,
+    send_to_next_stage,
+)
 from model_shards.parallel.state import ParallelState
 from model_shards.worker import gpu_memory, layer_timer
 from model_shards.worker.checkpoint import Checkpoint
@@ -75,19 +84,19 @@ class StepResult:
     logprobs: list[TokenLogprob] | None = None
 
 
-def broadcast_plan(plan: StepPlan, peers: Comm, pending: comm.Pending) -> None:
+def broadcast_plan(plan: StepPlan, comm: Comm, pending: Pending) -> None:
     """Rank 0: send the plan to every rank without waiting for them to take it."""
-    comm.broadcast_bytes_from_root(encode(plan), peers, pending)
+    broadcast_bytes_from_root(encode(plan), comm, pending)
 
 
-def receive_plan(peers: Comm) -> StepPlan:
-    return decode_plan(comm.broadcast_bytes(None, peers, src=0))
+def receive_plan(comm: Comm) -> StepPlan:
+    return decode_plan(broadcast_bytes(None, comm, src=0))
 
 
 def kv_cache_blocks(
     cfg: ModelConfig,
     replica: ReplicaConfig,
-    peers: Comm,
+    comm: Comm,
     model: DecoderModel,
     dtype: torch.dtype,
     max_model_len: int,
@@ -101,7 +110,7 @@ def kv_cache_blocks(
     over one step's largest media, and the graph pool measured); else 1 GiB. Never more
     than ``max_num_seqs`` full-length sequences need.
     """
-    ps = peers.ps
+    ps = comm.ps
     layout = KVLayout.for_model(cfg)
     buffers = layout.slots_on(range(model.model.start, model.model.end))
     per_block = cfg.kv_block_bytes(ps.tp_size, buffers, replica.block_size, dtype.itemsize)
@@ -114,7 +123,7 @@ def kv_cache_blocks(
     chunk = replica.max_num_batched_tokens
     per_seq = peak_blocks(layout.windows, max_model_len, replica.block_size, chunk)
     blocks = min(max(budget, 0) // per_block, per_seq * replica.max_num_seqs)
-    blocks = comm.all_reduce_min_int(blocks, peers)
+    blocks = all_reduce_min_int(blocks, comm)
     if blocks < per_seq:
         raise ValueError(
             f"KV cache of {blocks} blocks cannot hold one {max_model_len}-token sequence; "
@@ -172,7 +181,7 @@ class Worker:
         self.sampler = Sampler(ctx.ops)
         self.graphs: DecodeGraphs | None = None  # set by build() on a backend with graphs
         self.bytes_loaded = 0
-        self.pending = comm.Pending()  # non-blocking sends in progress
+        self.pending = Pending()  # non-blocking sends in progress
         # time.monotonic_ns() when the last step's forward / LM head / sampling ended
         # (those it ran), for rank 0's opt-in TTFT trace (model_shards.engine.request_trace)
         self.step_stamps: dict[str, int] = {}
@@ -185,7 +194,7 @@ class Worker:
     def build(
         replica: ReplicaConfig,
         cfg: ModelConfig,
-        peers: Comm,
+        comm: Comm,
         max_model_len: int,
         ops: Backend | None = None,
         ep_comm: Comm | None = None,
@@ -194,12 +203,12 @@ class Worker:
 
         ``ops``: the backend (default: :func:`select_backend` for the rank's device);
         ``ep_comm``: data-parallel attention's expert group (``ShardContext.ep_comm``)."""
-        ps = peers.ps
+        ps = comm.ps
         dtype = resolve_dtype(replica.dtype, cfg, ps.device)
         if ops is None:
             ops = select_backend(ps.device, dtype, batch_invariant=replica.batch_invariant)
         ep = replica.enable_expert_parallel
-        ctx = ShardContext(peers, ops, dtype, expert_parallel=ep, ep_comm=ep_comm)
+        ctx = ShardContext(comm, ops, dtype, expert_parallel=ep, ep_comm=ep_comm)
         model_cls = MODEL_REGISTRY[cfg.architecture]
         with torch.device(ps.device):
             model = model_cls(cfg, ctx, max_model_len, replica.pp_layer_partition)
@@ -217,7 +226,7 @@ class Worker:
         blocks = kv_cache_blocks(
             cfg,
             replica,
-            peers,
+            comm,
             model.eval(),
             dtype,
             max_model_len,
@@ -268,7 +277,7 @@ class Worker:
         self.step_stamps = {"forward_done": time.monotonic_ns()}
         self.step_stamps.update({layer_timer.PREFIX + k: v for k, v in kinds.items()})
         if not ps.is_last_stage:
-            comm.send_to_next_stage(stage_out, self.comm, self.pending)
+            send_to_next_stage(stage_out, self.comm, self.pending)
             return self.collect(plan) if wait and ps.rank == 0 else None
         sampled = [i for i, c in enumerate(plan.chunks) if c.sample]
         if not sampled:
@@ -303,7 +312,7 @@ class Worker:
         hidden: torch.Tensor | None = None
         if not ps.is_first_stage:
             shape = (sum(len(c.token_ids) for c in chunks), self.model.config.hidden_size)
-            hidden = comm.recv_from_prev_stage(shape, self.dtype, self.comm)
+            hidden = recv_from_prev_stage(shape, self.dtype, self.comm)
         if batch is None:
             assert self.graphs is not None  # graphed: only with captured graphs
             return self.graphs.run(chunks, hidden)
@@ -347,30 +356,30 @@ def _to_result(out: SampleOutput) -> StepResult:
     return StepResult(out.tokens.tolist(), logprobs)
 
 
-def _send_result(out: SampleOutput, peers: Comm, pending: comm.Pending) -> None:
+def _send_result(out: SampleOutput, comm: Comm, pending: Pending) -> None:
     """Wire order to rank 0: header ``[S, K]``, tokens, then (K >= 0) logprobs, top ids and
     top logprobs. ``K = -1`` when no sequence asked for logprobs."""
     k = -1 if out.top_ids is None else int(out.top_ids.shape[1])  # -1: no logprobs
-    comm.send_cpu(torch.tensor([out.tokens.shape[0], k], dtype=torch.int64), 0, peers, pending)
-    comm.send_cpu(out.tokens, 0, peers, pending)
+    send_cpu(torch.tensor([out.tokens.shape[0], k], dtype=torch.int64), 0, comm, pending)
+    send_cpu(out.tokens, 0, comm, pending)
     if k >= 0:
         assert out.logprobs is not None and out.top_logprobs is not None
         assert out.top_ids is not None
-        comm.send_cpu(out.logprobs, 0, peers, pending)
+        send_cpu(out.logprobs, 0, comm, pending)
         if k > 0:  # gloo cannot send empty tensors
-            comm.send_cpu(out.top_ids, 0, peers, pending)
-            comm.send_cpu(out.top_logprobs, 0, peers, pending)
+            send_cpu(out.top_ids, 0, comm, pending)
+            send_cpu(out.top_logprobs, 0, comm, pending)
 
 
-def _recv_result(peers: Comm, src: int) -> StepResult:
+def _recv_result(comm: Comm, src: int) -> StepResult:
     """Global rank 0: the sampler's :func:`_send_result` of one step, from global rank ``src``."""
-    s, k = comm.recv_cpu((2,), torch.int64, src, peers).tolist()
-    out = SampleOutput(comm.recv_cpu((s,), torch.int64, src, peers))
+    s, k = recv_cpu((2,), torch.int64, src, comm).tolist()
+    out = SampleOutput(recv_cpu((s,), torch.int64, src, comm))
     if k >= 0:
-        out.logprobs = comm.recv_cpu((s,), torch.float32, src, peers)
+        out.logprobs = recv_cpu((s,), torch.float32, src, comm)
         out.top_ids = torch.empty(s, 0, dtype=torch.int64)
         out.top_logprobs = torch.empty(s, 0)
         if k > 0:
-            out.top_ids = comm.recv_cpu((s, k), torch.int64, src, peers)
-            out.top_logprobs = comm.recv_cpu((s, k), torch.float32, src, peers)
+            out.top_ids = recv_cpu((s, k), torch.int64, src, comm)
+            out.top_logprobs = recv_cpu((s, k), torch.float32, src, comm)
     return _to_result(out)

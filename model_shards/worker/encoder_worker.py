@@ -16,32 +16,31 @@ from model_shards.layers.context import ShardContext
 from model_shards.layers.linear import prepare_weights
 from model_shards.messages import StepPlan
 from model_shards.models.bert import BertModel
-from model_shards.parallel import comm
-from model_shards.parallel.comm import Comm
+from model_shards.parallel.comm import Comm, Pending
 from model_shards.worker.checkpoint import Checkpoint
 from model_shards.worker.decoder_worker import receive_plan, resolve_dtype
 from model_shards.worker.loader import load_weights
 
 
 class EncoderWorker:
-    def __init__(self, model: BertModel, peers: Comm) -> None:
+    def __init__(self, model: BertModel, comm: Comm) -> None:
         self.model = model
-        self.comm = peers
-        self.ps = peers.ps
-        self.pending = comm.Pending()  # rank 0's plan broadcasts in progress
+        self.comm = comm
+        self.ps = comm.ps
+        self.pending = Pending()  # rank 0's plan broadcasts in progress
         self.bytes_loaded = 0
 
     @staticmethod
-    def build(replica: ReplicaConfig, cfg: EncoderConfig, peers: Comm) -> EncoderWorker:
-        device = peers.ps.device
+    def build(replica: ReplicaConfig, cfg: EncoderConfig, comm: Comm) -> EncoderWorker:
+        device = comm.ps.device
         dtype = resolve_dtype(replica.dtype, cfg, device)
-        ctx = ShardContext(peers, select_backend(device, dtype), dtype)
+        ctx = ShardContext(comm, select_backend(device, dtype), dtype)
         with torch.device(device):
             model = BertModel(cfg, ctx)
         with Checkpoint(replica.model_dir) as checkpoint:
             load_weights(model, checkpoint)
             prepare_weights(model)
-            worker = EncoderWorker(model.eval(), peers)
+            worker = EncoderWorker(model.eval(), comm)
             worker.bytes_loaded = checkpoint.bytes_read
         return worker
 

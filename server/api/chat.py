@@ -34,12 +34,12 @@ from server.api.chat_protocol import (
     ChatDelta,
 )
 from server.api.chat_tools import ToolPlan, ToolStream, finish_reason, message, tool_plan
-from server.api.choices import Plan, plan
+from server.api.choices import ChoiceRequests, fan_out
 from server.api.logprobs import chat_logprobs
 from server.api.protocol import Usage
 from server.api.serving import (
     ENGINE_ERRORS,
-    Serving,
+    ServedModel,
     bad_words_ids,
     check_ids,
     engine_api_error,
@@ -50,7 +50,7 @@ from server.media.multimodal import PreparedImage, prompt_ids, template_messages
 from server.text.chat_template import ChatTemplate, ChatTemplateError
 
 
-def load_template(serving: Serving) -> ChatTemplate | None:
+def load_template(serving: ServedModel) -> ChatTemplate | None:
     """The served checkpoint's compiled template, or ``None`` when it has none.
 
     Raises :class:`ChatTemplateError` if the template does not compile.
@@ -60,7 +60,7 @@ def load_template(serving: Serving) -> ChatTemplate | None:
 
 
 @dataclass(frozen=True)
-class ChatPlan(Plan):
+class ChatPlan(ChoiceRequests):
     """A chat request's choices and how its tool calls are made and read."""
 
     tools: ToolPlan = field(default_factory=ToolPlan)
@@ -76,7 +76,7 @@ def _check_roles(body: ChatCompletionRequest) -> None:
 
 
 def prepare(
-    serving: Serving,
+    serving: ServedModel,
     template: ChatTemplate | None,
     body: ChatCompletionRequest,
     response_id: str,
@@ -115,7 +115,7 @@ def prepare(
     check_ids(list(body.allowed_token_ids or []), vocab_size, "allowed_token_ids")
     max_param = "max_tokens" if body.max_completion_tokens is None else "max_completion_tokens"
     ids, media = prompt_ids(serving.tokenizer, text, images or [], serving.image_model)
-    work = plan(
+    work = fan_out(
         response_id,
         [ids],
         n=body.n,
@@ -133,7 +133,7 @@ def prepare(
 
 
 async def complete(
-    serving: Serving, work: ChatPlan, body: ChatCompletionRequest
+    serving: ServedModel, work: ChatPlan, body: ChatCompletionRequest
 ) -> ChatCompletionResponse:
     """Run every choice to the end and return the whole ``chat.completion``."""
     results = await serving.collect(work, body.stop_strings)
@@ -156,7 +156,7 @@ async def complete(
 
 
 async def stream(
-    serving: Serving, work: ChatPlan, body: ChatCompletionRequest
+    serving: ServedModel, work: ChatPlan, body: ChatCompletionRequest
 ) -> AsyncGenerator[bytes, None]:
     """SSE ``chat.completion.chunk`` frames; see the module docstring.
 

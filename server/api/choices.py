@@ -48,7 +48,7 @@ def sample_seed(seed: int | None, sample: int, n: int) -> int:
 
 
 @dataclass(frozen=True)
-class Plan:
+class ChoiceRequests:
     """The choices of one API request, in index order."""
 
     response_id: str
@@ -61,7 +61,7 @@ class Plan:
         return sum(len(r.prompt_token_ids) for r in self.requests[:: self.n])
 
 
-def plan(
+def fan_out(
     response_id: str,
     prompts: list[list[int]],
     *,
@@ -73,7 +73,7 @@ def plan(
     stop_token_ids: list[int],
     ignore_eos: bool,
     grammar: GrammarSpec | None = None,
-) -> Plan:
+) -> ChoiceRequests:
     """One request per (prompt, sample); ``max_tokens=None`` means the rest of the context.
     ``grammar``: every choice's output is constrained to it."""
     requests = []
@@ -100,7 +100,7 @@ def plan(
                     grammar=grammar,
                 )
             )
-    return Plan(response_id, n, requests)
+    return ChoiceRequests(response_id, n, requests)
 
 
 def _check_context(prompt_ids: list[int], max_tokens: int | None, param: str, limit: int) -> int:
@@ -159,7 +159,7 @@ class _Runner:
 
 
 async def collect(
-    plan: Plan,
+    plan: ChoiceRequests,
     engine: Engine,
     tokenizer: Tokenizer,
     stop_strings: list[str],
@@ -198,7 +198,7 @@ _DONE = object()
 
 
 async def merge(
-    plan: Plan,
+    plan: ChoiceRequests,
     engine: Engine,
     tokenizer: Tokenizer,
     stop_strings: list[str],

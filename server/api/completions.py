@@ -1,7 +1,7 @@
 """``POST /v1/completions``: request checks that need the engine, then JSON or SSE.
 
 :func:`prepare` turns a validated :class:`CompletionRequest` into a
-:class:`~server.api.choices.Plan` (one engine request per prompt and sample),
+:class:`~server.api.choices.ChoiceRequests` (one engine request per prompt and sample),
 raising :class:`APIError` (400) for what pydantic cannot know: token ids
 outside the vocabulary and prompts that do not fit the context
 (``prompt + max_tokens > max_model_len``; ``max_tokens: null`` means "the
@@ -18,13 +18,13 @@ import contextlib
 import json
 from collections.abc import AsyncGenerator
 
-from server.api.choices import Plan, plan
+from server.api.choices import ChoiceRequests, fan_out
 from server.api.completion_protocol import CompletionChoice, CompletionRequest, CompletionResponse
 from server.api.logprobs import completion_logprobs
 from server.api.protocol import MAX_N, Usage
 from server.api.serving import (
     ENGINE_ERRORS,
-    Serving,
+    ServedModel,
     bad_words_ids,
     check_ids,
     engine_api_error,
@@ -36,7 +36,7 @@ from server.http.errors import APIError
 MAX_CHOICES = 4 * MAX_N
 
 
-def prepare(serving: Serving, body: CompletionRequest, response_id: str) -> Plan:
+def prepare(serving: ServedModel, body: CompletionRequest, response_id: str) -> ChoiceRequests:
     """Check ``body`` against the engine and tokenize it into one request per choice."""
     vocab_size = serving.check(body.model)
     if len(body.prompts) * body.n > MAX_CHOICES:
@@ -57,7 +57,7 @@ def prepare(serving: Serving, body: CompletionRequest, response_id: str) -> Plan
     check_ids(list(body.logit_bias_ids), vocab_size, "logit_bias")
     check_ids(list(body.allowed_token_ids or []), vocab_size, "allowed_token_ids")
     grammar = body.grammar()
-    return plan(
+    return fan_out(
         response_id,
         prompts,
         n=body.n,
@@ -73,7 +73,9 @@ def prepare(serving: Serving, body: CompletionRequest, response_id: str) -> Plan
     )
 
 
-async def complete(serving: Serving, work: Plan, body: CompletionRequest) -> CompletionResponse:
+async def complete(
+    serving: ServedModel, work: ChoiceRequests, body: CompletionRequest
+) -> CompletionResponse:
     """Run every choice to the end and return the whole completion."""
     results = await serving.collect(work, body.stop_strings)
     choices = [
@@ -97,7 +99,7 @@ async def complete(serving: Serving, work: Plan, body: CompletionRequest) -> Com
 
 
 async def stream(
-    serving: Serving, work: Plan, body: CompletionRequest
+    serving: ServedModel, work: ChoiceRequests, body: CompletionRequest
 ) -> AsyncGenerator[bytes, None]:
     """SSE frames: one chunk per choice's text delta, its last with ``finish_reason``;
     usage in a final ``choices: []`` chunk when ``stream_options.include_usage``.

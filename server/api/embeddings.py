@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from model_shards.messages import EmbedRequest
 from server.api.protocol import new_id
-from server.api.serving import Serving, check_ids, engine_api_error
+from server.api.serving import ServedModel, check_ids, engine_api_error
 from server.http.errors import APIError
 
 MAX_INPUTS = 256
@@ -62,7 +62,7 @@ class EmbeddingResponse(BaseModel):
     usage: EmbeddingUsage
 
 
-def _inputs(body: EmbeddingRequest, serving: Serving, vocab_size: int) -> list[list[int]]:
+def _inputs(body: EmbeddingRequest, serving: ServedModel, vocab_size: int) -> list[list[int]]:
     raw: list[str] | list[list[int]]
     if isinstance(body.input, str):
         raw = [body.input]
@@ -113,7 +113,7 @@ class EmbeddingWork:
         return sum(len(r.token_ids) for r in self.requests)
 
 
-def prepare(serving: Serving, body: EmbeddingRequest) -> EmbeddingWork:
+def prepare(serving: ServedModel, body: EmbeddingRequest) -> EmbeddingWork:
     """Raise the 404/503/400 ``body`` gets now, else tokenize it into engine requests."""
     vocab_size = serving.check(body.model, task="embed")
     inputs = _inputs(body, serving, vocab_size)
@@ -121,7 +121,9 @@ def prepare(serving: Serving, body: EmbeddingRequest) -> EmbeddingWork:
     return EmbeddingWork([EmbedRequest(f"{rid}-{i}", ids) for i, ids in enumerate(inputs)])
 
 
-async def embed(serving: Serving, work: EmbeddingWork, body: EmbeddingRequest) -> EmbeddingResponse:
+async def embed(
+    serving: ServedModel, work: EmbeddingWork, body: EmbeddingRequest
+) -> EmbeddingResponse:
     """Embed every input of ``work``; engine failures as their HTTP error (400/503)."""
     engine, metrics = serving.engine, serving.metrics
     try:

@@ -1,14 +1,14 @@
 """What every generating route shares: the served model, its checks, errors and SSE framing.
 
-:class:`Serving` bundles the engine client, tokenizer, model name, context
-length and metrics that a route needs. :meth:`Serving.check` makes the checks
+:class:`ServedModel` bundles the engine client, tokenizer, model name, context
+length and metrics that a route needs. :meth:`ServedModel.check` makes the checks
 only the frontend can make, in order: model name (404) → engine serviceable,
 i.e. healthy or recovering (503) → the route's task is the model's (400).
 :func:`check_ids` names the field of a token id outside the vocabulary (400).
 The engine checks every request again, whoever sends it
 (:mod:`model_shards.engine.request_checks`: ids, sampling ranges, context, KV pool);
 a refusal there reaches the client as a 400 (``engine_refused``).
-:meth:`Serving.collect` and :meth:`Serving.merge` run a request's choices
+:meth:`ServedModel.collect` and :meth:`ServedModel.merge` run a request's choices
 (:mod:`server.api.choices`) on this engine.
 :func:`engine_api_error` maps engine failures to HTTP errors: a refused
 request is a 400, a dead engine a 503.
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
-class Serving:
+class ServedModel:
     engine: Engine
     tokenizer: Tokenizer
     model_name: str
@@ -66,7 +66,9 @@ class Serving:
             )
         return info.vocab_size
 
-    async def collect(self, work: choices.Plan, stop: list[str]) -> list[choices.ChoiceResult]:
+    async def collect(
+        self, work: choices.ChoiceRequests, stop: list[str]
+    ) -> list[choices.ChoiceResult]:
         """Every choice of ``work`` run to the end; an engine failure as its HTTP error."""
         try:
             return await choices.collect(work, self.engine, self.tokenizer, stop, self.metrics)
@@ -74,7 +76,7 @@ class Serving:
             raise engine_api_error(exc) from exc
 
     def merge(
-        self, work: choices.Plan, stop: list[str]
+        self, work: choices.ChoiceRequests, stop: list[str]
     ) -> AsyncGenerator[tuple[int, TextDelta], None]:
         """``(choice index, text delta)`` pairs as the choices of ``work`` produce them."""
         return choices.merge(work, self.engine, self.tokenizer, stop, self.metrics)

@@ -1,0 +1,14 @@
+"""The ``shardserve`` command line.
+
+* ``__main__.py``: ``python -m server.cli``, the command without an installed entry point;
+* ``serve.py``: ``shardserve serve``: validate, start the replicas, serve HTTP until stopped;
+* ``args.py``: every subcommand's flags, their parsers and checks; the ``ReplicaConfig``;
+* ``flag_types.py``: argparse ``type=`` checks shared with the media flags (a leaf module);
+* ``engine.py``: ``shardserve engine`` (a replica under torchrun, no frontend) and ``ping``;
+* ``signals.py``: SIGINT/SIGTERM during ``serve``: raised as ``Stop``, held while spawning.
+
+Imports run one way, ``serve`` → ``engine`` → ``args`` (tests/server/test_imports.py). Nothing
+is spawned before the flags, the replica config and the chat template pass their checks (a
+mistake exits 2 saying why). torch comes in only with ``model_shards.launch``, imported when
+replicas are started or the default model is needed; the load tester only for ``bench``.
+"""

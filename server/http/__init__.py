@@ -1,0 +1,17 @@
+"""The HTTP layer: the FastAPI app and everything around the routes.
+
+* ``app.py``: ``build_app``: the routes only, the work in :mod:`server.api`;
+* ``middleware.py``: the front door: request id, API key, body-size limit, draining, metrics;
+* ``request_context.py``: the current request's id for headers and logs; POSTs in flight;
+* ``errors.py``: one OpenAI-style error type and body, handlers for everything else;
+* ``openapi.py``: request bodies in ``/openapi.json`` for routes that parse their own body;
+* ``limits.py``: load shedding (429 + ``Retry-After``) and deadlines (504) of the work routes;
+* ``metrics.py``: ``Metrics``: the Prometheus metrics of ``GET /metrics``, ``shardserve_*``;
+* ``lifecycle.py``: the draining state of a graceful shutdown, and requests in flight;
+* ``draining.py``: uvicorn that drains on the first SIGINT/SIGTERM;
+* ``ttft_trace.py``: opt-in time-to-first-token tracing (``SHARDSERVE_TTFT_TRACE=file``).
+
+``build_app`` is a factory with no module globals (each app its own metrics registry), so
+several apps can live in one process. Every error, whatever raised it, leaves with the OpenAI
+body; a validation error is a 400 naming the field, never FastAPI's 422.
+"""

@@ -40,11 +40,11 @@ from pydantic import BaseModel, ValidationError
 
 from server.api import chat, completions, embeddings
 from server.api.chat_protocol import ChatCompletionRequest
-from server.api.choices import Plan
+from server.api.choices import ChoiceRequests
 from server.api.completion_protocol import CompletionRequest
 from server.api.embeddings import EmbeddingRequest
 from server.api.protocol import ModelCard, ModelList, new_id
-from server.api.serving import Serving
+from server.api.serving import ServedModel
 from server.engine.client import Engine
 from server.http import ttft_trace
 from server.http.errors import APIError, install_error_handlers, validation_error
@@ -192,7 +192,7 @@ async def _respond_json(
     return JSONResponse(result.model_dump())
 
 
-def _work_tokens(work: Plan) -> int:
+def _work_tokens(work: ChoiceRequests) -> int:
     """Tokens a plan may hold: each choice's prompt plus its ``max_tokens``."""
     return sum(len(r.prompt_token_ids) + r.max_tokens for r in work.requests)
 
@@ -237,7 +237,7 @@ def build_app(
     limits = _Limits(admission or Admission(), request_timeout_s)
     schemas = BodySchemas()
     parser = tool_call_parser or tool_parsers.detect(tokenizer.chat_template)
-    serving = Serving(
+    serving = ServedModel(
         engine_client,
         tokenizer,
         served_model_name,
@@ -277,7 +277,7 @@ def _install_front_door(
     )
 
 
-def _add_status_routes(app: FastAPI, serving: Serving, lifecycle: Lifecycle) -> None:
+def _add_status_routes(app: FastAPI, serving: ServedModel, lifecycle: Lifecycle) -> None:
     """``GET /health``, ``GET /metrics`` and ``GET /v1/models``."""
     engine, metrics = serving.engine, serving.metrics
 
@@ -305,14 +305,14 @@ def _add_status_routes(app: FastAPI, serving: Serving, lifecycle: Lifecycle) -> 
 
 
 def _add_completion_route(
-    app: FastAPI, serving: Serving, schemas: BodySchemas, limits: _Limits
+    app: FastAPI, serving: ServedModel, schemas: BodySchemas, limits: _Limits
 ) -> None:
     """``POST /v1/completions``: JSON or SSE."""
 
     @app.post("/v1/completions", response_model=None, openapi_extra=schemas.body(CompletionRequest))
     async def create_completion(request: Request) -> Response:
         body = await _parse(request, CompletionRequest)
-        work: Plan = completions.prepare(serving, body, new_id("cmpl"))
+        work: ChoiceRequests = completions.prepare(serving, body, new_id("cmpl"))
         return await _respond(
             request,
             body.stream,
@@ -324,7 +324,7 @@ def _add_completion_route(
 
 
 def _add_embedding_route(
-    app: FastAPI, serving: Serving, schemas: BodySchemas, limits: _Limits
+    app: FastAPI, serving: ServedModel, schemas: BodySchemas, limits: _Limits
 ) -> None:
     """``POST /v1/embeddings``: JSON, with the same shedding and deadline as generation."""
 
@@ -342,7 +342,7 @@ def _add_embedding_route(
 
 def _add_chat_route(
     app: FastAPI,
-    serving: Serving,
+    serving: ServedModel,
     template: ChatTemplate | None,
     schemas: BodySchemas,
     limits: _Limits,

@@ -8,7 +8,7 @@ import torch
 import transformers
 
 from model_shards.launch.default_model import BOS_TOKEN_ID, EOS_TOKEN_ID
-from tests.checkpoints import _randomize, _write_tokenizer
+from tests.checkpoints import randomize, write_tokenizer
 
 # Gemma's published template (google/gemma-2-2b-it), whitespace as released
 CHAT_TEMPLATE = (
@@ -33,7 +33,7 @@ def build_gemma(path: Path, model: transformers.PreTrainedModel, seed: int) -> P
     model.generation_config.eos_token_id = EOS_TOKEN_ID
     model.generation_config.pad_token_id = None
     model.to(torch.float32)
-    _randomize(model, seed=seed)
+    randomize(model, seed=seed)
     model.save_pretrained(path)
-    _write_tokenizer(path, qwen2_style=False, chat_template=CHAT_TEMPLATE)
+    write_tokenizer(path, qwen2_style=False, chat_template=CHAT_TEMPLATE)
     return path

@@ -25,7 +25,7 @@ import torch
 import transformers
 
 from model_shards.launch.default_model import BOS_TOKEN_ID, EOS_TOKEN_ID
-from tests.checkpoints import BIAS_STD, NORM_STD, _write_tokenizer
+from tests.checkpoints import BIAS_STD, NORM_STD, write_tokenizer
 
 NAME = "gpt2"
 VOCAB_SIZE = 503
@@ -70,5 +70,5 @@ def build(path: Path, **overrides: Any) -> Path:
     model = transformers.GPT2LMHeadModel(config(**overrides))
     _spread_biases_and_norms(model)
     model.save_pretrained(path)
-    _write_tokenizer(path, qwen2_style=False)
+    write_tokenizer(path, qwen2_style=False)
     return path

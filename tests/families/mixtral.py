@@ -23,7 +23,7 @@ import torch
 import transformers
 
 from model_shards.launch.default_model import BOS_TOKEN_ID, EOS_TOKEN_ID
-from tests.checkpoints import _randomize, _write_tokenizer
+from tests.checkpoints import randomize, write_tokenizer
 
 NAME = "mixtral"
 VOCAB_SIZE = 503
@@ -63,7 +63,7 @@ def build(path: Path, **overrides: Any) -> Path:
     path.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(0)
     model = transformers.MixtralForCausalLM(config(**overrides))
-    _randomize(model, seed=4004)
+    randomize(model, seed=4004)
     model.save_pretrained(path)
-    _write_tokenizer(path, qwen2_style=False)
+    write_tokenizer(path, qwen2_style=False)
     return path

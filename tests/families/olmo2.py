@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 import transformers
 
-from tests.checkpoints import MAX_POSITIONS, WEIGHT_STD, _randomize, _write_tokenizer
+from tests.checkpoints import MAX_POSITIONS, WEIGHT_STD, randomize, write_tokenizer
 
 NAME = "olmo2"
 
@@ -54,9 +54,9 @@ def build(path: Path) -> Path:
     )
     torch.manual_seed(0)
     model = transformers.Olmo2ForCausalLM(config)
-    _randomize(model, seed=2024)
+    randomize(model, seed=2024)
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(path)
-    _write_tokenizer(path, qwen2_style=False, chat_template=CHAT_TEMPLATE)
+    write_tokenizer(path, qwen2_style=False, chat_template=CHAT_TEMPLATE)
     return path

@@ -29,7 +29,7 @@ import torch
 import transformers
 
 from model_shards.launch.default_model import BOS_TOKEN_ID, EOS_TOKEN_ID
-from tests.checkpoints import _randomize, _write_tokenizer
+from tests.checkpoints import randomize, write_tokenizer
 
 NAME = "phi3"
 VOCAB_SIZE = 967
@@ -97,7 +97,7 @@ def build(path: Path, **overrides: Any) -> Path:
     path.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(0)
     model = transformers.Phi3ForCausalLM(config(**overrides))
-    _randomize(model, seed=3303)
+    randomize(model, seed=3303)
     model.save_pretrained(path)
-    _write_tokenizer(path, qwen2_style=False, chat_template=CHAT_TEMPLATE)
+    write_tokenizer(path, qwen2_style=False, chat_template=CHAT_TEMPLATE)
     return path

@@ -26,7 +26,7 @@ import torch
 import transformers
 
 from model_shards.launch.default_model import BOS_TOKEN_ID, EOS_TOKEN_ID
-from tests.checkpoints import _randomize, _write_tokenizer
+from tests.checkpoints import randomize, write_tokenizer
 
 NAME = "qwen3"
 VOCAB_SIZE = 499
@@ -71,8 +71,8 @@ def build(path: Path, **overrides: Any) -> Path:
     path.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(0)
     model = transformers.Qwen3ForCausalLM(config(**overrides))
-    _randomize(model, seed=3003)
+    randomize(model, seed=3003)
     model.save_pretrained(path)
     # transformers loads a qwen3 tokenizer as Qwen2Tokenizer: the Qwen pre-tokenizer
-    _write_tokenizer(path, qwen2_style=True, chat_template=chat_template())
+    write_tokenizer(path, qwen2_style=True, chat_template=chat_template())
     return path

@@ -24,7 +24,7 @@ import torch
 import transformers
 
 from model_shards.launch.default_model import BOS_TOKEN_ID, EOS_TOKEN_ID
-from tests.checkpoints import _randomize, _write_tokenizer
+from tests.checkpoints import randomize, write_tokenizer
 
 NAME = "qwen3_moe"
 VOCAB_SIZE = 499
@@ -67,7 +67,7 @@ def build(path: Path, **overrides: Any) -> Path:
     path.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(0)
     model = transformers.Qwen3MoeForCausalLM(config(**overrides))
-    _randomize(model, seed=6006)
+    randomize(model, seed=6006)
     model.save_pretrained(path)
-    _write_tokenizer(path, qwen2_style=True)
+    write_tokenizer(path, qwen2_style=True)
     return path

@@ -22,7 +22,7 @@ import transformers
 from PIL import Image
 from tokenizers import AddedToken
 
-from tests.checkpoints import MAX_POSITIONS, WEIGHT_STD, _randomize, _write_tokenizer
+from tests.checkpoints import MAX_POSITIONS, WEIGHT_STD, randomize, write_tokenizer
 
 IMAGE_TOKEN = "<image>"
 IMAGE_TOKEN_ID = 960
@@ -76,11 +76,11 @@ def build(path: Path) -> Path:
     config.text_config.dtype = "float32"
     torch.manual_seed(0)
     model = transformers.LlavaForConditionalGeneration(config)
-    _randomize(model, seed=777)
+    randomize(model, seed=777)
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(path)
-    _write_tokenizer(path, qwen2_style=False, chat_template=CHAT_TEMPLATE)
+    write_tokenizer(path, qwen2_style=False, chat_template=CHAT_TEMPLATE)
     _add_image_token(path)
     processor = transformers.CLIPImageProcessor(
         size={"shortest_edge": 34}, crop_size={"height": 30, "width": 30}

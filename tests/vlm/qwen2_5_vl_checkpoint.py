@@ -19,7 +19,7 @@ import torch
 import transformers
 from tokenizers import AddedToken
 
-from tests.checkpoints import MAX_POSITIONS, _randomize, _write_tokenizer
+from tests.checkpoints import MAX_POSITIONS, randomize, write_tokenizer
 
 VISION_START, VISION_END, IMAGE_PAD, VIDEO_PAD = 960, 961, 962, 963
 SPECIAL = {
@@ -82,11 +82,11 @@ def build(path: Path) -> Path:
     )
     torch.manual_seed(0)
     model = transformers.Qwen2_5_VLForConditionalGeneration(config)
-    _randomize(model, seed=4242)
+    randomize(model, seed=4242)
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(path)
-    _write_tokenizer(path, qwen2_style=True)
+    write_tokenizer(path, qwen2_style=True)
     _add_vision_tokens(path)
     from transformers.models.qwen2_vl import image_processing_pil_qwen2_vl as hf_pil
 

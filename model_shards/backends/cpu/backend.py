@@ -1,5 +1,5 @@
 """The ``cpu`` backend: the fused C++ kernels of ``model_shards/backends/cpu/kernels`` (built by
-:mod:`.cpu_build`) and a packed GEMM for every linear layer.
+:mod:`.build`) and a packed GEMM for every linear layer.
 
 Chosen for CPU ranks in float32 and bfloat16 when the kernels build; each op rounds
 like the reference backend and computes every row on its own, so outputs do not

@@ -1,15 +1,21 @@
-"""Rank 0's scheduling decisions, in pure Python (no torch).
+"""Rank 0's scheduler: continuous batching, chunked prefill, paged KV with prefix caching.
 
-``Scheduler`` (continuous batching, chunked prefill, paged KV with prefix
-caching and recompute preemption) is the one the coordinator uses.
+* ``scheduler.py``: ``Scheduler``, the entry point: ``add``, ``abort``, ``schedule``, ``update``;
+* ``sequence.py``: one request's state, its block hashes; ``ScheduledStep``, ``SeqUpdate``;
+* ``state.py``: the pool, queues and counters all parts share; windowed tables kept to the window;
+* ``decode.py``: one more token per running sequence; preemption by recompute;
+* ``prefill.py``: a step's token and seat limits (the pipeline cap); a prompt's next chunk;
+* ``admission.py``: start the first waiting sequence after its prefix-cache hit, if it fits;
+* ``step_builder.py``: the step being assembled and what is left of its limits;
+* ``block_manager.py``: the pool's block ids: free, held (refcounts) or parked in the cache;
+* ``prefix_cache.py``: chained content hashes of full blocks; the LRU of parked blocks;
+* ``group_hits.py``: a hit over several KV groups: group-tagged hashes, windowed tables;
+* ``stats.py``: the counters since start-up.
 
-Files: ``config`` (SchedulerConfig, SchedulerStats), ``sequence`` (per-request
-state, ScheduledStep, SeqUpdate), ``prefix_cache`` (block hashing, LRU of
-parked blocks), ``block_manager`` (the pool's refcounts), ``scheduler`` (the
-policy and the entry point), ``state`` (queues, pool and counters every part
-shares), ``step_builder`` (the step being assembled), ``decode`` (decodes and
-preemption), ``prefill`` (step limits with the pipeline cap, prompt chunks),
-``admission`` (starting waiting sequences), ``stats`` (the counters' snapshot).
+``SchedulerConfig`` and ``SchedulerStats`` live in :mod:`model_shards.config.scheduler`
+(re-exported here). Pure Python, no torch: rank 0 keeps the bookkeeping, the ranks the memory,
+and the plan carries every block id. Prefix caching covers sliding-window models too: each KV
+group caches its own blocks, and a windowed group serves a hit with those still in its window.
 """
 
 from model_shards.config.scheduler import SchedulerConfig, SchedulerStats

@@ -8,9 +8,11 @@ process and on every run (unlike ``hash()`` of ``str``). SHA-256 makes a
 collision, which would silently serve another prompt's KV, negligible.
 
 :class:`PrefixCache` maps hash ↔ block id for blocks whose tokens have been
-computed. A cached block whose reference count fell to 0 is *parked*: still
-reusable by a later hit, and evictable in least-recently-released order when
-the pool needs fresh blocks. Reference counts themselves live in
+computed. One cache serves every KV group: a block of group ``g > 0`` is keyed
+by its hash tagged with ``g`` (:func:`.group_hits.group_hash`). A cached block
+whose reference count fell to 0 is *parked*: still reusable by a later hit,
+and evictable in least-recently-released order when the pool needs fresh
+blocks. Reference counts themselves live in
 :class:`~model_shards.engine.scheduler.block_manager.BlockManager`.
 """
 

@@ -35,7 +35,10 @@ A model with sliding-window layers (:mod:`model_shards.config.kv_layout`) keeps 
 table per KV group and sequence, all from the one pool; before a sequence's next
 chunk is scheduled, the blocks of its windowed tables that no query from then on can
 read are released (their ids go back to the pool at once; the ranks keep the stale
-entries, which windowed attention never reads). Such models serve no prefix-cache hits.
+entries, which windowed attention never reads). Prefix caching serves such models too:
+every group caches its own blocks under group-tagged hashes, and a hit is the longest
+prefix every group can serve, a windowed group holding only the blocks of the window
+before the hit's end (:mod:`.group_hits`).
 
 Invariant: a block is written only by the one sequence that holds it. Shared
 blocks are full, computed, cached blocks: a hit never covers the block of the
@@ -45,7 +48,8 @@ only full blocks are ever cached.
 :class:`Scheduler` is the entry point; each part of a step has its module:
 :mod:`.decode` (decodes, preemption), :mod:`.prefill` (the step's limits with
 the pipeline cap, prompt chunks), :mod:`.admission` (starting waiting
-sequences), over the shared :mod:`.state`; :mod:`.stats` reports the counters.
+sequences, their hits from :mod:`.group_hits`), over the shared :mod:`.state`;
+:mod:`.stats` holds the counters.
 """
 
 from __future__ import annotations

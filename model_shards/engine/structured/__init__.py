@@ -1,11 +1,13 @@
 """Structured outputs on the engine side: grammar-constrained decoding with ``xgrammar``.
 
-* :mod:`.bitmask` (torch only, every sampling rank): token bitmasks ↔ boolean masks, and
-  the logit adjustments (``logit_bias``, allowed tokens, grammar masks) of one step;
-* :mod:`.grammars` (rank 0): the grammar compiler, one compile per distinct
-  :class:`~model_shards.messages.GrammarSpec` (an LRU cache), in a background thread;
-* :mod:`.constraints` (rank 0): requests waiting for their grammar, the per-sequence
-  matchers advanced with the sampled tokens, and each step's masks for the plan.
+* ``grammars.py`` (rank 0): ``GrammarCache``: one compile per distinct ``GrammarSpec`` (an LRU),
+  in a background thread, never on the step loop;
+* ``constraints.py`` (rank 0): requests waiting for their grammar, per-sequence matchers advanced
+  with the sampled tokens, each step's token masks for the plan;
+* ``bitmask.py`` (the sampling rank; torch only): token bitmasks and one step's logit
+  adjustments (``logit_bias``, allowed tokens, grammar masks).
 
-``xgrammar`` is imported only on rank 0, and only once a constrained request arrives.
+A request waits here, unseen by the scheduler, until its grammar is compiled, so a slow compile
+delays nobody else. ``xgrammar`` is imported only on rank 0, and only once a constrained request
+arrives; the frontend checked each spec already (:mod:`server.api.structured`).
 """

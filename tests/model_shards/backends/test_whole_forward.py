@@ -14,7 +14,6 @@ import torch
 from model_shards.backends import Backend, ReferenceBackend
 from model_shards.backends.cpu.backend import CpuBackend
 from model_shards.backends.cpu.build import build_and_load
-from model_shards.backends.cuda.graphs import FakeGraphBackend
 from model_shards.config.model import ModelConfig
 from model_shards.config.replica import ReplicaConfig
 from model_shards.engine.coordinator import Coordinator
@@ -25,6 +24,7 @@ from model_shards.worker.decode_graphs import DecodeGraphs
 from model_shards.worker.decoder_worker import Worker
 from tests.checkpoints import build_tiny_llama, hf_greedy, hf_prompt_logits
 from tests.logits import prompt_logits, record_logits
+from tests.model_shards.backends.cuda.fake_graphs import FakeGraphBackend
 
 PROMPTS = [[3, 17, 250, 996, 42, 7, 512, 64, 100], [5, 6], [9] * 21]
 NEW_TOKENS = 6

@@ -23,17 +23,14 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from model_shards.config.model import ModelConfig
-from model_shards.config.replica import ReplicaConfig
 from model_shards.engine.coordinator import Coordinator
 from model_shards.messages import GenerateRequest, SamplingParams
 from model_shards.parallel.comm import Comm
-from model_shards.worker.decoder_worker import Worker, resolve_dtype
+from model_shards.worker.decoder_worker import Worker
 from tests.checkpoints import build_tiny_llama
+from tests.model_shards.engine.engine_harness import MAX_LEN, build_worker, run_to_completion
 from tests.world import run_world
 
-BLOCK = 4
-MAX_LEN = 64
 SMALL_POOL_BLOCKS = 20
 
 
@@ -49,33 +46,6 @@ def _requests(n: int, seed: int = 0) -> list[GenerateRequest]:
     return out
 
 
-def _run(coord: Coordinator, requests: list[GenerateRequest]) -> dict[str, list[int]]:
-    for req in requests:
-        coord.add_request(req)
-    out: dict[str, list[int]] = {r.request_id: [] for r in requests}
-    while coord.has_work():
-        for update in coord.pump():
-            out[update.output.request_id] += update.output.new_token_ids
-    coord.step()  # flush the last frees to the ranks
-    stats = coord.stats
-    assert stats.num_free_blocks == stats.num_blocks, "KV blocks leaked"
-    return out
-
-
-def _worker(peers: Comm, model_dir: str, blocks: int | None) -> Worker:
-    ps = peers.ps
-    cfg = ModelConfig.from_dir(model_dir)
-    memory = None
-    if blocks is not None:
-        itemsize = resolve_dtype("float32", cfg).itemsize
-        per_block = cfg.kv_block_bytes(ps.tp_size, cfg.num_layers // ps.pp_size, BLOCK, itemsize)
-        memory = blocks * per_block
-    replica = ReplicaConfig(
-        model_dir, dtype="float32", block_size=BLOCK, max_num_seqs=32, kv_cache_memory=memory
-    )
-    return Worker.build(replica, cfg, peers, MAX_LEN)
-
-
 def _coordinator(worker: Worker) -> Coordinator:
     return Coordinator(worker, max_num_seqs=32, max_num_batched_tokens=64, max_model_len=MAX_LEN)
 
@@ -84,22 +54,24 @@ def _batching_rank(peers: Comm, model_dir: str, out_dir: str) -> None:
     ps = peers.ps
     results: dict[str, object] = {}
     for scenario in ("big", "small"):
-        worker = _worker(peers, model_dir, None if scenario == "big" else SMALL_POOL_BLOCKS)
+        worker = build_worker(peers, model_dir, None if scenario == "big" else SMALL_POOL_BLOCKS)
         if ps.rank != 0:
             worker.serve_forever()
             continue
         coord = _coordinator(worker)
         reqs = _requests(32)
         if scenario == "big":
-            results["alone"] = {r.request_id: _run(coord, [r])[r.request_id] for r in reqs[:2]}
-            results["batched"] = _run(coord, reqs)
+            results["alone"] = {
+                r.request_id: run_to_completion(coord, [r])[r.request_id] for r in reqs[:2]
+            }
+            results["batched"] = run_to_completion(coord, reqs)
             shared = [7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18]  # three full blocks
             a = GenerateRequest("a", [*shared, 1, 2], 6, SamplingParams(0.0), ignore_eos=True)
             b = GenerateRequest("b", [*shared, 1, 2], 6, SamplingParams(0.0), ignore_eos=True)
             before = coord.stats.prefill_tokens_computed
-            results["prefix_a"] = _run(coord, [a])["a"]
+            results["prefix_a"] = run_to_completion(coord, [a])["a"]
             mid = coord.stats.prefill_tokens_computed
-            results["prefix_b"] = _run(coord, [b])["b"]
+            results["prefix_b"] = run_to_completion(coord, [b])["b"]
             results["prefill_a"] = mid - before
             results["prefill_b"] = coord.stats.prefill_tokens_computed - mid
             # Replay after a failure: resuming from 5 produced tokens continues identically.
@@ -114,11 +86,11 @@ def _batching_rank(peers: Comm, model_dir: str, out_dir: str) -> None:
                 ),
                 max_tokens=12,
             )
-            full = _run(coord, [seeded])[seeded.request_id]
+            full = run_to_completion(coord, [seeded])[seeded.request_id]
             resumed = msgspec.structs.replace(seeded, resume_output_ids=full[:5])
-            results["resume"] = [full, _run(coord, [resumed])[seeded.request_id]]
+            results["resume"] = [full, run_to_completion(coord, [resumed])[seeded.request_id]]
         else:
-            results["small_pool"] = _run(coord, reqs)
+            results["small_pool"] = run_to_completion(coord, reqs)
             results["preemptions"] = coord.stats.num_preemptions
             results["small_blocks"] = coord.stats.num_blocks
         coord.shutdown()

@@ -32,7 +32,7 @@ from model_shards.messages import GenerateRequest, GrammarSpec, SamplingParams
 from model_shards.parallel.comm import Comm
 from server.text.tokenizer import Tokenizer
 from tests.checkpoints import build_tiny_llama
-from tests.model_shards.engine.test_engine_batching import MAX_LEN, _run, _worker
+from tests.model_shards.engine.engine_harness import MAX_LEN, build_worker, run_to_completion
 from tests.world import run_world
 
 pytestmark = pytest.mark.timeout(240)
@@ -109,7 +109,7 @@ def _slow_compile(coord: Coordinator) -> dict[str, object]:
 def _rank(peers: Comm, model_dir: str, out_path: str) -> None:
     results: dict[str, object] = {}
     for scenario in ("big", "small"):
-        worker = _worker(peers, model_dir, None if scenario == "big" else SMALL_POOL)
+        worker = build_worker(peers, model_dir, None if scenario == "big" else SMALL_POOL)
         if peers.ps.rank != 0:
             worker.serve_forever()
             continue
@@ -121,21 +121,23 @@ def _rank(peers: Comm, model_dir: str, out_path: str) -> None:
             model_dir=model_dir,
         )
         if scenario == "big":
-            results["free_alone"] = _run(coord, _free())
-            mixed = _run(coord, _free() + _constrained())
+            results["free_alone"] = run_to_completion(coord, _free())
+            mixed = run_to_completion(coord, _free() + _constrained())
             results["mixed"] = mixed
             first = _constrained()[4]  # seeded json
             resumed = msgspec.structs.replace(first, resume_output_ids=mixed[first.request_id][:5])
-            results["resumed"] = _run(coord, [resumed])[first.request_id]
+            results["resumed"] = run_to_completion(coord, [resumed])[first.request_id]
             bias = SamplingParams(0.0, logit_bias={77: 100.0})
-            results["bias"] = _run(coord, [GenerateRequest("b", [5, 6], 4, bias, ignore_eos=True)])
+            results["bias"] = run_to_completion(
+                coord, [GenerateRequest("b", [5, 6], 4, bias, ignore_eos=True)]
+            )
             allowed = SamplingParams(0.9, seed=3, allowed_token_ids=[20, 21, 22])
             req = GenerateRequest("a", [5, 6], 8, allowed, ignore_eos=True)
-            results["allowed"] = _run(coord, [req])
+            results["allowed"] = run_to_completion(coord, [req])
             results["slow_compile"] = _slow_compile(coord)
         else:
             before = coord.stats.num_preemptions
-            results["small"] = _run(coord, _constrained())
+            results["small"] = run_to_completion(coord, _constrained())
             results["preemptions"] = coord.stats.num_preemptions - before
         coord.shutdown()
     if peers.ps.rank == 0:

@@ -15,7 +15,7 @@ import xgrammar
 from model_shards.engine.structured import bitmask
 from model_shards.messages import NewSequence, SamplingParams, SeqChunk, TokenMask
 from model_shards.worker.sampler import Sampler
-from tests.model_shards.worker.test_sampler import _OnDevice, _sampler
+from tests.model_shards.worker.sampler_cases import OnDeviceReference, make_sampler
 
 VOCAB = 300
 
@@ -41,7 +41,7 @@ def test_masks_match_xgrammar() -> None:
 
 
 def _masked_sampler(params: dict[int, SamplingParams], masks: dict[int, list[int]]) -> Sampler:
-    sampler = _sampler(params)
+    sampler = make_sampler(params)
     sampler.set_masks(
         [TokenMask(s, bitmask.pack(ids, VOCAB).numpy().tobytes()) for s, ids in masks.items()]
     )
@@ -63,7 +63,7 @@ def test_grammar_mask_bias_and_allowed_ids_on_both_paths() -> None:
     chunks = [SeqChunk(i, 4, [1]) for i in range(6)]
     host = _masked_sampler(params, masks)
     device = _masked_sampler(params, masks)
-    device.ops = _OnDevice()
+    device.ops = OnDeviceReference()
     want, got = host.sample(logits, chunks), device.sample(logits, chunks)
     tokens = want.tokens.tolist()
     assert got.tokens.tolist() == tokens
@@ -93,7 +93,7 @@ def test_bad_words_ban_their_last_token_after_the_rest() -> None:
     logits[0, 8] = 5.0  # the favourite
     logits[0, 9] = 4.0  # the next best
     params = SamplingParams(temperature=0.0, bad_words_token_ids=[[7, 8], [12]])
-    sampler = Sampler(_OnDevice())
+    sampler = Sampler(OnDeviceReference())
     sampler.add(NewSequence(0, params, 2))
     sampler.observe(SeqChunk(0, 0, [1, 2, 7]))  # prompt [1, 2], output [7]
     assert sampler.sample(logits, [SeqChunk(0, 2, [7])]).tokens.tolist() == [9]

@@ -4,15 +4,12 @@ its own rows of each part from the safetensors file."""
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import save_file
 
-from model_shards.backends import ReferenceBackend
-from model_shards.layers.context import ShardContext
 from model_shards.layers.fused_sources import (
     FusedMergedColumnParallelLinear,
     FusedPart,
@@ -20,17 +17,10 @@ from model_shards.layers.fused_sources import (
 )
 from model_shards.layers.linear import MergedColumnParallelLinear, QKVParallelLinear
 from model_shards.layers.rotary import rotary_head_order
-from model_shards.parallel.comm import Comm
-from model_shards.parallel.state import single_process_state
 from model_shards.worker.checkpoint import Checkpoint, CheckpointError
-from tests.model_shards.layers.test_sharding import FullTensor
+from tests.model_shards.layers.sharding import FullTensor, shard_context
 
 HIDDEN = 5
-
-
-def _ctx(rank: int, tp: int) -> ShardContext:
-    ps = replace(single_process_state(), tp_rank=rank, tp_size=tp)
-    return ShardContext(Comm(ps), ReferenceBackend(), torch.float32)
 
 
 def _checkpoint(tmp_path: Path, name: str, tensor: torch.Tensor) -> Checkpoint:
@@ -46,8 +36,12 @@ def test_fused_qkv_reads_only_this_ranks_rows(
     q, k, v = (torch.randn(n * d, HIDDEN) for n in (heads, kv_heads, kv_heads))
     with _checkpoint(tmp_path, "qkv", torch.cat((q, k, v))) as ckpt:
         for r in range(tp):
-            fused = FusedQKVParallelLinear(HIDDEN, d, heads, kv_heads, bias=False, ctx=_ctx(r, tp))
-            split = QKVParallelLinear(HIDDEN, d, heads, kv_heads, bias=False, ctx=_ctx(r, tp))
+            fused = FusedQKVParallelLinear(
+                HIDDEN, d, heads, kv_heads, bias=False, ctx=shard_context(r, tp)
+            )
+            split = QKVParallelLinear(
+                HIDDEN, d, heads, kv_heads, bias=False, ctx=shard_context(r, tp)
+            )
             for shard_id, part in (("q", q), ("k", k), ("v", v)):
                 split.weight_loader(split.weight, FullTensor(shard_id, part), shard_id)  # type: ignore[arg-type]
             before = ckpt.bytes_read
@@ -63,10 +57,12 @@ def test_fused_qkv_stores_q_and_k_heads_in_rotary_order(tmp_path: Path) -> None:
     with _checkpoint(tmp_path, "qkv", torch.cat((q, k, v))) as ckpt:
         for r in range(tp):
             fused = FusedQKVParallelLinear(
-                HIDDEN, d, heads, kv_heads, bias=False, ctx=_ctx(r, tp), head_order=order
+                HIDDEN, d, heads, kv_heads, bias=False, ctx=shard_context(r, tp), head_order=order
             )
             fused.weight_loader(fused.weight, ckpt.source("qkv"))
-            plain = FusedQKVParallelLinear(HIDDEN, d, heads, kv_heads, bias=False, ctx=_ctx(r, tp))
+            plain = FusedQKVParallelLinear(
+                HIDDEN, d, heads, kv_heads, bias=False, ctx=shard_context(r, tp)
+            )
             plain.weight_loader(plain.weight, ckpt.source("qkv"))
             qk_heads = (heads + kv_heads) // tp
             want = plain.weight.data.clone()
@@ -86,9 +82,11 @@ def test_fused_gate_up_reads_only_this_ranks_rows(tmp_path: Path, tp: int) -> No
     with _checkpoint(tmp_path, "gate_up", torch.cat((gate, up))) as ckpt:
         for r in range(tp):
             fused = FusedMergedColumnParallelLinear(
-                HIDDEN, [inter, inter], bias=False, ctx=_ctx(r, tp)
+                HIDDEN, [inter, inter], bias=False, ctx=shard_context(r, tp)
             )
-            split = MergedColumnParallelLinear(HIDDEN, [inter, inter], bias=False, ctx=_ctx(r, tp))
+            split = MergedColumnParallelLinear(
+                HIDDEN, [inter, inter], bias=False, ctx=shard_context(r, tp)
+            )
             split.weight_loader(split.weight, FullTensor("g", gate), 0)  # type: ignore[arg-type]
             split.weight_loader(split.weight, FullTensor("u", up), 1)  # type: ignore[arg-type]
             before = ckpt.bytes_read
@@ -99,7 +97,7 @@ def test_fused_gate_up_reads_only_this_ranks_rows(tmp_path: Path, tp: int) -> No
 
 def test_fused_tensor_of_the_wrong_size_is_refused_by_name(tmp_path: Path) -> None:
     with _checkpoint(tmp_path, "model.layers.0.mlp.gate_up_proj.weight", torch.zeros(11, 5)) as c:
-        layer = FusedMergedColumnParallelLinear(HIDDEN, [6, 6], bias=False, ctx=_ctx(0, 1))
+        layer = FusedMergedColumnParallelLinear(HIDDEN, [6, 6], bias=False, ctx=shard_context(0, 1))
         with pytest.raises(CheckpointError, match=r"gate_up_proj\.weight.*dim 0 == 12"):
             layer.weight_loader(layer.weight, c.source("model.layers.0.mlp.gate_up_proj.weight"))
         part = FusedPart(c.source("model.layers.0.mlp.gate_up_proj.weight"), 6, 5)

@@ -16,7 +16,7 @@ from model_shards.layers.sharded_norm import ShardedRMSNorm
 from model_shards.parallel.comm import Comm
 from model_shards.parallel.state import single_process_state
 from model_shards.worker.checkpoint import CheckpointError
-from tests.model_shards.layers.test_sharding import FullTensor
+from tests.model_shards.layers.sharding import FullTensor
 from tests.world import run_world
 
 EPS = 1e-6

@@ -4,13 +4,9 @@ split on its own, KV heads replicated when tp > nkv; vocab: padded row ranges)."
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
 import torch
 
-from model_shards.backends import ReferenceBackend
-from model_shards.layers.context import ShardContext
 from model_shards.layers.linear import (
     ColumnParallelLinear,
     MergedColumnParallelLinear,
@@ -18,26 +14,7 @@ from model_shards.layers.linear import (
     RowParallelLinear,
 )
 from model_shards.layers.vocab import ParallelLMHead, VocabParallelEmbedding
-from model_shards.parallel.comm import Comm
-from model_shards.parallel.state import single_process_state
-
-
-class FullTensor:
-    """A checkpoint tensor held in memory, read like :class:`TensorSource`."""
-
-    def __init__(self, name: str, tensor: torch.Tensor) -> None:
-        self.name, self.tensor = name, tensor
-        self.shape = tuple(tensor.shape)
-        self.dtype = tensor.dtype
-
-    def read(self, dim: int = 0, start: int = 0, end: int | None = None) -> torch.Tensor:
-        end = self.shape[dim] if end is None else end
-        return self.tensor.narrow(dim, start, end - start).clone()
-
-
-def _ctx(rank: int, tp: int) -> ShardContext:
-    ps = replace(single_process_state(), tp_rank=rank, tp_size=tp)
-    return ShardContext(Comm(ps), ReferenceBackend(), torch.float32)
+from tests.model_shards.layers.sharding import FullTensor, shard_context
 
 
 def _full(*shape: int) -> torch.Tensor:
@@ -50,10 +27,10 @@ def test_column_and_row_slices_reassemble(tp: int) -> None:
     cols = []
     rows = []
     for r in range(tp):
-        col = ColumnParallelLinear(12, 8, bias=False, ctx=_ctx(r, tp))
+        col = ColumnParallelLinear(12, 8, bias=False, ctx=shard_context(r, tp))
         col.weight_loader(col.weight, FullTensor("c", w))  # type: ignore[arg-type]
         cols.append(col.weight.data)
-        row = RowParallelLinear(12, 8, bias=False, ctx=_ctx(r, tp))
+        row = RowParallelLinear(12, 8, bias=False, ctx=shard_context(r, tp))
         row.weight_loader(row.weight, FullTensor("r", w))  # type: ignore[arg-type]
         rows.append(row.weight.data)
     assert torch.equal(torch.cat(cols, 0), w)  # output features split
@@ -64,7 +41,7 @@ def test_column_and_row_slices_reassemble(tp: int) -> None:
 def test_merged_gate_up_each_part_split_on_its_own(tp: int) -> None:
     gate, up = _full(6, 4), _full(6, 4) + 1000
     for r in range(tp):
-        layer = MergedColumnParallelLinear(4, [6, 6], bias=False, ctx=_ctx(r, tp))
+        layer = MergedColumnParallelLinear(4, [6, 6], bias=False, ctx=shard_context(r, tp))
         layer.weight_loader(layer.weight, FullTensor("g", gate), 0)  # type: ignore[arg-type]
         layer.weight_loader(layer.weight, FullTensor("u", up), 1)  # type: ignore[arg-type]
         local = 6 // tp
@@ -78,7 +55,7 @@ def test_qkv_heads_split_and_kv_heads_replicated(heads: int, kv_heads: int, tp: 
     q = _full(heads * d, hidden)
     k, v = _full(kv_heads * d, hidden) + 1e4, _full(kv_heads * d, hidden) + 2e4
     for r in range(tp):
-        layer = QKVParallelLinear(hidden, d, heads, kv_heads, bias=False, ctx=_ctx(r, tp))
+        layer = QKVParallelLinear(hidden, d, heads, kv_heads, bias=False, ctx=shard_context(r, tp))
         for part, t in (("q", q), ("k", k), ("v", v)):
             layer.weight_loader(layer.weight, FullTensor(part, t), part)  # type: ignore[arg-type]
         nh, nkv = heads // tp, max(1, kv_heads // tp)
@@ -100,7 +77,7 @@ def test_vocab_rows_padded_and_reassembled(tp: int) -> None:
     parts = []
     for r in range(tp):
         for cls in (VocabParallelEmbedding, ParallelLMHead):
-            layer = cls(vocab, hidden, _ctx(r, tp))
+            layer = cls(vocab, hidden, shard_context(r, tp))
             layer.weight_loader(layer.weight, FullTensor("e", table))  # type: ignore[arg-type]
         parts.append(layer.weight.data)
     per_rank = -(-vocab // tp)

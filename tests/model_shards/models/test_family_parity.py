@@ -24,25 +24,16 @@ from model_shards.parallel.state import single_process_state
 from model_shards.worker.decoder_worker import Worker
 from tests.checkpoints import hf_greedy, hf_prompt_logits
 from tests.families import LAYOUTS, families, layouts_of
-from tests.logits import load_rows, record_logits, run_prompts, save_first_logits
+from tests.logits import load_rows
+from tests.model_shards.models.parity_harness import (
+    MAX_LEN,
+    NEW_TOKENS,
+    PROMPTS,
+    serve_and_record,
+)
 from tests.world import run_world
 
-PROMPTS = [[3, 17, 250, 96, 42, 7, 51, 64, 100], [5, 6]]
-NEW_TOKENS = 24
-MAX_LEN = 128
 FAMILIES = families()
-
-
-def _generate(coord: Coordinator, prompts: list[list[int]]) -> dict[str, list[int]]:
-    for i, prompt in enumerate(prompts):
-        params = SamplingParams(0.0)
-        coord.add_request(GenerateRequest(str(i), prompt, NEW_TOKENS, params, ignore_eos=True))
-    tokens: dict[str, list[int]] = {str(i): [] for i in range(len(prompts))}
-    while coord.has_work():
-        for update in coord.step():
-            tokens[update.output.request_id] += update.output.new_token_ids
-    coord.step()  # flush frees
-    return tokens
 
 
 def _family_rank(peers: Comm, dirs: dict[str, str], out_dir: str) -> None:
@@ -50,27 +41,6 @@ def _family_rank(peers: Comm, dirs: dict[str, str], out_dir: str) -> None:
         cfg = ModelConfig.from_dir(model_dir)
         replica = ReplicaConfig(model_dir, dtype="float32", max_num_seqs=8, block_size=4)
         serve_and_record(Worker.build(replica, cfg, peers, MAX_LEN), name, out_dir)
-
-
-def serve_and_record(worker: Worker, name: str, out_dir: str) -> None:
-    """One rank's part of a parity run: rank 0 runs :data:`PROMPTS` (logits recorded, then
-    greedy tokens; every block freed) and writes ``name.json``, the sampling rank writes
-    ``name-logits.safetensors``, every other rank serves until shut down."""
-    recorder = record_logits(worker)
-    if worker.ps.rank != 0:
-        worker.serve_forever()
-    else:
-        coord = Coordinator(
-            worker, max_num_seqs=8, max_num_batched_tokens=512, max_model_len=MAX_LEN
-        )
-        seq_ids = run_prompts(coord, PROMPTS)
-        tokens = _generate(coord, PROMPTS)
-        assert coord.stats.num_free_blocks == coord.stats.num_blocks, "KV blocks not freed"
-        result = {"seqs": seq_ids, "tokens": tokens}
-        Path(out_dir, f"{name}.json").write_text(json.dumps(result))
-        coord.shutdown()
-    if worker.is_sampler:
-        save_first_logits(recorder, Path(out_dir, f"{name}-logits.safetensors"))
 
 
 @pytest.fixture(scope="module")

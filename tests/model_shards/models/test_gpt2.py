@@ -15,7 +15,6 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from model_shards.backends import Backend, ReferenceBackend
-from model_shards.backends.cuda.graphs import FakeGraphBackend
 from model_shards.config.model import ModelConfig
 from model_shards.config.replica import ReplicaConfig
 from model_shards.engine.coordinator import Coordinator
@@ -28,6 +27,7 @@ from model_shards.worker.decoder_worker import Worker
 from tests.checkpoints import hf_prompt_logits
 from tests.families import gpt2
 from tests.logits import prompt_logits, record_logits
+from tests.model_shards.backends.cuda.fake_graphs import FakeGraphBackend
 
 PROMPTS = [[3, 17, 250, 96, 42, 7, 51, 64, 100], [5, 6]]
 

@@ -26,17 +26,11 @@ from model_shards.worker.decoder_worker import Worker
 from tests.checkpoints import hf_greedy, hf_prompt_logits, load_hf_model
 from tests.families import deepseek_v2, mixtral, qwen2_moe, qwen3_moe
 from tests.logits import load_rows
-from tests.model_shards.models.test_family_parity import (
-    MAX_LEN,
-    NEW_TOKENS,
-    PROMPTS,
-    serve_and_record,
-)
-from tests.server.cli.test_cli_validation import Spawned, _error_line, no_spawning, run
+from tests.model_shards.models.parity_harness import MAX_LEN, NEW_TOKENS, PROMPTS, serve_and_record
+from tests.server.cli.spawn_guard import Spawned, error_line, run_cli
 from tests.world import run_world
 
 MOE_FAMILIES: list[ModuleType] = [mixtral, qwen2_moe, qwen3_moe, deepseek_v2]
-__all__ = ["no_spawning"]  # a fixture, used by name
 
 
 def _check_experts_held(worker: Worker, num_experts: int) -> None:
@@ -137,12 +131,12 @@ def test_expert_layouts_refused_before_spawning(
     model are each exit 2 naming the flag (and the sizes that fit); the fitting layouts
     reach spawning."""
     qwen2, qwen3 = checkpoints["qwen2_moe"], checkpoints["qwen3_moe"]
-    assert run(_serve(qwen2, "-tp", "4", "--enable-expert-parallel")) == 2
-    line = _error_line(capsys.readouterr().err)
+    assert run_cli(_serve(qwen2, "-tp", "4", "--enable-expert-parallel")) == 2
+    line = error_line(capsys.readouterr().err)
     assert "--enable-expert-parallel" in line and "6 experts are not divisible by 4" in line
     assert "valid sizes with expert parallelism: [1, 2]" in line
-    assert run(_serve(qwen3, "-tp", "4")) == 2
-    line = _error_line(capsys.readouterr().err)
+    assert run_cli(_serve(qwen3, "-tp", "4")) == 2
+    line = error_line(capsys.readouterr().err)
     assert "--tensor-parallel-size 4" in line and "expert intermediate size 42" in line
     assert "valid sizes: [1, 2]" in line and "--enable-expert-parallel" in line
     dense = qwen3.parent / "dense"  # qwen3_moe's files, its config.json naming Llama
@@ -152,11 +146,11 @@ def test_expert_layouts_refused_before_spawning(
     config = json.loads((dense / "config.json").read_text())
     config["architectures"] = ["LlamaForCausalLM"]
     (dense / "config.json").write_text(json.dumps(config))
-    assert run(_serve(dense, "--enable-expert-parallel")) == 2
-    assert "has no experts" in _error_line(capsys.readouterr().err)
+    assert run_cli(_serve(dense, "--enable-expert-parallel")) == 2
+    assert "has no experts" in error_line(capsys.readouterr().err)
     for model, flags in ((qwen3, ["-tp", "4", "--enable-expert-parallel"]), (qwen2, ["-tp", "2"])):
         with pytest.raises(Spawned):
-            run(_serve(model, *flags))
+            run_cli(_serve(model, *flags))
 
 
 @pytest.mark.timeout(60)

@@ -15,8 +15,9 @@ import torch
 from model_shards.backends import ReferenceBackend
 from model_shards.backends.cpu.backend import CpuBackend
 from model_shards.backends.cpu.build import build_and_load
-from model_shards.messages import NewSequence, SamplingParams, SeqChunk
-from model_shards.worker.sampler import Sampler, apply_penalties, filter_logits
+from model_shards.messages import SamplingParams, SeqChunk
+from model_shards.worker.sampler import apply_penalties, filter_logits
+from tests.model_shards.worker.sampler_cases import OnDeviceReference, make_sampler
 
 
 def _race(probs: torch.Tensor, seeds: torch.Tensor, kernel: bool) -> torch.Tensor:
@@ -111,13 +112,6 @@ def test_penalties_follow_vllm() -> None:
     assert logits.tolist() == [2.0, -2.0, 1.0, 0.5, -1.0]  # the input is left alone
 
 
-def _sampler(params: dict[int, SamplingParams], prompt_len: int = 2) -> Sampler:
-    sampler = Sampler(ReferenceBackend())
-    for seq_id, p in params.items():
-        sampler.add(NewSequence(seq_id, p, prompt_len, stop_token_ids=[3]))
-    return sampler
-
-
 def _chunk(seq_id: int, pos: int) -> SeqChunk:
     return SeqChunk(seq_id, pos, [1])
 
@@ -129,7 +123,7 @@ def test_a_seeded_row_draws_the_same_whatever_else_is_in_the_batch() -> None:
     params[3] = SamplingParams(temperature=0.0)
     params[4] = SamplingParams(temperature=0.7, top_k=20, min_p=0.05, seed=7)
     params[5] = SamplingParams(temperature=1.0, seed=8)
-    sampler = _sampler(params)
+    sampler = make_sampler(params)
     together = sampler.sample(logits, [_chunk(i, 5) for i in range(6)]).tokens
     for i in range(6):
         alone = sampler.sample(logits[i : i + 1], [_chunk(i, 5)]).tokens
@@ -146,7 +140,7 @@ def test_sampled_tokens_follow_temperature_and_filters() -> None:
     p = SamplingParams(temperature=2.0, top_k=3, seed=0)
     tokens = []
     for seed in range(n):
-        sampler = _sampler({0: SamplingParams(temperature=2.0, top_k=3, seed=seed)})
+        sampler = make_sampler({0: SamplingParams(temperature=2.0, top_k=3, seed=seed)})
         tokens.append(int(sampler.sample(logits, [_chunk(0, 4)]).tokens[0]))
     expected = filter_logits(logits[0] / p.temperature, p).softmax(-1)
     for i in range(5):
@@ -161,7 +155,7 @@ def test_sampled_tokens_follow_temperature_and_filters() -> None:
 def test_min_tokens_masks_stop_tokens_until_reached() -> None:
     logits = torch.full((1, 6), -5.0)
     logits[0, 3] = 5.0  # the stop token is the argmax
-    sampler = _sampler({0: SamplingParams(temperature=0.0, min_tokens=2)}, prompt_len=2)
+    sampler = make_sampler({0: SamplingParams(temperature=0.0, min_tokens=2)}, prompt_len=2)
     prefill = SeqChunk(0, 0, [1, 1])  # samples the 1st output token
     assert int(sampler.sample(logits, [prefill]).tokens[0]) != 3
     assert int(sampler.sample(logits, [_chunk(0, 2)]).tokens[0]) != 3  # the 2nd
@@ -177,7 +171,7 @@ def test_logprobs_are_the_raw_model_distribution(dtype: torch.dtype) -> None:
         1: SamplingParams(temperature=0.5, seed=3, logprobs=2, repetition_penalty=1.5),
         2: SamplingParams(temperature=0.0),
     }
-    sampler = _sampler(params)
+    sampler = make_sampler(params)
     out = sampler.sample(logits, [_chunk(i, 2) for i in range(3)])
     ref = logits.float().log_softmax(-1)
     assert out.logprobs is not None and out.top_ids is not None and out.top_logprobs is not None
@@ -185,13 +179,6 @@ def test_logprobs_are_the_raw_model_distribution(dtype: torch.dtype) -> None:
     torch.testing.assert_close(out.top_logprobs, ref.topk(5).values)
     torch.testing.assert_close(out.logprobs, ref.gather(1, out.tokens[:, None])[:, 0])
     assert out.tokens[0] == logits[0].float().argmax() and out.tokens[2] == logits[2].argmax()
-
-
-class _OnDevice(ReferenceBackend):
-    """The reference ops, but the sampler takes its batched on-device path (the cuda
-    backend's), here on CPU tensors."""
-
-    samples_on_device = True
 
 
 def test_on_device_path_samples_what_the_host_path_does() -> None:
@@ -207,8 +194,8 @@ def test_on_device_path_samples_what_the_host_path_does() -> None:
         6: SamplingParams(temperature=0.0, min_tokens=10),  # its stop id 3 masked
         7: SamplingParams(temperature=1.3, seed=9),
     }
-    host, device = _sampler(params), _sampler(params)
-    device.ops = _OnDevice()
+    host, device = make_sampler(params), make_sampler(params)
+    device.ops = OnDeviceReference()
     for sampler in (host, device):
         for seq_id in params:
             sampler.observe(SeqChunk(seq_id, 0, [1, 3, 7, 7, 250]))  # histories for penalties

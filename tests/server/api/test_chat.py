@@ -12,7 +12,7 @@ import pytest
 
 from server.text.tokenizer import Tokenizer
 from tests.server.conftest import ServeFactory
-from tests.server.http.test_errors import assert_error
+from tests.server.error_body import assert_error
 from tests.server.sse import read_events
 
 pytestmark = pytest.mark.timeout(60)

@@ -12,7 +12,7 @@ from server.http.lifecycle import Lifecycle
 from server.http.limits import Admission
 from tests.server.conftest import Served, ServeFactory
 from tests.server.fake_embedding_engine import FakeEmbeddingEngine, fake_vector
-from tests.server.http.test_metrics import samples
+from tests.server.prometheus import samples
 from tests.waiting import async_wait_until
 
 pytestmark = pytest.mark.timeout(60)

@@ -12,21 +12,15 @@ directory and flags, corrected, do reach that point.
 from __future__ import annotations
 
 import json
-import os
 import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
 
-from server.cli.serve import main
+from tests.server.cli.spawn_guard import Spawned, error_line, run_cli
 from tests.server.conftest import write_tiny_model_config, write_tiny_tokenizer
-
-
-class Spawned(Exception):
-    """Raised where a process would have been spawned (or torchrun exec'ed)."""
 
 
 def _write_stub_checkpoint(directory: Path) -> None:
@@ -92,22 +86,6 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return found
 
 
-@pytest.fixture
-def no_spawning(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """The real launch module, except that spawning ranks or exec-ing torchrun raises."""
-    import model_shards.launch.replicas
-
-    def spawn(*args: object, **kwargs: object) -> None:
-        raise Spawned
-
-    monkeypatch.setattr(model_shards.launch.replicas, "start_replica", spawn)
-    monkeypatch.setattr(os, "execv", spawn)
-    before = {p.pid for p in psutil.Process().children(recursive=True)}
-    yield
-    left = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
-    assert not left, f"processes left behind: {left}"
-
-
 @pytest.fixture(scope="module")
 def busy_port() -> Iterator[int]:
     with socket.socket() as sock:
@@ -120,14 +98,6 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
-
-
-def run(argv: list[str]) -> int:
-    """``main(argv)``'s exit status, argparse's ``SystemExit`` included."""
-    try:
-        return main(argv)
-    except SystemExit as exc:
-        return exc.code if isinstance(exc.code, int) else 1
 
 
 def _gpus() -> int:
@@ -246,13 +216,6 @@ def _argv(
     return [*command, *(["--model", str(models[model])] if model else []), *extra]
 
 
-def _error_line(err: str) -> str:
-    """The line saying what is wrong (argparse's usage line before it names every flag)."""
-    lines = [line for line in err.splitlines() if "error:" in line]
-    assert len(lines) == 1, err
-    return lines[0]
-
-
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize(
     ("command", "model", "extra", "words"),
@@ -268,9 +231,9 @@ def test_mistake_exits_2_naming_the_flag_before_spawning(
     extra: list[str],
     words: tuple[str, ...],
 ) -> None:
-    assert run(_argv(command, model, extra, models)) == 2
+    assert run_cli(_argv(command, model, extra, models)) == 2
     err = capsys.readouterr().err
-    line = _error_line(err)
+    line = error_line(err)
     assert all(word in line for word in words), err
     assert "Traceback" not in err
 
@@ -280,10 +243,10 @@ def test_busy_ports_exit_2(
     models: dict[str, Path], no_spawning: None, busy_port: int, capsys: pytest.CaptureFixture[str]
 ) -> None:
     llama = str(models["llama"])
-    assert run([*SERVE, "--model", llama, "--port", str(busy_port)]) == 2
-    assert f"--port {busy_port}" in _error_line(capsys.readouterr().err)
-    assert run([*ENGINE, "--model", llama, "--engine-port", str(busy_port)]) == 2
-    assert f"--engine-port {busy_port}" in _error_line(capsys.readouterr().err)
+    assert run_cli([*SERVE, "--model", llama, "--port", str(busy_port)]) == 2
+    assert f"--port {busy_port}" in error_line(capsys.readouterr().err)
+    assert run_cli([*ENGINE, "--model", llama, "--engine-port", str(busy_port)]) == 2
+    assert f"--engine-port {busy_port}" in error_line(capsys.readouterr().err)
 
 
 @pytest.mark.timeout(60)
@@ -293,12 +256,13 @@ def test_too_few_gpus_exit_2(
     llama = ["--model", str(models["llama"])]
     if _gpus() < 4:
         assert (
-            run(["serve", "--port", "0", *llama, "-tp", "2", "-pp", "2", "--device", "cuda"]) == 2
+            run_cli(["serve", "--port", "0", *llama, "-tp", "2", "-pp", "2", "--device", "cuda"])
+            == 2
         )
-        assert "--device cuda" in _error_line(capsys.readouterr().err)
+        assert "--device cuda" in error_line(capsys.readouterr().err)
     if _gpus() < 2:
-        assert run(["serve", "--port", "0", *llama, "-dp", "2", "--device", "cuda"]) == 2
-        assert "--device cuda" in _error_line(capsys.readouterr().err)
+        assert run_cli(["serve", "--port", "0", *llama, "-dp", "2", "--device", "cuda"]) == 2
+        assert "--device cuda" in error_line(capsys.readouterr().err)
 
 
 @pytest.mark.timeout(60)
@@ -317,7 +281,7 @@ def test_the_same_flags_corrected_reach_spawning(
 ) -> None:
     """The controls: the checks above refuse the mistake, not the directory or the base flags."""
     with pytest.raises(Spawned):
-        run([*SERVE, "--model", str(models["llama"]), *extra])
+        run_cli([*SERVE, "--model", str(models["llama"]), *extra])
 
 
 @pytest.mark.timeout(60)
@@ -335,7 +299,7 @@ def test_family_configs_without_the_refused_field_reach_spawning(
 ) -> None:
     """The controls of the family cases: each family's config passes every check."""
     with pytest.raises(Spawned):
-        run([*SERVE, "--model", str(models[model]), *extra])
+        run_cli([*SERVE, "--model", str(models[model]), *extra])
 
 
 @pytest.mark.timeout(60)
@@ -343,6 +307,6 @@ def test_engine_and_encoder_controls_reach_spawning(
     models: dict[str, Path], no_spawning: None
 ) -> None:
     with pytest.raises(Spawned):
-        run([*ENGINE, "--model", str(models["llama"]), "--engine-port", str(free_port())])
+        run_cli([*ENGINE, "--model", str(models["llama"]), "--engine-port", str(free_port())])
     with pytest.raises(Spawned):
-        run([*SERVE, "--model", str(models["bert"]), "-tp", "2"])
+        run_cli([*SERVE, "--model", str(models["bert"]), "-tp", "2"])

@@ -9,24 +9,11 @@ import pytest
 
 from server.text.tokenizer import Tokenizer
 from tests.server.conftest import ServeFactory
+from tests.server.error_body import assert_error
 
 pytestmark = pytest.mark.timeout(60)
 
 GOOD = {"model": "tiny", "prompt": "Hello", "max_tokens": 1}
-
-
-def assert_error(response: httpx.Response, status: int, param: str | None = None) -> dict[str, Any]:
-    assert response.status_code == status, response.text
-    body = response.json()
-    assert set(body) == {"error"}
-    error = body["error"]
-    assert set(error) == {"message", "type", "param", "code"}
-    assert isinstance(error["message"], str) and error["message"]
-    assert error["param"] == param
-    if param is not None:
-        assert param in error["message"]
-    assert "pydantic" not in error["message"] and "loc" not in error
-    return dict(error)
 
 
 async def assert_still_serving(http: httpx.AsyncClient) -> None:

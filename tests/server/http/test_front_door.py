@@ -9,7 +9,7 @@ import pytest
 
 from server.http.request_context import RequestIdFilter
 from tests.server.conftest import API_KEY, ServeFactory
-from tests.server.http.test_errors import assert_error
+from tests.server.error_body import assert_error
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -3,22 +3,12 @@
 from __future__ import annotations
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from server.http.metrics import Metrics
 from tests.server.conftest import ServeFactory
+from tests.server.prometheus import samples
 
 pytestmark = pytest.mark.timeout(60)
-
-
-def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    """Every sample as ``(name, sorted labels) -> value``."""
-    out = {}
-    for family in text_string_to_metric_families(text):
-        assert family.name.startswith("shardserve_"), family.name
-        for sample in family.samples:
-            out[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
-    return out
 
 
 async def test_metrics_after_traffic(serve: ServeFactory) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from model_shards.messages import EngineStats, StepOutputs, decode_engine_message, encode
 from server.engine.stats import EngineStatsBoard
 from server.http.metrics import Metrics
-from tests.server.http.test_metrics import samples
+from tests.server.prometheus import samples
 
 
 def _stats(expert_tokens: dict[int, list[int]] | None) -> EngineStats:

@@ -1,16 +1,22 @@
-"""C++ sources of the ``cpu`` backend's fused kernels; built and loaded by
-:mod:`model_shards.backends.cpu.build`, called through :mod:`model_shards.backends.cpu.backend`.
+"""C++ sources of the ``cpu`` backend's kernels, the ops of ``torch.ops.shardserve_cpu``: built
+and loaded by ``backends/cpu/build.py``, called by ``backends/cpu/backend.py``.
 
 * ``cpu_ops.cpp``: RMSNorm (+ residual), RoPE + K/V cache write, SiLU-and-mul, row argmax;
   it holds the library's ``TORCH_LIBRARY`` (the other sources add fragments);
 * ``decode_attention.cpp``: paged decode attention (argument checks, the portable kernel);
 * ``decode_attention_avx512.cpp``: the vectorized decode attention (AVX-512, vdpbf16ps in bf16);
 * ``prefill_attention.cpp``: paged causal prefill attention of a step's chunks (GQA, windows,
-  a prefix-cached start; argument checks, the portable kernel), ``prefill_attention_avx512.cpp``
-  its vectorized kernel (AVX-512, vdpbf16ps in bf16), ``prefill_attention.h`` what they share;
+  a prefix-cached start; argument checks, the portable kernel);
+* ``prefill_attention_avx512.cpp``: its vectorized kernel (AVX-512, vdpbf16ps in bf16);
+* ``prefill_attention.h``: what the two prefill sources share (operands, tasks);
 * ``sampling_ops.cpp``: the exponential-race draw of sampling (splitmix64-hashed uniforms);
 * ``gemm.cpp``: the float32 and bfloat16 GEMM over packed weight panels (its AVX-512 tiles;
-  ``gemm_avx2.h`` the AVX2 + FMA ones for CPUs without AVX-512);
+  ``gemm_isa`` says which tiles run);
+* ``gemm_avx2.h``: the GEMM's AVX2 + FMA tiles, for CPUs without AVX-512;
 * ``kernel_common.h``: what the others share (decode-attention operands, index checks,
   float32 <-> bfloat16 conversions, the exp polynomial); not needed by ``sampling_ops.cpp``.
+
+Each op computes every row on its own in a fixed order, so no output depends on the batch.
+torch re-builds when a source or a flag changes, not a header: ``build.py`` puts a hash of the
+three headers into the flags.
 """

@@ -1,7 +1,16 @@
 """Triton kernels of the ``cuda`` backend, one module per op family.
 
+* ``attention_decode.py``: paged decode attention with GQA, single pass or split over the context;
+* ``attention_prefill.py``: varlen causal prefill attention of a step's chunks, one launch;
+* ``rotary.py``: RoPE on q and k fused with the K/V cache write;
+* ``norm.py``: RMSNorm with the fused residual add;
+* ``activation.py``: SiLU-and-mul of the gated MLP;
+* ``sampling.py``: the position-seeded exponential-race draw (splitmix64 uniforms);
+* ``gemm.py``: the batch-invariant dense GEMM of ``--batch-invariant``.
+
 Each module's wrapper takes the arguments of the matching
-:class:`model_shards.backends.base.Backend` method. Importing needs ``triton``
-(it ships with every CUDA build of torch); on CPU the tests run the kernels in
-Triton's interpreter (``TRITON_INTERPRET=1``) against the reference backend.
+:class:`model_shards.backends.base.Backend` method; the elementwise kernels round exactly as the
+reference backend does, and attention reads the paged pool in place (windows, soft-caps
+included). Importing needs ``triton`` (it ships with every CUDA build of torch); on CPU the
+tests run the kernels in Triton's interpreter (``TRITON_INTERPRET=1``) against the reference.
 """

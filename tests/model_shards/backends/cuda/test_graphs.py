@@ -19,12 +19,12 @@ import torch
 from model_shards.backends.cuda.graphs import (
     DecodeInputs,
     DecodeStep,
-    FakeGraphBackend,
     GraphRunner,
     StaticDecodeInputs,
     bucket_for,
     decode_buckets,
 )
+from tests.model_shards.backends.cuda.fake_graphs import FakeGraphBackend
 
 VOCAB, HID, BS, NUM_BLOCKS, WIDTH = 11, 8, 4, 64, 4  # WIDTH: static table width (blocks)
 CPU = torch.device("cpu")
