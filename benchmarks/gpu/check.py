@@ -1,7 +1,7 @@
 """``make gpu-check``: one prepared run that measures shardserve's GPU path on one H200.
 
-Run as ``python -m benchmarks.gpu_check`` (full, on the GPU host, under 8 minutes) or
-``python -m benchmarks.gpu_check --smoke [--with-parity] --out DIR`` (the same pipeline
+Run as ``python -m benchmarks gpu-check`` (full, on the GPU host, under 8 minutes) or
+``python -m benchmarks gpu-check --smoke [--with-parity] --out DIR`` (the same pipeline
 on a tiny Llama on CPU, under ~2 minutes). Parts, in order:
 
 (a) **parity on the device**: ``pytest`` on the parity tests
@@ -36,7 +36,7 @@ use: pytest, pytest-timeout, pytest-asyncio, psutil) its image lacks fastapi, uv
 pydantic (with pydantic-core, starlette, annotated-types, typing-inspection,
 annotated-doc), pyzmq, msgspec, httptools and pytest-asyncio; it has httpx,
 safetensors, tokenizers, prometheus-client, jinja2, ninja, pytest, pytest-timeout and
-psutil (KINDS.md's package list, 2026-11-17). ``benchmarks/gpu_wheels.sh`` fetches
+psutil (KINDS.md's package list, 2026-11-17). ``benchmarks/gpu/wheels.sh`` fetches
 all of them with their dependencies (about 18 MB) on a machine with network::
 
     python3 -m pip download --dest wheels --only-binary=:all: \\
@@ -54,7 +54,7 @@ and ``"xgrammar>=0.2,<0.3"`` with ``--no-deps`` (its torch and triton are the ho
 it is imported on the first structured-output request only, which the check never sends)
 
 (pyzmq, httptools and psutil have no manylinux2014 wheel, and pip matches each
-platform tag exactly: hence the extra ``--platform`` values). ``benchmarks/gpu_wheels.sh
+platform tag exactly: hence the extra ``--platform`` values). ``benchmarks/gpu/wheels.sh
 --install`` on the host runs ``pip install --no-index --find-links wheels/ <the same
 requirements>`` (what is already there at a satisfying version stays) and
 ``pip install --no-index --no-deps --no-build-isolation -e .``.
@@ -67,7 +67,6 @@ import importlib.metadata
 import os
 import platform
 import signal
-import sys
 from datetime import UTC, datetime
 from pathlib import Path
 from types import FrameType
@@ -76,8 +75,8 @@ from typing import Any
 from benchmarks.gpu import phases, report
 from benchmarks.gpu.settings import SMOKE_OVERRIDES, WORK_DIR, Budget, Deadline, Settings
 from benchmarks.gpu.shapes import default_peak_bw
+from benchmarks.harness.paths import RESULTS as RESULTS_DIR
 
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
 EXPECTED = (
     "parity.bfloat16",
     "parity.float32",
@@ -241,7 +240,3 @@ def main(argv: list[str] | None = None) -> int:
     print(report.render(run.results))
     print(f"wrote {paths[0]} and {paths[1]}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

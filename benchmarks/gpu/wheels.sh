@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Wheels for `make gpu-check` on a GPU host with no network (Python 3.12, x86-64).
 #
-#   benchmarks/gpu_wheels.sh            # here (network): download into wheels/
-#   benchmarks/gpu_wheels.sh --install  # there (offline): install from wheels/, then the repo
+#   benchmarks/gpu/wheels.sh            # here (network): download into wheels/
+#   benchmarks/gpu/wheels.sh --install  # there (offline): install from wheels/, then the repo
 #
 # The host already has torch, triton and transformers (never downloaded here); every
 # other runtime dependency of pyproject.toml and the test extras the parity tests need
@@ -10,7 +10,7 @@
 # old: a package already there at a satisfying version is left alone.
 # WHEELS_DIR (default wheels/) and PYTHON (default python3) override the defaults.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 
 WHEELS_DIR=${WHEELS_DIR:-wheels}
 PYTHON=${PYTHON:-python3}

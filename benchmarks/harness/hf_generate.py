@@ -1,6 +1,6 @@
 """Hugging Face padded-batch ``generate()`` on the benchmark checkpoint, in one process.
 
-Run as ``python -m benchmarks.hf_generate MODEL_DIR DTYPE PROMPTS.json CAP_S CONC:N ...``
+Run as ``python -m benchmarks harness hf_generate MODEL_DIR DTYPE PROMPTS.json CAP_S CONC:N ...``
 (the runner starts it as a subprocess with a timeout). For each ``CONC:N`` it
 generates ``N`` requests in batches of ``CONC`` (left-padded, attention mask given,
 greedy, ``min_new_tokens = max_new_tokens``) and prints one JSON line per point:
@@ -80,7 +80,3 @@ def main(argv: list[str]) -> int:
             )
             sys.stdout.flush()
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

@@ -1,7 +1,7 @@
 """One closed-loop load point against an HTTP server, through ``deploy/loadtest.py``.
 
 Streams ``num_requests`` requests from a JSONL dataset (exact-length text prompts,
-see :mod:`benchmarks.prompts`) at a fixed concurrency, greedy, and returns the
+see :mod:`benchmarks.harness.prompts`) at a fixed concurrency, greedy, and returns the
 point's metrics as a plain dict. ``transformers serve`` refuses ``ignore_eos`` (422
 on unknown fields), so for it the fixed output length comes from a request
 ``generation_config`` with EOS disabled instead.

@@ -29,7 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-CACHE_DIR = Path(__file__).resolve().parent / ".cache"
+from benchmarks.harness.paths import CACHE
+
 Variant = Literal["main", "tp2", "qwen3"]
 VERSION = "v3"  # bump when the bytes change
 SEED = 0
@@ -90,7 +91,7 @@ SHAPES: dict[Variant, Shape] = {
 
 def model_dir(variant: Variant) -> Path:
     family = "qwen3" if variant == "qwen3" else "llama"
-    return CACHE_DIR / f"{family}135m-{variant}-{VERSION}"
+    return CACHE / f"{family}135m-{variant}-{VERSION}"
 
 
 def ensure_model(variant: Variant = "main") -> Path:

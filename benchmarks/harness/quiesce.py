@@ -8,7 +8,7 @@ polls the CPU time of each server's process tree (the process and all its descen
 from ``/proc``: :func:`model_shards.launch.cpu_governor.read_family_cpu_s`, what the thread
 governor reads of its own server) until the trees together used less than ``QUIET_CORES``
 over one window; :func:`before_point` does it for every server that
-:func:`benchmarks.servers.running` has up.
+:func:`benchmarks.harness.servers.running` has up.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 
-from benchmarks import servers
+from benchmarks.harness import servers
 from model_shards.launch.cpu_governor import read_family_cpu_s
 
 QUIET_CORES = 0.15

@@ -1,6 +1,6 @@
 """This machine's ceilings: matmul GFLOP/s per dtype and memory bandwidth.
 
-Run as ``python -m benchmarks.roofline`` (2 threads); prints one JSON object:
+Run as ``python -m benchmarks harness roofline`` (2 threads); prints one JSON object:
 ``{"gemm_gflops": {dtype: {"decode_64x576x1536": x, "square_N": y, "peak": max}},
 "copy_gbps": z}``. Bandwidth is a large tensor copy, counting read + write bytes.
 
@@ -12,8 +12,8 @@ is ``min(peak, intensity × bandwidth)``.
 
 from __future__ import annotations
 
+import argparse
 import json
-import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -60,7 +60,8 @@ def attainable_gflops(roofline: dict[str, Any], dtype: str, batch: int) -> float
     return min(peak, intensity * float(roofline["copy_gbps"]))
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0]).parse_args(argv)
     torch.set_num_threads(THREADS)
     result = {
         "threads": THREADS,
@@ -69,7 +70,3 @@ def main() -> int:
     }
     print(json.dumps(result))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -21,8 +21,9 @@ from pathlib import Path
 
 import httpx
 
-REPO = Path(__file__).resolve().parents[1]
-PYDEPS = Path(__file__).resolve().parent / ".cache" / "pydeps"
+from benchmarks.harness.paths import CACHE, REPO
+
+PYDEPS = CACHE / "pydeps"
 """Benchmark-only packages (``accelerate`` for ``transformers serve``), kept out of .venv."""
 START_TIMEOUT_S = 300.0
 STOP_GRACE_S = 30.0

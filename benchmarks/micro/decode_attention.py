@@ -14,7 +14,7 @@ leave them) are attended:
 The three are timed in alternation (``REPEATS`` rounds), so their ratios come from the same
 minutes of the machine::
 
-    python -m benchmarks.decode_attention [--contexts 64,256] [--dtypes float32,bfloat16]
+    python -m benchmarks micro decode_attention [--contexts 64,256] [--dtypes float32,bfloat16]
                                           [--threads 2]
 """
 
@@ -24,8 +24,8 @@ import os
 
 import torch
 
-from benchmarks.model import SHAPES
-from benchmarks.prefill_attention import BLOCK_SIZE, REPEATS, kernel_bench_args, loop_seconds
+from benchmarks.harness.model import SHAPES
+from benchmarks.micro.prefill_attention import BLOCK_SIZE, REPEATS, kernel_bench_args, loop_seconds
 from model_shards.backends.base import DecodeMeta, KVPool
 from model_shards.backends.cpu.backend import CpuBackend
 from model_shards.backends.reference import ReferenceBackend
@@ -85,8 +85,8 @@ def compare(ctx: int, dtype: torch.dtype) -> dict[str, float]:
     return best
 
 
-def main() -> None:
-    args = kernel_bench_args(__doc__ or "", "--contexts", CONTEXTS)
+def main(argv: list[str] | None = None) -> int:
+    args = kernel_bench_args(argv, __doc__ or "", "--contexts", CONTEXTS)
     s = SHAPES["main"]
     print(
         f"bench model: {s.heads} heads / {s.kv_heads} kv heads of {s.head_dim}, {BATCH} "
@@ -110,7 +110,4 @@ def main() -> None:
                 f"{t['reference'] / t['from memory']:.1f}x |"
             )
     print(f"load average after: {os.getloadavg()[0]:.2f}")
-
-
-if __name__ == "__main__":
-    main()
+    return 0

@@ -9,7 +9,7 @@ coordinator until they are done; the first step (the prompts' prefill) is timed 
 every phase of the decode steps is summed by wall clock (the engine's own methods, wrapped
 for the run)::
 
-    python -m benchmarks.decode_step [--concurrency 8,32] [--dtype float32] [--waves 3] \\
+    python -m benchmarks micro decode_step [--concurrency 8,32] [--dtype float32] [--waves 3] \\
         [--threads 2]
 
 Printed per wave: its output tok/s, the prefill step, the median decode step, and per decode
@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import random
 import statistics
-import sys
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -30,8 +29,8 @@ from typing import Any
 
 import torch
 
-from benchmarks.model import ensure_model
-from benchmarks.servers import free_port
+from benchmarks.harness.model import ensure_model
+from benchmarks.harness.servers import free_port
 
 THREADS, PROMPT_LEN, OUTPUT_LEN = 2, 32, 64
 
@@ -127,7 +126,3 @@ def main(argv: list[str] | None = None) -> int:
         for w in range(args.waves):
             print(wave(coord, clock, c, rng, f"c{c}-{w}"), flush=True)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

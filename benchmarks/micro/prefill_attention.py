@@ -2,11 +2,11 @@
 reference backend's path (block slots, K/V gather, one SDPA per chunk), per layer call.
 
 For each prompt length in ``LENGTHS`` (one fresh chunk from position 0, as in
-:mod:`benchmarks.ttft`) and each dtype, the two are timed in alternation (``REPEATS``
+:mod:`benchmarks.suites.ttft`) and each dtype, the two are timed in alternation (``REPEATS``
 rounds, each a loop of at least ``MIN_SECONDS`` per path), so that the ratio of their best
 times comes from the same minutes of the machine::
 
-    python -m benchmarks.prefill_attention [--lengths 32,128,512] [--dtypes float32,bfloat16]
+    python -m benchmarks micro prefill_attention [--lengths 32,128,512] [--dtypes float32,bfloat16]
                                            [--threads 2]
 
 The figures are only as quiet as the machine: note the load average printed with them.
@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 import torch
 
-from benchmarks.model import SHAPES
+from benchmarks.harness.model import SHAPES
 from model_shards.backends.base import Backend, KVPool, PrefillMeta
 from model_shards.backends.cpu.backend import CpuBackend
 from model_shards.backends.cpu.build import build_and_load
@@ -81,22 +81,24 @@ def compare(length: int, dtype: torch.dtype) -> tuple[float, float]:
     return best["reference"], best["cpu"]
 
 
-def kernel_bench_args(doc: str, sizes_flag: str, sizes: tuple[int, ...]) -> argparse.Namespace:
+def kernel_bench_args(
+    argv: list[str] | None, doc: str, sizes_flag: str, sizes: tuple[int, ...]
+) -> argparse.Namespace:
     """The flags of an attention-kernel benchmark (``sizes_flag``, ``--dtypes``,
     ``--threads``), parsed, with the kernels built and the thread count set."""
     parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     parser.add_argument(sizes_flag, default=",".join(map(str, sizes)))
     parser.add_argument("--dtypes", default="float32,bfloat16")
     parser.add_argument("--threads", type=int, default=THREADS)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if not build_and_load():
         raise SystemExit("the CPU kernels did not build: nothing to compare")
     torch.set_num_threads(args.threads)
     return args
 
 
-def main() -> None:
-    args = kernel_bench_args(__doc__ or "", "--lengths", LENGTHS)
+def main(argv: list[str] | None = None) -> int:
+    args = kernel_bench_args(argv, __doc__ or "", "--lengths", LENGTHS)
     s = SHAPES["main"]
     print(
         f"bench model: {s.heads} heads / {s.kv_heads} kv heads of {s.head_dim}, block size "
@@ -113,7 +115,4 @@ def main() -> None:
                 f"{ref / fused:.1f}x |"
             )
     print(f"load average after: {os.getloadavg()[0]:.2f}")
-
-
-if __name__ == "__main__":
-    main()
+    return 0

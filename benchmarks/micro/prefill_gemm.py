@@ -1,11 +1,11 @@
 """Prefill GEMMs of the bench model: the cpu backend's packed GEMM against F.linear (MKL).
 
-For each projection shape of :data:`benchmarks.model.SHAPES` ``main`` (fused QKV, o_proj,
+For each projection shape of :data:`benchmarks.harness.model.SHAPES` ``main`` (fused QKV, o_proj,
 fused gate/up, down, and the LM head) and each prompt length ``M`` in ``ROWS``, the best
 GFLOP/s of ``THREADS`` threads over a few timed loops, in float32 and bfloat16, and the
 ratio to the machine's matmul peak measured the same way (a 2048² square F.linear)::
 
-    python -m benchmarks.prefill_gemm [--rows 32,128,512] [--dtypes float32,bfloat16]
+    python -m benchmarks micro prefill_gemm [--rows 32,128,512] [--dtypes float32,bfloat16]
 
 The figures are only as quiet as the machine: note the load average printed with them.
 """
@@ -15,14 +15,13 @@ from __future__ import annotations
 import argparse
 import functools
 import os
-import sys
 import time
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 
-from benchmarks.model import SHAPES
+from benchmarks.harness.model import SHAPES
 
 THREADS = 2
 ROWS = (32, 64, 128, 256, 512)
@@ -103,7 +102,3 @@ def main(argv: list[str] | None = None) -> int:
             )
         print(f"| {name} | 2048² square F.linear (peak) | 2048 | | {top:.1f} | |")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,6 +1,6 @@
 """Where one prompt's prefill goes, by kind of op: the bench model on one rank, profiled.
 
-The TTFT breakdown (:mod:`benchmarks.ttft`) times the prefill as one stage; this splits
+The TTFT breakdown (:mod:`benchmarks.suites.ttft`) times the prefill as one stage; this splits
 it. One rank (tp = pp = 1, ``THREADS`` threads, the backend ``shardserve serve`` picks)
 serves the bench model in this process; after a few untimed prompts,
 ``torch.profiler`` records the steps that prefill ``REPEATS`` fresh ``PROMPT_LEN``-token
@@ -8,7 +8,7 @@ prompts (each step: embedding, every layer, the LM head of the last token, sampl
 the ops are summed by kind (:data:`KINDS`: the GEMMs, attention, norms, RoPE + KV
 write, ...), per prefill step::
 
-    python -m benchmarks.prefill_profile [--dtype bfloat16] [--prompt-len 32]
+    python -m benchmarks micro prefill_profile [--dtype bfloat16] [--prompt-len 32]
 """
 
 from __future__ import annotations
@@ -16,14 +16,13 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import sys
 from collections import defaultdict
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from benchmarks.model import SHAPES, ensure_model
-from benchmarks.servers import free_port
+from benchmarks.harness.model import SHAPES, ensure_model
+from benchmarks.harness.servers import free_port
 
 THREADS, PROMPT_LEN, REPEATS, WARMUP = 2, 32, 10, 3
 #: op-name fragment → kind (first match wins; ops matching none are "other").
@@ -105,7 +104,3 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {kind} | {ms:.2f} | {100 * ms / total:.0f}% |")
     print(f"| all ops (self time) | {total:.2f} | |")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

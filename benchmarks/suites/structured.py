@@ -11,7 +11,7 @@ full batches runs first (the first one on a fresh server is slower). The two kin
 the order reversed every other round; the table shows each kind's median round.
 Target: constrained ≥ 85% of unconstrained.
 
-``python -m benchmarks.structured --concurrency 8 --rounds 1`` runs these rows alone
+``python -m benchmarks suites structured --concurrency 8 --rounds 1`` runs these rows alone
 (reduced scale), written to ``--out``.
 """
 
@@ -22,15 +22,28 @@ import asyncio
 import contextlib
 import json
 import os
-import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from benchmarks import report
+import httpx
+from tokenizers import Tokenizer
 
-if TYPE_CHECKING:
-    from benchmarks.run_all import Bench
+from benchmarks.harness.bench import (
+    OUTPUT_LEN,
+    POINT_CAP_S,
+    PROMPT_LEN,
+    REQUEST_TIMEOUT_S,
+    Bench,
+    num_requests,
+    start_ours,
+)
+from benchmarks.harness.machine import machine
+from benchmarks.harness.paths import CACHE
+from benchmarks.harness.prompts import exact_prompts, write_dataset
+from benchmarks.harness.tables import ratio, tok_cell
+from deploy.loadtest import run_benchmark
+from deploy.loadtest_lib.config import LoadPoint, RunConfig
 
 SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -46,10 +59,6 @@ DEFAULT_ROUNDS = 2
 def _point(bench: Bench, url: str, key: str, c: int, kind: str, record: bool = True) -> None:
     """One closed-loop point of ``kind`` on ``bench``'s dataset ``key`` (recorded unless
     ``record`` is false: a warm-up)."""
-    from benchmarks.run_all import OUTPUT_LEN, POINT_CAP_S, REQUEST_TIMEOUT_S, num_requests
-    from deploy.loadtest import run_benchmark
-    from deploy.loadtest_lib.config import LoadPoint, RunConfig
-
     extra: dict[str, Any] = {"temperature": 0}
     if kind == "json":
         extra["structured_outputs"] = {"json": SCHEMA}
@@ -79,8 +88,6 @@ def _point(bench: Bench, url: str, key: str, c: int, kind: str, record: bool = T
 
 def _compile_once(url: str) -> float:
     """Seconds the first request with :data:`SCHEMA` takes (the compile included)."""
-    import httpx
-
     body = {
         "prompt": "warm up",
         "max_tokens": 4,
@@ -96,11 +103,6 @@ def _compile_once(url: str) -> float:
 def _datasets(bench: Bench, c: int, count: int) -> list[str]:
     """``count`` datasets of fresh prompts (none another point of the run uses), in
     ``bench.datasets``; their keys."""
-    from tokenizers import Tokenizer
-
-    from benchmarks.prompts import exact_prompts, write_dataset
-    from benchmarks.run_all import CACHE, OUTPUT_LEN, PROMPT_LEN, num_requests
-
     tokenizer = Tokenizer.from_file(str(bench.model / "tokenizer.json"))
     n = num_requests(c)
     prompts = exact_prompts(tokenizer, n * count, PROMPT_LEN, seed="structured-v1")
@@ -115,8 +117,6 @@ def _datasets(bench: Bench, c: int, count: int) -> list[str]:
 
 def run_structured(bench: Bench, c: int, rounds: int = DEFAULT_ROUNDS) -> None:
     """The rows of the module docstring at concurrency ``c`` (the server stopped on exit)."""
-    from benchmarks.run_all import start_ours
-
     keys = _datasets(bench, c, 2 * rounds + 1)
     with contextlib.ExitStack() as stack:
         _, url, _ = start_ours(stack, "float32", [], "structured")
@@ -136,22 +136,19 @@ def structured_table(result: dict[str, Any]) -> str:
     free, constrained = rows.get(LAYOUTS["free"]), rows.get(LAYOUTS["json"])
     if free is None or constrained is None:
         return "(not measured)"
-    ratio = report._ratio(float(constrained["output_throughput"]), float(free["output_throughput"]))
+    vs_free = ratio(float(constrained["output_throughput"]), float(free["output_throughput"]))
     return "\n".join(
         [
             "| requests (float32, shardserve) | conc. | output tok/s | vs unconstrained |",
             "|---|---:|---:|---:|",
-            f"| unconstrained | {free['concurrency']} | {report._tok_cell(free)} | |",
-            f"| json_schema | {constrained['concurrency']} | {report._tok_cell(constrained)} "
-            f"| {ratio} |",
+            f"| unconstrained | {free['concurrency']} | {tok_cell(free)} | |",
+            f"| json_schema | {constrained['concurrency']} | {tok_cell(constrained)} | {vs_free} |",
         ]
     )
 
 
 def main(argv: list[str] | None = None) -> int:
     """These rows alone (reduced scale: ``--concurrency``, ``--rounds``), to ``--out``."""
-    from benchmarks.run_all import Bench, machine
-
     parser = argparse.ArgumentParser(description="the structured-output rows of make bench")
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS)
@@ -164,7 +161,3 @@ def main(argv: list[str] | None = None) -> int:
     print(structured_table(result))
     print("\n".join(f"- {n}" for n in bench.notes))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

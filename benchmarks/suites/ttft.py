@@ -17,7 +17,7 @@ the row the stages sum to.
 ``make bench`` runs :func:`run_ttft` (float32 and bfloat16) and
 :func:`ttft_table` renders the breakdown; alone::
 
-    python -m benchmarks.ttft --dtypes float32 --requests 20
+    python -m benchmarks suites ttft --dtypes float32 --requests 20
 """
 
 from __future__ import annotations
@@ -27,21 +27,19 @@ import contextlib
 import json
 import os
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import httpx
 from tokenizers import Tokenizer
 
-from benchmarks import servers
-from benchmarks.model import ensure_model
-from benchmarks.prompts import exact_prompts
-
-if TYPE_CHECKING:
-    from benchmarks.run_all import Bench
+from benchmarks.harness import servers
+from benchmarks.harness.bench import Bench
+from benchmarks.harness.model import ensure_model
+from benchmarks.harness.paths import CACHE
+from benchmarks.harness.prompts import exact_prompts
 
 PROMPT_LEN, OUTPUT_LEN = 32, 4
 REQUESTS, WARMUP = 20, 3
@@ -227,8 +225,6 @@ def run_dtype(
 
 def run_ttft(bench: Bench, dtypes: tuple[str, ...] = ("float32", "bfloat16")) -> None:
     """The breakdown rows of ``make bench`` (one server per dtype, stopped on exit)."""
-    from benchmarks.run_all import CACHE
-
     for dtype in dtypes:
         log = CACHE / "logs" / f"shardserve-{dtype}-ttft.log"
         m = run_dtype(dtype, REQUESTS, WARMUP, [], log)
@@ -296,7 +292,3 @@ def main(argv: list[str] | None = None) -> int:
             Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
     print(ttft_table(result))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -7,12 +7,12 @@ Two families (``--family llava|qwen2_5_vl|all``). LLaVA: a small random
 hidden 256, 112-pixel images in 14-pixel patches = 64 image tokens; Llama: 6 layers,
 hidden 512), float32, built once under ``benchmarks/.cache``. Qwen2.5-VL: a small random
 ``Qwen2_5_VLForConditionalGeneration`` of the same language-model shape, dynamic resolution,
-99 image tokens per bench image (:mod:`benchmarks.qwen_vl_bench`). Each request is one
+99 image tokens per bench image (:mod:`benchmarks.suites.qwen_vl_bench`). Each request is one
 distinct image (no cache hits) plus a short question and 32 greedy output tokens, EOS ignored.
 shardserve runs tp=1 on CPU; ``generate()`` runs padded batches of ``c`` requests in this
 process after the server has stopped (its TTFT: a batch's ``max_new_tokens=1`` call).
 
-``python -m benchmarks.vlm_bench --requests 4 [--family …]`` runs these rows alone (the
+``python -m benchmarks suites vlm_bench --requests 4 [--family …]`` runs these rows alone (the
 tiny-scale check), printing a table; ``make bench`` adds both families' rows as notes
 (:func:`run_vlm`).
 """
@@ -25,23 +25,21 @@ import base64
 import io
 import json
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 import httpx
 import numpy as np
 from PIL import Image
 
-from benchmarks import qwen_vl_bench, servers
+from benchmarks.harness import servers
+from benchmarks.harness.bench import Bench
+from benchmarks.harness.paths import CACHE
+from benchmarks.suites import qwen_vl_bench
 
-if TYPE_CHECKING:
-    from benchmarks.run_all import Bench
-
-HERE = Path(__file__).resolve().parent
-MODEL_DIR = HERE / ".cache" / "llava-bench-v1"
+MODEL_DIR = CACHE / "llava-bench-v1"
 IMAGE_TOKEN = "<image>"
 QUESTION = "Describe the picture in detail."
 OUTPUT_LEN = 32
@@ -211,7 +209,7 @@ def measure(requests_per_c: int, family: str = "llava") -> list[dict[str, Any]]:
     model_dir = fam.ensure_model()
     rows: list[dict[str, Any]] = []
     points = {c: fam.images(max(requests_per_c, requests_per_c * c)) for c in CONCURRENCIES}
-    log = HERE / ".cache" / "logs" / f"vlm-{family}-shardserve.log"
+    log = CACHE / "logs" / f"vlm-{family}-shardserve.log"
     command = servers.serve_argv(model_dir, dtype="float32", device="cpu", port=0)
     with servers.running(command, log) as base_url:
         for c, imgs in points.items():
@@ -257,7 +255,3 @@ def main(argv: list[str] | None = None) -> int:
     Path(args.out).write_text(json.dumps(rows, indent=1) + "\n")
     print(table(rows))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

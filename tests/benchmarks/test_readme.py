@@ -1,28 +1,11 @@
-"""The benchmark's arithmetic and report, without running any benchmark."""
+"""The README of ``make bench`` from a result, without running any benchmark."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-from benchmarks import report
-from benchmarks.model import SHAPES
-from benchmarks.roofline import attainable_gflops
-
-
-def test_shapes_have_smollm_135m_size() -> None:
-    for shape in SHAPES.values():
-        qk_norms = 2 * shape.head_dim * shape.layers if shape.qk_norm else 0  # Qwen3's
-        assert shape.total_params() == 134_515_008 + qk_norms  # SmolLM-135M's count
-        assert shape.matmul_params() == 134_479_872
-    # Decode alone is 2 FLOPs per matmul weight; prefill and attention come on top.
-    assert SHAPES["main"].flops_per_output_token(32, 64) > 2 * 134_479_872
-
-
-def test_roofline_is_memory_bound_at_batch_one() -> None:
-    roof = {"gemm_gflops": {"float32": {"peak": 100.0}}, "copy_gbps": 20.0}
-    assert attainable_gflops(roof, "float32", 1) == 10.0  # 0.5 FLOP/byte × 20 GB/s
-    assert attainable_gflops(roof, "float32", 64) == 100.0
+from benchmarks import readme
 
 
 def _row(system: str, c: int, tok_s: float, layout: str) -> dict[str, Any]:
@@ -33,22 +16,6 @@ def _row(system: str, c: int, tok_s: float, layout: str) -> dict[str, Any]:
         "layout": layout,
         "output_throughput": tok_s,
     }
-
-
-def _repeated(layout: str, tok_s: list[float]) -> dict[str, Any]:
-    rows: list[dict[str, Any]] = []
-    for t in tok_s:
-        report.add_run(rows, ("shardserve", "float32", 32, layout), {"output_throughput": t})
-    (row,) = rows
-    return row
-
-
-def test_a_repeated_point_reports_its_median_run() -> None:
-    assert _repeated("x", [97.0, 84.0, 90.0])["output_throughput"] == 90.0
-    # an even count: the lower of the two middle runs, a run that happened, not a mean
-    row = _repeated("x", [97.0, 84.0, 90.0, 85.0])
-    assert row["output_throughput"] == 85.0 and len(row["runs"]) == 4
-    assert row["layout"] == "x" and row["concurrency"] == 32
 
 
 def test_readme_has_ratios(tmp_path: Path) -> None:
@@ -74,7 +41,10 @@ def test_readme_has_ratios(tmp_path: Path) -> None:
             _row("shardserve", 32, 100.0, "tp1 pp1"),
             _row("hf-serve", 32, 50.0, "tp1 pp1"),
             _row("hf-generate", 32, 80.0, "batch"),
-            _repeated("pp2 overlapped", [97.0, 84.0, 90.0]),
+            {  # a point run three times: its median run, every run kept
+                **_row("shardserve", 32, 90.0, "pp2 overlapped"),
+                "runs": [{"output_throughput": t} for t in (97.0, 84.0, 90.0)],
+            },
             _row("shardserve", 32, 60.0, "pp2 not overlapped"),
             _row("shardserve", 32, 90.0, "qwen3-shaped"),
             _row("hf-serve", 32, 30.0, "qwen3-shaped"),
@@ -85,7 +55,7 @@ def test_readme_has_ratios(tmp_path: Path) -> None:
     }
     result["rows"][0]["metrics"] = {"ttft_ms": {"p50": 212.4}}  # the load tester's TTFT
     path = tmp_path / "README.md"
-    report.write_readme(result, path)
+    readme.write_readme(result, path)
     text = path.read_text()
     assert "| shardserve | float32 | 32 | 100.0 | 2.00× | 1.25× | 30.0 | 30% | 212 | 0.0 |" in text
     assert "| hf-generate | float32 | 32 | 80.0 | 1.60× |  | 24.0 | 24% | — | 0.0 |" in text

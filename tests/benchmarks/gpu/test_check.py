@@ -14,14 +14,13 @@ from typing import Any
 
 import pytest
 
-from benchmarks import gpu_check
-from benchmarks.gpu import report
+from benchmarks.gpu import check, report
 from benchmarks.gpu.parity import parity_ok, parse_progress, parse_summary
 from benchmarks.gpu.phases import parse_events
 from benchmarks.gpu.serve import scan_log
 from benchmarks.gpu.shapes import LLAMA3_8B, SMOKE, default_peak_bw, roofline_fraction
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def _params_from_config(c: dict[str, Any]) -> int:
@@ -174,26 +173,26 @@ def test_report_never_invents_a_number() -> None:
     assert "no 'captured N CUDA graphs" in table["start-up: CUDA graph capture"][0]
     assert "a \\| b" in report.render(results)  # a pipe cannot break the table
     before = dict(results["missing"])
-    gpu_check.fill_missing(results, "not reached")
+    check.fill_missing(results, "not reached")
     assert results["missing"] == before  # every absent number already has its reason
     del results["ours"]
-    gpu_check.fill_missing(results, "not reached")
+    check.fill_missing(results, "not reached")
     assert results["missing"]["ours.startup"] == results["missing"]["ours.c32"] == "not reached"
     assert report.reason(results, "hf.b32") == "HF generate cut at 90 s"
 
 
 def test_smoke_settings_keep_the_real_reports() -> None:
-    s = gpu_check.settings_from(gpu_check.parse_args(["--smoke"]))
+    s = check.settings_from(check.parse_args(["--smoke"]))
     assert (s.device, s.shape_name, s.parity) == ("cpu", "smoke", False)
-    assert s.out_dir != gpu_check.RESULTS_DIR and s.model_dir.name == "smoke-llama"
-    full = gpu_check.settings_from(gpu_check.parse_args([]))
+    assert s.out_dir != check.RESULTS_DIR and s.model_dir.name == "smoke-llama"
+    full = check.settings_from(check.parse_args([]))
     assert (full.device, full.parity, full.timeout_s, full.prompt_len) == ("cuda", True, 470.0, 128)
     assert full.model_dir == Path("/tmp/shardserve-gpu-check/llama-8b")
-    assert gpu_check.settings_from(gpu_check.parse_args(["--smoke", "--with-parity"])).parity
+    assert check.settings_from(check.parse_args(["--smoke", "--with-parity"])).parity
 
 
 def test_wheel_list_covers_pyproject() -> None:
-    script = (REPO / "benchmarks" / "gpu_wheels.sh").read_text()
+    script = (REPO / "benchmarks" / "gpu" / "wheels.sh").read_text()
     wheels: set[str] = set()
     for name in ("REQUIREMENTS=(", "NO_DEPS=("):  # with and without their dependencies
         start = script.index(name)
@@ -203,5 +202,5 @@ def test_wheel_list_covers_pyproject() -> None:
     test_extras = {"pytest>=8", "pytest-timeout>=2.3", "pytest-asyncio>=0.23", "psutil>=5.9"}
     assert needed | test_extras == wheels
     assert test_extras <= set(project["optional-dependencies"]["test"])
-    doc = " ".join((gpu_check.__doc__ or "").split())
+    doc = " ".join((check.__doc__ or "").split())
     assert all(f'"{w}"' in doc for w in wheels)  # the docstring's pip line is the script's

@@ -1,4 +1,4 @@
-"""benchmarks/quiesce.py: waiting for process trees to idle (the tree walk and its CPU time
+"""benchmarks/harness/quiesce.py: waiting for process trees to idle (the tree walk and its CPU time
 are model_shards.launch.cpu_governor's, tested in
 tests/model_shards/launch/test_cpu_governor.py)."""
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import quiesce
+from benchmarks.harness import quiesce
 
 
 @pytest.mark.timeout(60)
@@ -34,7 +34,7 @@ def test_wait_quiet_waits_for_a_busy_grandchild_then_returns() -> None:
 @pytest.mark.timeout(60)
 def test_running_servers_are_registered_while_up(tmp_path: Path) -> None:
     """servers.running lists its server's pid while it is up (what before_point waits on)."""
-    from benchmarks import servers
+    from benchmarks.harness import servers
 
     (tmp_path / "v1").mkdir()
     (tmp_path / "v1" / "models").write_text("{}")  # GET /v1/models answers 200

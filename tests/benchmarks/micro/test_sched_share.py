@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from benchmarks import sched_share
+from benchmarks.micro import sched_share
 from model_shards.launch.cpu_governor import family_pids
 
 pytestmark = pytest.mark.timeout(60)

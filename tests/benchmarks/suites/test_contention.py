@@ -1,4 +1,5 @@
-"""The contention table and the cgroup wrapper of benchmarks/contention.py (no servers)."""
+"""The contention table (suites/contention_table.py) and the cgroup wrapper and CPU measure of
+suites/contention.py, with no servers."""
 
 from __future__ import annotations
 
@@ -12,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from benchmarks import contention
-from benchmarks.contention import LAYOUT, QUOTA, in_group
-from benchmarks.contention_table import contention_table
+from benchmarks.suites import contention
+from benchmarks.suites.contention import in_group
+from benchmarks.suites.contention_table import LAYOUT, QUOTA, contention_table
 
 
 def row(

@@ -7,7 +7,7 @@ import argparse
 
 import pytest
 
-from benchmarks.contention_ab import parse_variant
+from benchmarks.suites.contention_ab import parse_variant
 
 
 def test_variants_name_their_environment() -> None:

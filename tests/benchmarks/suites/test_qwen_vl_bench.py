@@ -1,4 +1,4 @@
-"""The Qwen2.5-VL bench model (:mod:`benchmarks.qwen_vl_bench`) is what its docstring says:
+"""The Qwen2.5-VL bench model (:mod:`benchmarks.suites.qwen_vl_bench`) is what its docstring says:
 the engine reads it as Qwen2.5-VL, the frontend's preprocessing and transformers' make the
 same 99-token image of each bench image, and the chat template writes the vision tokens
 for an image part, which tokenize to the checkpoint's special ids."""
@@ -12,7 +12,7 @@ import numpy as np
 import transformers
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
-from benchmarks import qwen_vl_bench
+from benchmarks.suites import qwen_vl_bench
 from model_shards.config.model import ModelConfig
 from model_shards.config.qwen2_5_vl import qwen_vl_config
 from server.media.qwen2_5_vl.image import QwenVLPreprocessor

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from benchmarks import ttft
+from benchmarks.suites import ttft
 
 MS = 1_000_000  # ns
 

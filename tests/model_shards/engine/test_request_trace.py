@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.ttft import LAYER_KINDS
+from benchmarks.suites.ttft import LAYER_KINDS
 from model_shards.config.model import ModelConfig, ReplicaConfig
 from model_shards.engine.coordinator import Coordinator
 from model_shards.engine.request_trace import RequestTraces
