@@ -40,13 +40,13 @@ BENCH_DEPS := benchmarks/.cache/pydeps
 bench: $(STAMP)
 	test -d $(BENCH_DEPS)/accelerate || \
 		$(BIN)/pip install -q --no-deps --target $(BENCH_DEPS) accelerate==1.15.0
-	$(BIN)/python -m benchmarks.run_all
+	$(BIN)/python -m benchmarks
 
-# The GPU check (benchmarks/gpu_check.py: parity on CUDA, an 8B-shaped Llama served and
-# measured against HF generate()). On the GPU host run `benchmarks/gpu_wheels.sh --install`
+# The GPU check (benchmarks/gpu/check.py: parity on CUDA, an 8B-shaped Llama served and
+# measured against HF generate()). On the GPU host run `benchmarks/gpu/wheels.sh --install`
 # first; its python3 has torch, so there is no .venv there (and no $(STAMP) dependency).
 gpu-check:
-	$(PYTHON) -m benchmarks.gpu_check $(GPU_CHECK_ARGS)
+	$(PYTHON) -m benchmarks gpu-check $(GPU_CHECK_ARGS)
 
 # The image built and the compose files run for real (podman + Compose v2), not part of
 # `make test`: as root, after `apt-get install -y podman runc debootstrap` (docs/deploy.md).
@@ -55,7 +55,7 @@ deploy-check: $(STAMP)
 
 # wheels/ for the GPU host (the project's dependencies it lacks), fetched here
 gpu-wheels:
-	PYTHON=$(PYTHON) benchmarks/gpu_wheels.sh
+	PYTHON=$(PYTHON) benchmarks/gpu/wheels.sh
 
 clean:
 	rm -rf $(VENV) build *.egg-info

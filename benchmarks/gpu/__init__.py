@@ -1,1 +1,15 @@
-"""``make gpu-check``'s parts: model shapes, checkpoint writer, server and HF drivers, report."""
+"""``make gpu-check``: parity on the GPU, an 8B-shaped Llama served and measured against
+HF ``generate()``, and the report.
+
+- ``check``: the check's flags, pipeline and deadline (``python -m benchmarks gpu-check``).
+- ``settings``: what one run does and its time budget.
+- ``shapes``: the Llama shapes and the HBM roofline arithmetic.
+- ``build_model``: a random Llama checkpoint written from tensors (a subprocess).
+- ``parity``: the parity tests on the device, once per dtype.
+- ``phases``: the check's phases, each storing what it measured.
+- ``procs``: subprocesses in their own sessions, logged, always stoppable.
+- ``serve``: our server's command line, start-up timings and load points.
+- ``hf_bench``: HF ``generate()`` on the device (a subprocess).
+- ``report``: every number with its target, as JSON and markdown.
+- ``wheels.sh``: the wheels the offline GPU host lacks.
+"""

@@ -1,6 +1,6 @@
 """Write a random Llama checkpoint straight from tensors (no ``transformers`` model built).
 
-Run as ``python -m benchmarks.gpu.build_model DIR --shape llama3-8b --device cuda``. The
+Run as ``python -m benchmarks gpu build_model DIR --shape llama3-8b --device cuda``. The
 tensors are drawn on ``--device`` (``N(0, 0.02)``, seeded; norms are ones), copied to
 the host one shard at a time and written with ``safetensors.torch.save_file``: one shard
 for the embedding, one per layer, one for the final norm and LM head, plus
@@ -24,7 +24,6 @@ import argparse
 import json
 import os
 import shutil
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -171,7 +170,3 @@ def main(argv: list[str] | None = None) -> int:
         done = ensure(args.dir, SHAPES[args.shape], args.device, args.dtype)
     print(json.dumps(done), flush=True)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

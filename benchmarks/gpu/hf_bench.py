@@ -1,6 +1,6 @@
 """Hugging Face ``generate()`` on one device: load time and greedy tok/s per batch size.
 
-Run as ``python -m benchmarks.gpu.hf_bench SPEC.json`` (the check starts it as a
+Run as ``python -m benchmarks gpu hf_bench SPEC.json`` (the check starts it as a
 subprocess, so a hung or slow load can be killed and its GPU memory is freed). The spec:
 ``{"model_dir", "device", "dtype", "points": [{"name", "batch", "new_tokens",
 "prompts": [[id, ...], ...]}]}``. Prints one JSON line per event, flushed, so a run
@@ -97,7 +97,3 @@ def main(argv: list[str]) -> int:
         for point in spec["points"]:
             emit(run_point(model, point, device))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

@@ -16,7 +16,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from benchmarks import http_load
 from benchmarks.gpu.parity import run_parity
 from benchmarks.gpu.procs import Proc, Procs
 from benchmarks.gpu.serve import (
@@ -27,7 +26,8 @@ from benchmarks.gpu.serve import (
     wait_ready,
 )
 from benchmarks.gpu.settings import Budget, Settings
-from benchmarks.servers import free_port
+from benchmarks.harness import http_load
+from benchmarks.harness.servers import free_port
 
 MIN_PHASE_S = 5.0  # a phase with less time than this left is skipped, not started
 PARITY_DTYPES = ("bfloat16", "float32")
@@ -80,7 +80,9 @@ def start_build(run: Run) -> Proc:
     command = [
         sys.executable,
         "-m",
-        "benchmarks.gpu.build_model",
+        "benchmarks",
+        "gpu",
+        "build_model",
         str(s.model_dir),
         "--shape",
         s.shape_name,
@@ -134,7 +136,7 @@ def make_prompts(run: Run) -> dict[str, list[list[int]]]:
     """Distinct exact-length prompts (as ids) for the warm-up, c=1 and c=32 points."""
     from tokenizers import Tokenizer
 
-    from benchmarks.prompts import exact_prompts
+    from benchmarks.harness.prompts import exact_prompts
 
     s = run.settings
     tokenizer = Tokenizer.from_file(str(s.model_dir / "tokenizer.json"))
@@ -150,7 +152,7 @@ def write_datasets(run: Run, prompts: dict[str, list[list[int]]]) -> dict[str, s
     """The prompts as text JSONL for the load tester (each round-trips to its ids)."""
     from tokenizers import Tokenizer
 
-    from benchmarks.prompts import write_dataset
+    from benchmarks.harness.prompts import write_dataset
 
     s = run.settings
     tokenizer = Tokenizer.from_file(str(s.model_dir / "tokenizer.json"))
@@ -241,7 +243,7 @@ def hf(run: Run, prompts: dict[str, list[list[int]]]) -> None:
         path = s.work_dir / "hf-spec.json"
         path.write_text(json.dumps({**spec, "points": points}))
         env = {"HF_HUB_DISABLE_PROGRESS_BARS": "1", "TRANSFORMERS_VERBOSITY": "error"}
-        command = [sys.executable, "-m", "benchmarks.gpu.hf_bench", str(path)]
+        command = [sys.executable, "-m", "benchmarks", "gpu", "hf_bench", str(path)]
         proc = run.procs.start(command, s.logs_dir / "hf.log", env)
         rc = proc.wait(cap)
         run.procs.stop(proc, grace_s=5.0)

@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from benchmarks.harness.paths import REPO
 
 
 def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:

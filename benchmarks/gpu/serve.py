@@ -13,7 +13,7 @@ falls back to the moment it was first seen while polling:
 - ``CUDA graphs disabled (enforce_eager): ...`` → ``graphs_disabled`` (that line).
 
 A load point is one closed-loop run of ``deploy/loadtest.py`` (via
-:func:`benchmarks.http_load.run_point`, streamed completions, ``ignore_eos``,
+:func:`benchmarks.harness.http_load.run_point`, streamed completions, ``ignore_eos``,
 temperature 0), summarised by :func:`summarize_point`.
 """
 
@@ -29,7 +29,7 @@ from typing import Any
 import httpx
 
 from benchmarks.gpu.procs import Proc
-from benchmarks.servers import serve_argv
+from benchmarks.harness.servers import serve_argv
 
 POLL_S = 0.2
 LOADED = re.compile(

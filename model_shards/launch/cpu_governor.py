@@ -42,7 +42,7 @@ shares with the busy processes, and a move costs it its caches; vLLM's CPU worke
 one thread too). With two busy-loop neighbours on the bench's 2-core machine, binding
 measured 106 against 91 output tok/s at concurrency 8 and 129 against 124 at 32 (AMD Zen 4:
 two interleaved A/Bs of two runs each, the medians of the four; +14% and +4% on Zen 3;
-``python -m benchmarks.contention_ab``). ``SHARDSERVE_BIND_THREAD=0`` leaves it unbound.
+``python -m benchmarks suites contention_ab``). ``SHARDSERVE_BIND_THREAD=0`` leaves it unbound.
 
 On by default for a CPU rank with more than one thread; ``SHARDSERVE_THREAD_GOVERNOR=0``
 (also ``false``/``off``/``no``) switches it off, and an explicit

@@ -15,7 +15,7 @@ and of a client on the same machine line up with these.
 
 At the first flush (or when the response ends, for a JSON response) the trace is
 appended to the file as one JSON line ``{"request_ids", "frontend", "engine"}``
-(:mod:`benchmarks.ttft` reads it). Each stage keeps its first stamp except
+(:mod:`benchmarks.suites.ttft` reads it). Each stage keeps its first stamp except
 ``tokenized`` (the last). Disabled, every call is one context-variable lookup.
 """
 

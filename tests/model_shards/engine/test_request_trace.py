@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.ttft import LAYER_KINDS
+from benchmarks.suites.ttft import LAYER_KINDS
 from model_shards.config.model import ModelConfig
 from model_shards.config.replica import ReplicaConfig
 from model_shards.engine.coordinator import Coordinator

