@@ -127,18 +127,24 @@ def pid_serving(url: str) -> int:
 
 @contextlib.contextmanager
 def running(
-    command: list[str], log: Path, url: str | None = None, extra_env: dict[str, str] | None = None
+    command: list[str],
+    log: Path,
+    url: str | None = None,
+    extra_env: dict[str, str] | None = None,
+    tree: Path = REPO,
 ) -> Iterator[str]:
     """Run ``command``; yield its base URL once ``GET /v1/models`` answers 200.
 
-    ``url`` is the known address (else parsed from shardserve's ``serving ... on`` line).
+    ``url`` is the known address (else parsed from shardserve's ``serving ... on`` line);
+    ``tree``: the checkout whose ``server`` and ``model_shards`` it imports (an A/B of two
+    commits runs one server from each).
     """
     log.parent.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", **(extra_env or {})}
+    env = {**os.environ, "PYTHONPATH": str(tree), "HF_HUB_OFFLINE": "1", **(extra_env or {})}
     with log.open("wb") as sink:
         proc = subprocess.Popen(
             command,
-            cwd=REPO,
+            cwd=tree,
             env=env,
             stdout=sink,
             stderr=subprocess.STDOUT,

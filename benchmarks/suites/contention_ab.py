@@ -6,10 +6,12 @@ compares *settings of ours* under the same contention, e.g. a switch on and off:
     python -m benchmarks suites contention_ab --neighbours 2 --concurrency 8,32 --rounds 2 \\
         --variant base=SHARDSERVE_BIND_THREAD=0 --variant bind= --vllm
 
-Each ``--variant NAME=VAR=VALUE;VAR=VALUE`` is a shardserve server (float32, the bench model)
-started with those environment variables; all servers are up at once, warmed up, then at each
-concurrency measured ``--rounds`` times in turn, the order reversed every other pass, with
-fresh prompts at every point and the servers idle before it (:func:`benchmarks.harness.quiesce`).
+Each ``--variant NAME=VAR=VALUE;VAR=VALUE`` is a shardserve server (``--dtype``, float32 by
+default; the bench model) started with those environment variables, from this checkout or from
+``--tree NAME=PATH`` (another commit's worktree: an A/B of two commits); all servers are up
+at once, warmed up, then at each concurrency measured ``--rounds`` times in turn, the order
+reversed every other pass, with fresh prompts at every point and the servers idle before it
+(:func:`benchmarks.harness.quiesce`).
 Printed per run: output tok/s, the server family's CPU cores and CPU ms per output token
 (:func:`model_shards.launch.cpu_governor.read_family_cpu_s`), TTFT p50; then the medians.
 """
@@ -27,7 +29,7 @@ from tokenizers import Tokenizer
 from benchmarks.harness import quiesce, servers
 from benchmarks.harness.model import ensure_model
 from benchmarks.harness.neighbours import busy_neighbours
-from benchmarks.harness.paths import CACHE
+from benchmarks.harness.paths import CACHE, REPO
 from benchmarks.harness.prompts import exact_prompts, write_dataset
 from benchmarks.suites import contention
 from model_shards.launch.replicas import environment_with
@@ -47,15 +49,30 @@ def parse_variant(text: str) -> tuple[str, dict[str, str]]:
     return name, dict(pairs)
 
 
+def parse_tree(text: str) -> tuple[str, Path]:
+    """``NAME=PATH`` → (NAME, PATH), PATH a checkout holding ``server/`` and ``model_shards/``."""
+    name, sep, path = text.partition("=")
+    if not name or not sep or not (Path(path) / "model_shards").is_dir():
+        raise argparse.ArgumentTypeError(f"--tree {text!r}: expected NAME=PATH of a checkout")
+    return name, Path(path).resolve()
+
+
 def start(
-    stack: contextlib.ExitStack, model: Path, variants: list[tuple[str, dict[str, str]]], vllm: bool
+    stack: contextlib.ExitStack,
+    model: Path,
+    variants: list[tuple[str, dict[str, str]]],
+    vllm: bool,
+    dtype: str = contention.DTYPE,
+    trees: dict[str, Path] | None = None,
 ) -> list[Target]:
     """Every server up, each with the pid :func:`servers.running` started it as."""
     targets: list[Target] = []
     for name, settings in variants:
+        tree = (trees or {}).get(name, REPO)
         with environment_with(settings):
-            command = servers.ours_command(model, contention.DTYPE, [])
-            url = stack.enter_context(servers.running(command, LOGS / f"ab-{name}.log"))
+            command = servers.ours_command(model, dtype, [])
+            log = LOGS / f"ab-{name}.log"
+            url = stack.enter_context(servers.running(command, log, tree=tree))
         targets.append((name, url, "", servers.pid_serving(url)))
     if vllm:
         port = servers.free_port()
@@ -110,13 +127,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--neighbours", type=int, default=2, help="busy-loop processes")
     parser.add_argument("--concurrency", default="8,32")
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--dtype", default=contention.DTYPE, choices=("float32", "bfloat16"))
+    parser.add_argument(
+        "--tree", action="append", default=[], type=parse_tree, help="NAME=PATH: its checkout"
+    )
     args = parser.parse_args(argv)
     concurrencies = [int(c) for c in args.concurrency.split(",")]
     model = ensure_model()
     prompts = Prompts(model)
     results: dict[tuple[str, int], list[float]] = {}
     with contextlib.ExitStack() as stack:
-        targets = start(stack, model, args.variant, args.vllm)
+        targets = start(stack, model, args.variant, args.vllm, args.dtype, dict(args.tree))
         for target in targets:
             run_point(target, prompts, concurrencies[0])  # warm-up, not counted
         with busy_neighbours(args.neighbours):
