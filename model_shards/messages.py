@@ -1,19 +1,14 @@
-"""The wire protocol: every message that crosses a process boundary.
+"""The wire protocol: every message that crosses a process boundary (msgpack, never pickle).
 
-Two channels, one module, one encoding (msgspec msgpack, never pickle):
-
-* frontend ↔ coordinator (ZMQ): rank 0 binds a ROUTER socket, each frontend
-  connects a DEALER. The frontend sends :data:`FrontendMessage` values
-  (``Hello`` first, then ``SubmitBatch``, ``AbortRequests``, ``Shutdown``);
-  rank 0 answers ``Hello`` with ``EngineReady`` once the model is loaded and
-  sends :data:`EngineMessage` values (``StepOutputs``, ``EngineError``) to the
+* frontend ↔ coordinator (ZMQ; rank 0 binds a ROUTER, each frontend connects a DEALER): the
+  frontend sends :data:`FrontendMessage` values, ``Hello`` first; rank 0 answers ``Hello`` with
+  ``EngineReady`` once the model is loaded, then sends :data:`EngineMessage` values to the
   frontend that submitted each request.
-* coordinator → ranks: one :class:`StepPlan` per iteration, from rank 0 to every
-  rank as one encoded message: over the Unix-socket links when every rank is a CPU
-  process of one host (:mod:`model_shards.parallel.local_links`), else broadcast over
-  the gloo CPU group as a length-prefixed byte tensor (GPU replicas too).
+* coordinator → ranks: one :class:`StepPlan` per iteration, over the Unix-socket links of
+  :mod:`model_shards.parallel.local_links` when every rank is a CPU process of one host, else
+  broadcast over the gloo group as a length-prefixed byte tensor.
 
-This module imports no torch, so the frontend can use it.
+No torch import, so the frontend can use it.
 """
 
 from __future__ import annotations
@@ -24,18 +19,14 @@ import msgspec
 
 
 class SamplingParams(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """How to pick the next token. ``temperature == 0`` means greedy.
+    """How to pick the next token; ``temperature == 0`` is greedy. Penalties follow vLLM/OpenAI.
 
-    Penalties follow vLLM/OpenAI: ``repetition_penalty`` divides positive (and
-    multiplies negative) logits of tokens seen in prompt or output;
-    ``frequency_penalty`` subtracts ``count`` and ``presence_penalty`` subtracts
-    ``1`` per token already generated. ``min_p`` drops tokens whose probability
-    is below ``min_p`` times the top token's. ``logprobs``: also return the
-    sampled token's log-probability and the top-N alternatives (N <= 20).
-    ``logit_bias`` (token id → added to its raw logit) and ``allowed_token_ids``
-    (every other id masked) apply to the raw logits first, before penalties, as does
-    ``bad_words_token_ids``: a one-token word is never sampled, a longer one's last token
-    is masked right after the output ends with the rest of it.
+    ``repetition_penalty`` divides positive (multiplies negative) logits of tokens seen in prompt
+    or output; ``frequency_penalty`` subtracts ``count`` and ``presence_penalty`` ``1`` per token
+    already generated. ``min_p`` drops tokens below ``min_p`` times the top probability.
+    ``logprobs``: the sampled token's log-probability and the top N (N <= 20). ``logit_bias``,
+    ``allowed_token_ids`` and ``bad_words_token_ids`` apply to the raw logits, before penalties;
+    a bad word's last token is masked once the output ends with the rest of it.
     """
 
     temperature: float = 1.0
@@ -70,51 +61,37 @@ GrammarKind = Literal["json_schema", "json_object", "regex", "ebnf"]
 
 
 class GrammarSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """A constraint on the output (structured outputs), already validated by the frontend.
-
-    ``json_schema``: ``spec`` is the schema as canonical JSON (sorted keys, compact);
-    ``json_object``: any JSON object (``spec`` empty); ``regex``: a regular expression;
-    ``ebnf``: an xgrammar EBNF grammar with a ``root`` rule. Rank 0 compiles it once per
-    distinct spec (:mod:`model_shards.engine.structured`).
-    """
+    """An output constraint, already validated by the frontend; rank 0 compiles each distinct
+    spec once (:mod:`model_shards.engine.structured`). ``spec``: canonical JSON (sorted keys,
+    compact) for ``json_schema``, a regex, an xgrammar EBNF with a ``root`` rule, or empty for
+    ``json_object`` (any JSON object)."""
 
     kind: GrammarKind
     spec: str = ""
 
 
 class MediaInput(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """One preprocessed image or video of a prompt (vision-language models), made by the
-    frontend.
+    """One preprocessed image or video of a prompt, made by the frontend.
 
-    Its placeholder run is prompt positions ``offset .. offset + length - 1`` (the image or
-    video token repeated once per embedding the vision tower and projector emit).
-    ``pixels``: the raw bytes of a C-contiguous array of ``shape`` and ``dtype``
-    (``"float32"``): ``[3, H, W]`` for a fixed-size tower (LLaVA); for a dynamic-resolution
-    tower (Qwen2.5-VL) the flattened patches ``[t * h * w, C * temporal_patch * P * P]``
-    of ``grid_thw = [t, h, w]`` (patches before the merge; empty for a fixed-size tower).
-    ``kind``: ``"image"`` or ``"video"``; ``second_per_grid``: a video's seconds per
-    temporal patch (its M-RoPE time step; 0 for an image). ``content_hash``: SHA-256 of the
-    item's pixels (and grid), the key of the ranks' encoder cache and part of the prefix
-    cache's block keys.
+    Its placeholder tokens are prompt positions ``offset .. offset + length - 1``, one per
+    embedding the vision tower and projector emit. ``pixels``: a C-contiguous array of ``shape``
+    and ``dtype``: ``[3, H, W]`` for a fixed-size tower (LLaVA), else (Qwen2.5-VL) the unmerged
+    patches ``[t * h * w, C * temporal_patch * P * P]`` of ``grid_thw``.
     """
 
     offset: int
     length: int
-    content_hash: bytes
+    content_hash: bytes  # SHA-256 of pixels (and grid): encoder-cache key, in prefix block keys
     pixels: bytes
     shape: list[int]
     dtype: str = "float32"
-    kind: str = "image"
-    grid_thw: list[int] = []
-    second_per_grid: float = 0.0
+    kind: str = "image"  # or "video"
+    grid_thw: list[int] = []  # [t, h, w]; empty for a fixed-size tower
+    second_per_grid: float = 0.0  # a video's seconds per temporal patch (its M-RoPE time step)
 
 
 class GenerateRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """One sequence to generate. Token ids only: tokenizing is the frontend's job.
-
-    ``grammar``: the output must match it (token-level mask on every sampled position).
-    ``media``: the prompt's images, in prompt order (vision-language models only).
-    """
+    """One sequence to generate, as token ids (tokenizing is the frontend's job)."""
 
     request_id: str
     prompt_token_ids: list[int]
@@ -125,11 +102,10 @@ class GenerateRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # Replay after a replica failure: tokens this request already produced. They
     # count as output (max_tokens, min_tokens, penalties); only new ones come back.
     resume_output_ids: list[int] = []
-    grammar: GrammarSpec | None = None
-    # Opt-in TTFT tracing (server/http/ttft_trace.py): rank 0 returns its timestamps with the
-    # request's first output (RequestOutput.trace).
+    grammar: GrammarSpec | None = None  # masks every sampled position
+    # opt-in TTFT tracing (server/http/ttft_trace.py): timestamps in the first RequestOutput
     trace: bool = False
-    media: list[MediaInput] = []
+    media: list[MediaInput] = []  # the prompt's images, in prompt order
 
 
 class TokenLogprob(msgspec.Struct, frozen=True, array_like=True):
@@ -242,11 +218,8 @@ EngineMessage = EngineReady | StepOutputs | EmbeddingOutputs | EngineError
 
 
 class NewSequence(msgspec.Struct, frozen=True):
-    """Sent once, in the first plan that schedules the sequence (again after a preemption).
-
-    ``sampling.seed`` is always set by rank 0, so draws are reproducible: the
-    token at position ``p`` is drawn from uniforms hashed from ``(seed, p)``.
-    """
+    """Sent in the first plan that schedules the sequence (again after a preemption). Rank 0
+    always sets ``sampling.seed``: position ``p`` draws from uniforms hashed from ``(seed, p)``."""
 
     seq_id: int
     sampling: SamplingParams
@@ -256,24 +229,15 @@ class NewSequence(msgspec.Struct, frozen=True):
 
 
 class SeqChunk(msgspec.Struct, frozen=True):
-    """Tokens of one sequence to run this step.
-
-    ``token_ids`` occupy positions ``start_pos .. start_pos + len(token_ids) - 1``;
-    positions ``< start_pos`` are already in this sequence's KV cache on every rank.
-    ``new_block_ids`` are appended to the sequence's block table before the step;
-    the table then covers every position up to the chunk's last.
-    ``sample`` says whether the last stage samples a token after the last one
-    (false for a prefill chunk that does not reach the end of the prompt).
-    ``window_block_ids``: the same for KV groups 1.. of a model with several
-    (:mod:`model_shards.config.kv_layout`), one list per group; empty otherwise.
-    """
+    """Tokens of one sequence to run this step, from position ``start_pos``; earlier positions
+    are already in its KV cache on every rank."""
 
     seq_id: int
     start_pos: int
     token_ids: list[int]
-    sample: bool = True
-    new_block_ids: list[int] = []
-    window_block_ids: list[list[int]] = []
+    sample: bool = True  # the last stage samples after it; false: a prefill chunk short of the end
+    new_block_ids: list[int] = []  # appended to the block table first; it then covers the chunk
+    window_block_ids: list[list[int]] = []  # the same for KV groups 1.. (config/kv_layout.py)
 
 
 class TokenMask(msgspec.Struct, frozen=True, array_like=True):
@@ -286,12 +250,8 @@ class TokenMask(msgspec.Struct, frozen=True, array_like=True):
 
 
 class StepPlan(msgspec.Struct, frozen=True):
-    """What every rank does in one iteration. Rank 0 alone decides it.
-
-    Only what changed travels: new sequences' parameters once, block ids as
-    they are added, ids of sequences whose blocks were released. Order on the
-    ranks: drop ``freed_seq_ids``, then run ``chunks``.
-    """
+    """What every rank does in one iteration, as rank 0 decided. Only changes travel (new
+    sequences once, block ids as added); ranks drop ``freed_seq_ids``, then run ``chunks``."""
 
     step_id: int
     chunks: list[SeqChunk] = []
@@ -300,9 +260,7 @@ class StepPlan(msgspec.Struct, frozen=True):
     encode: list[list[int]] = []  # encoder replicas: token ids of each input to embed
     shutdown: bool = False
     token_masks: list[TokenMask] = []  # grammar masks of this step's constrained sampled chunks
-    trace: bool = (
-        False  # a traced request runs: time the layer kinds (model_shards/worker/layer_timer.py)
-    )
+    trace: bool = False  # a traced request runs: time the layer kinds (worker/layer_timer.py)
 
 
 _frontend_encoder = msgspec.msgpack.Encoder()

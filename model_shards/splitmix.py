@@ -1,19 +1,13 @@
-"""splitmix64 (Steele, Lea and Flood 2014), the one hash behind every seed and random draw.
+"""splitmix64 (Steele, Lea and Flood 2014): the one hash behind every seed and random draw.
 
-A splitmix64 stream seeded with ``s`` has the ``i``-th output (``i = 1, 2, ...``)
-``mix64(s + i × GOLDEN)``, all arithmetic modulo 2^64. The server uses it in three places:
-
-* a sample's draw: token ``i`` of a row seeded ``s`` gets the uniform of
-  ``splitmix64(s, i + 1)`` (the backends' ``exponential_race``: the reference backend
-  vectorises :data:`MIX_ROUNDS` over int64 tensors,
-  ``backends/cpu/kernels/sampling_ops.cpp`` and
-  ``backends/cuda/triton_ops/sampling.py`` write the same constants in C++ and Triton);
-* the seed of position ``p`` of a request seeded ``s``: ``mix64(s × GOLDEN + p + 1)``
+* token ``i`` of a row seeded ``s`` draws ``splitmix64(s, i + 1)`` (the backends'
+  ``exponential_race``; ``backends/cpu/kernels/sampling_ops.cpp`` and
+  ``backends/cuda/triton_ops/sampling.py`` repeat these constants);
+* position ``p`` of a request seeded ``s``: ``mix64(s × GOLDEN + p + 1)``
   (:func:`model_shards.worker.sampler.position_seed`);
-* the seed of sample ``j > 0`` of a request with ``n`` samples: ``splitmix64(s, j)``
-  (:func:`server.api.choices.sample_seed`).
+* sample ``j > 0`` of a request: ``splitmix64(s, j)`` (:func:`server.api.choices.sample_seed`).
 
-Pure Python without imports, so the frontend may use it.
+No imports, so the frontend may use it.
 """
 
 from __future__ import annotations

@@ -1,17 +1,11 @@
 """The backend boundary: every op a model runs, with its contract.
 
-A backend is chosen once per worker (:func:`model_shards.backends.select_backend`)
-from the device, the dtype and the environment, and handed to every layer when the
-model is built. Layers call these ops and never test the device themselves.
+:func:`model_shards.backends.select_backend` picks one per worker and hands it to every layer;
+layers never test the device. ``reference`` (:mod:`.reference`) is the numerical specification,
+``cpu`` (:mod:`.cpu`) runs fused C++ kernels and ``cuda`` (:mod:`.cuda`) Triton kernels.
 
-* ``reference`` (:mod:`.reference`): plain PyTorch, the numerical specification;
-* ``cpu`` (:mod:`.cpu`): the fused C++ kernels of ``model_shards/backends/cpu/kernels`` and the
-  packed GEMM;
-* ``cuda`` (:mod:`.cuda`): Triton kernels, the batched on-device sampler.
-
-Shapes: ``T`` tokens of a step, ``nh``/``nkv`` query/key-value heads of this rank,
-``D`` head dim, pools ``[slots, nkv, D]`` with slot ``b * block_size + i`` holding
-token ``i`` of block ``b``.
+Shapes: ``T`` tokens of a step, ``nh``/``nkv`` query/key-value heads of this rank, ``D`` head
+dim; pools are ``[slots, nkv, D]``, slot ``b * block_size + i`` holding token ``i`` of block ``b``.
 """
 
 from __future__ import annotations
@@ -32,14 +26,11 @@ if TYPE_CHECKING:
 class PrefillMeta:
     """The prefill chunks of one step, for one varlen attention call over the paged pool.
 
-    Chunk ``n`` is the packed rows ``q_starts[n] .. q_starts[n] + q_lens[n] - 1``; its
-    query ``i`` sits at position ``start_positions[n] + i`` and attends causally to
-    positions ``0 .. start_positions[n] + i`` of its sequence, read through
-    ``block_tables[n]`` (prefix-cached context included: its own K/V are already in
-    the pool when attention runs). Tensors on the step's device, int64; the ``*_list``
-    fields are the same numbers as Python ints (for the reference loop). ``window``: a
-    sliding window — query ``p`` then sees only positions ``> p - window`` (the table's
-    earlier entries may be stale: never read them unmasked).
+    Chunk ``n`` is packed rows ``q_starts[n] .. q_starts[n] + q_lens[n] - 1``; its query ``i``
+    sits at position ``start_positions[n] + i`` and attends causally to positions up to it,
+    cached prefix included, through ``block_tables[n]`` (its own K/V are already in the pool).
+    Tensors are int64 on the step's device; ``*_list``: the same as Python ints. ``window``:
+    query ``p`` sees only positions ``> p - window`` (older table entries may be stale).
     """
 
     q_starts: torch.Tensor  # [N]
@@ -68,40 +59,32 @@ class PrefillMeta:
 
 @dataclass(frozen=True)
 class RotaryStep:
-    """Where a step's ``T`` new tokens go: their positions ``[T]`` (int64), the model's
-    rotary tables ``cos/sin_cached: [P, D]`` (float32) and each token's K/V slot ``[T]``
-    (int64; negative: a padding row)."""
+    """Where a step's ``T`` new tokens go."""
 
-    positions: torch.Tensor
-    cos_cached: torch.Tensor
-    sin_cached: torch.Tensor
-    slot_mapping: torch.Tensor
+    positions: torch.Tensor  # [T] int64
+    cos_cached: torch.Tensor  # [P, D] float32, the model's rotary table
+    sin_cached: torch.Tensor  # [P, D] float32
+    slot_mapping: torch.Tensor  # [T] int64 K/V slots; negative: a padding row
 
 
 @dataclass(frozen=True)
 class DecodeMeta:
-    """The single-token rows of a step: ``block_tables [B, nblk]`` (padded with 0) and
-    ``context_lens [B]`` (the new token included), int64; ``max_context_len`` an upper
-    bound of the lengths known on the host (``None``: the table width × block size);
-    ``window``: a sliding window, as in :class:`PrefillMeta`."""
+    """The single-token rows of a step; ``window`` as in :class:`PrefillMeta`."""
 
-    block_tables: torch.Tensor
-    context_lens: torch.Tensor
-    max_context_len: int | None = None
+    block_tables: torch.Tensor  # [B, nblk] int64, padded with 0
+    context_lens: torch.Tensor  # [B] int64, the new token included
+    max_context_len: int | None = None  # host-side bound; None: table width × block size
     window: int | None = None
 
 
 @dataclass(frozen=True)
 class ExpertWeights:
-    """The stacked weights of a rank's ``E`` experts (an MoE layer's, see
-    :mod:`model_shards.layers.moe`): ``w13 [E, 2I, H]`` (each expert's gate rows, then its
-    up rows), ``w2 [E, H, I]`` (down); ``packed13`` / ``packed2``: per expert, what
-    :meth:`Backend.pack_linear` returned for ``w13[e]`` / ``w2[e]`` (empty: not packed)."""
+    """The stacked weights of this rank's ``E`` experts (:mod:`model_shards.layers.moe`)."""
 
-    w13: torch.Tensor
-    w2: torch.Tensor
-    packed13: tuple[object | None, ...] = ()
-    packed2: tuple[object | None, ...] = ()
+    w13: torch.Tensor  # [E, 2I, H]: each expert's gate rows, then its up rows
+    w2: torch.Tensor  # [E, H, I]: down
+    packed13: tuple[object | None, ...] = ()  # per expert, pack_linear(w13[e]); (): not packed
+    packed2: tuple[object | None, ...] = ()  # per expert, pack_linear(w2[e])
 
     @property
     def num_experts(self) -> int:
@@ -115,12 +98,10 @@ class ExpertWeights:
 
 
 class Backend(ABC):
-    """The ops of a model's forward pass and of sampling. Subclasses override what they
-    accelerate; each method's docstring is the contract every backend meets."""
+    """The ops of a forward pass and of sampling; each docstring is every backend's contract."""
 
     name: str = "abstract"
-    # whether the sampler keeps the logits on the device and samples them batched there
-    # (model_shards.worker.sampling_batch) instead of row by row on the host
+    # sample batched on the device (model_shards.worker.sampling_batch), not row by row on host
     samples_on_device: bool = False
 
     # ---- norms and activations -------------------------------------------------------
@@ -141,13 +122,11 @@ class Backend(ABC):
     def rotary_and_cache(
         self, qkv: torch.Tensor, step: RotaryStep, pool: KVPool, heads: tuple[int, int]
     ) -> torch.Tensor:
-        """``qkv: [T, (nh + 2 nkv) * D]`` with ``heads = (nh, nkv)`` → rotated
-        ``q: [T, nh, D]``.
+        """``qkv: [T, (nh + 2 nkv) * D]``, ``heads = (nh, nkv)`` → rotated ``q: [T, nh, D]``.
 
-        RoPE (half-split layout, ``step.cos/sin_cached: [P, D]`` float32 indexed by
-        ``step.positions [T]``) on q and k; k and v are stored in ``pool`` at
-        ``step.slot_mapping [T]`` (a negative slot: the row is padding and nothing is
-        stored). ``qkv`` may be rotated in place and ``q`` be a view of it."""
+        RoPE (half-split layout) on q and k at ``step.positions``; k and v are stored in
+        ``pool`` at ``step.slot_mapping`` (negative: padding, not stored). ``qkv`` may be
+        rotated in place and ``q`` be a view of it."""
 
     @abstractmethod
     def decode_attention(
@@ -160,15 +139,11 @@ class Backend(ABC):
     ) -> torch.Tensor:
         """Single-token queries ``q: [B, nh, D]`` over their whole context → ``[B, nh, D]``.
 
-        Scores ``s = scale * q·k``, squashed to ``softcap * tanh(s / softcap)`` when
-        ``softcap`` is given (Gemma 2), softmax in float32.
-        Row ``b`` attends to positions ``0 .. meta.context_lens[b] - 1`` (only the last
-        ``meta.window`` of them with a window) through
-        ``meta.block_tables[b]`` (``[B, nblk]``); query head ``h`` reads KV head
-        ``h // (nh / nkv)``. A row with context length 0 (padding) answers zeros.
-        ``meta.max_context_len``: a host-side bound of the lengths (kernels size their
-        launch grid by it instead of reading the device; CUDA graphs pass the static
-        bound)."""
+        Scores ``s = scale * q·k``, squashed to ``softcap * tanh(s / softcap)`` if given
+        (Gemma 2), softmax in float32. Row ``b`` attends to positions
+        ``0 .. meta.context_lens[b] - 1`` (the last ``meta.window`` of them with a window);
+        query head ``h`` reads KV head ``h // (nh / nkv)``; a row of length 0 answers zeros.
+        Kernels size their grid by ``meta.max_context_len`` rather than read the device."""
 
     @abstractmethod
     def prefill_attention(
@@ -180,23 +155,20 @@ class Backend(ABC):
         out: torch.Tensor,
         softcap: float | None = None,
     ) -> None:
-        """Causal attention of every prefill chunk of a step (:class:`PrefillMeta`, its
-        window included): reads ``q: [T, nh, D]`` at the chunks' rows and writes those
-        rows of ``out: [T, nh, D]`` (other rows untouched); ``softcap`` as in
-        :meth:`decode_attention`."""
+        """Causal attention of a step's prefill chunks (:class:`PrefillMeta`): reads their rows
+        of ``q: [T, nh, D]``, writes the same rows of ``out: [T, nh, D]`` and no others;
+        ``softcap`` as in :meth:`decode_attention`."""
 
     # ---- GEMM ------------------------------------------------------------------------
     def pack_linear(self, weight: torch.Tensor) -> object | None:
-        """A faster layout of ``weight [out, in]`` for :meth:`linear`, kept beside the
-        parameter, or ``None`` where the dense weight is what this backend reads."""
+        """A faster layout of ``weight [out, in]`` for :meth:`linear`; ``None``: use the dense."""
         return None
 
     @abstractmethod
     def linear(
         self, x: torch.Tensor, weight: torch.Tensor, packed: object, bias: torch.Tensor | None
     ) -> torch.Tensor:
-        """``x [T, in]`` → ``x W^T + b: [T, out]``; ``packed`` is what :meth:`pack_linear`
-        returned for ``weight``."""
+        """``x [T, in]`` → ``x W^T + b: [T, out]``; ``packed``: ``pack_linear(weight)``."""
 
     # ---- mixture of experts ---------------------------------------------------------
     @abstractmethod
@@ -207,13 +179,11 @@ class Backend(ABC):
         topk_weights: torch.Tensor,
         topk_ids: torch.Tensor,
     ) -> torch.Tensor:
-        """The routed experts of a step: ``x [T, H]``, ``topk_ids [T, k]`` int64 indices
-        into this rank's experts (``-1``: an expert another rank holds, skipped),
-        ``topk_weights [T, k]`` float32 → ``[T, H]`` in ``x.dtype``:
+        """``x [T, H]``, ``topk_ids [T, k]`` int64 into this rank's experts (``-1``: another
+        rank's, skipped), ``topk_weights [T, k]`` float32 → ``[T, H]`` in ``x.dtype``:
         ``out[t] = sum_j w[t, j] * down_e(silu(gate_e x[t]) * up_e x[t])``, ``e = ids[t, j]``,
-        summed in float32 in ascending expert order and rounded once; a row routed to no
-        local expert answers zeros. Where the backend's GEMM computes each row on its own
-        (the cpu backend's packed GEMM), so does this: row ``t`` depends on row ``t`` only."""
+        summed in float32 in ascending expert order, rounded once; no local expert: zeros.
+        Where the backend's GEMM is row-independent (cpu packed), so is this."""
 
     # ---- sampling --------------------------------------------------------------------
     @abstractmethod
@@ -222,10 +192,9 @@ class Backend(ABC):
 
     @abstractmethod
     def exponential_race(self, probs: torch.Tensor, seeds: torch.Tensor) -> torch.Tensor:
-        """One draw per row of ``probs [S, V]`` (float32, non-negative) with ``seeds [S]``
-        int64 → ``[S]`` int64: the winner of ``argmin_i -log(u_i) / p_i`` with the
-        counter-hashed uniforms of :func:`model_shards.backends.reference.race_uniforms`.
-        A row with no positive mass answers 0."""
+        """One draw per row of ``probs [S, V]`` (float32, ≥ 0), ``seeds [S]`` int64 → ``[S]``
+        int64: ``argmin_i -log(u_i) / p_i`` with the uniforms of
+        :func:`model_shards.backends.reference.race_uniforms`; no positive mass: 0."""
 
     # ---- step lifecycle ----------------------------------------------------------------
     def graph_backend(self) -> GraphBackend | None:

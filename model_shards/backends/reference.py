@@ -1,5 +1,4 @@
-"""The reference backend: every op as plain PyTorch, the numerical specification the
-fused CPU kernels and the Triton kernels are tested against. Runs on any device."""
+"""The reference backend: plain PyTorch on any device, the numerical spec of every kernel."""
 
 from __future__ import annotations
 
@@ -28,9 +27,8 @@ def _shift_right(z: torch.Tensor, bits: int) -> torch.Tensor:
 
 
 def race_uniforms(seeds: torch.Tensor, vocab: int) -> torch.Tensor:
-    """``seeds [S]`` int64 → ``[S, vocab]`` float64 uniforms in (0, 1): token ``i``'s is
-    ``splitmix64(seed, i + 1)`` (:mod:`model_shards.splitmix`, here in wrapping int64
-    arithmetic), its top 53 bits."""
+    """``seeds [S]`` int64 → ``[S, vocab]`` float64 uniforms in (0, 1): token ``i``'s is the top
+    53 bits of ``splitmix64(seed, i + 1)`` (:mod:`model_shards.splitmix`, in wrapping int64)."""
     counters = torch.arange(1, vocab + 1, dtype=torch.int64, device=seeds.device)
     z = seeds[:, None] + counters * _int64(GOLDEN)
     for shift, multiplier in MIX_ROUNDS:
@@ -52,10 +50,9 @@ def attend(
     scale: float,
     softcap: float | None,
 ) -> torch.Tensor:
-    """``q: (B, nh, L, D)`` over ``k, v: (B, nkv, S, D)`` (grouped-query when ``nkv < nh``)
-    with a boolean ``mask`` broadcastable to ``(B, nh, L, S)`` (``None``: causal) →
-    ``(B, nh, L, D)``. Without ``softcap`` one SDPA; with it the scores are squashed to
-    ``softcap * tanh(s / softcap)`` first (transformers' eager Gemma 2), in float32."""
+    """``q: (B, nh, L, D)`` over ``k, v: (B, nkv, S, D)`` (GQA if ``nkv < nh``), boolean ``mask``
+    broadcastable to ``(B, nh, L, S)`` (``None``: causal) → ``(B, nh, L, D)``. ``softcap``
+    squashes scores to ``softcap * tanh(s / softcap)``, in float32 (transformers' Gemma 2)."""
     nh, nkv = q.shape[1], k.shape[1]
     if softcap is None:
         return F.scaled_dot_product_attention(
@@ -147,8 +144,7 @@ class ReferenceBackend(Backend):
         vd = v_pool.view(-1, bs, nkv, d).index_select(0, blocks).view(b, -1, nkv, d)
         qd, kd, vd = q.unsqueeze(2), kd.transpose(1, 2), vd.transpose(1, 2)  # (B, nh, 1, D)
         if q.device.type == "cpu" and q.dtype != torch.float32:
-            # CPU attention kernels run single-token queries ~4x slower in 16-bit
-            # than in float32, conversions included
+            # single-token queries run ~4x faster in float32 on CPU, conversions included
             qd, kd, vd = qd.float(), kd.float(), vd.float()
         span = torch.arange(kd.shape[2], device=q.device).unsqueeze(0) + first[:, None]  # [B, S]
         lens = context_lens.unsqueeze(1)  # [B, 1]

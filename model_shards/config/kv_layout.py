@@ -1,25 +1,19 @@
 """KV cache groups: which layers share a block table, and which memory they share.
 
-A model whose layers all attend to the whole context (Llama) has one group: one block
-table per sequence, every layer's K/V at the same slots. A model that interleaves
-sliding-window layers with global ones (Gemma 2 and 3) needs more: a block that has
-left a sliding layer's window is dead for that layer but alive for the global ones.
-So the layers are split into *groups* of equal size, each group of one attention type
-(a window, or ``None`` for the whole context), and each group keeps its own block table
-per sequence. A block id belongs to one group of one sequence at a time; the layers of
-different groups *share memory*: the ``j``-th layer of every group writes into buffer
-``j`` (its *slot*), so a block id costs ``group size`` layers of memory, not all of them.
+Whole-context layers alone (Llama) make one group. Interleaved sliding-window and global
+layers (Gemma 2 and 3) need more: a block that left a sliding layer's window is dead for it
+but alive for the global ones. So layers split into *groups* of equal size, each of one
+attention type (a window, or ``None``) with its own block table per sequence. A block id
+belongs to one group of one sequence at a time, and groups *share memory*: the ``j``-th layer
+of every group writes into buffer ``j`` (its *slot*), so a block costs ``group size`` layers.
 
-Group size: the smallest type's layer count (Gemma 2, alternating: half the layers per
-group, two groups; Gemma 3, five sliding to one global: ``L / 6`` layers, one global and
-five sliding groups). A type whose count the size does not divide gets one smaller last
-group. Group 0 is a whole-context group when the model has one (its block keys are the
-plain prefix hashes; the other groups' are group-tagged).
+Group size is the smallest type's layer count (Gemma 3, five sliding to one global: ``L / 6``);
+a type it does not divide gets a smaller last group. Group 0 is whole-context when the model
+has one (its block keys are the plain prefix hashes; other groups' are group-tagged).
 
-A sliding group's table keeps one entry per block of positions like any other; the
-scheduler releases the blocks wholly outside the window of every later query (entry
-``-1`` on rank 0), so a sequence holds at most ``ceil((window - 1 + chunk) / bs) + 1``
-of them. Torch-free: rank 0's scheduler and every rank read it.
+The scheduler releases a sliding group's blocks outside every later query's window (entry
+``-1`` on rank 0), so a sequence holds at most ``ceil((window - 1 + chunk) / bs) + 1`` of them.
+Torch-free: rank 0's scheduler and every rank read it.
 """
 
 from __future__ import annotations
@@ -44,11 +38,10 @@ that would change their output, before spawning)."""
 
 
 def layer_windows(cfg: ModelConfig) -> tuple[int | None, ...]:
-    """Each decoder layer's attention window (``None``: the whole context), as transformers
-    reads the config: Gemma 2 / 3 from ``layer_types`` (else their default pattern);
-    Mistral and Phi-3 on every layer; Qwen2 / Qwen3 when ``use_sliding_window``, from
-    ``layer_types`` (else the layers from ``max_window_layers`` on). A window of at least
-    ``max_position_embeddings`` can never matter: ``None``."""
+    """Each decoder layer's window (``None``: whole context), as transformers reads the config:
+    Gemma 2 / 3 from ``layer_types`` or their default pattern; Mistral and Phi-3 on every layer;
+    Qwen2 / Qwen3 with ``use_sliding_window``, from ``layer_types`` or ``max_window_layers`` on.
+    A window ``>= max_position_embeddings`` never matters: ``None``."""
     n, raw, arch = cfg.num_layers, cfg.extra, cfg.architecture
     window = raw.get("sliding_window")
     if window is None or arch not in WINDOWED_ARCHITECTURES:
@@ -72,8 +65,7 @@ def _default_types(arch: str, n: int, raw: Mapping[str, Any]) -> list[str]:
 
 @dataclass(frozen=True)
 class KVGroup:
-    """Layers sharing one block table: their window (``None``: whole context) and their
-    global indices; the ``j``-th of them writes into memory slot ``j``."""
+    """Layers (global indices) sharing one block table; the ``j``-th writes into slot ``j``."""
 
     window: int | None
     layers: tuple[int, ...]
@@ -87,8 +79,7 @@ class KVLayout:
 
     @staticmethod
     def of(windows: Sequence[int | None]) -> KVLayout:
-        """Groups for per-layer ``windows``: whole-context layers first, then each window in
-        order of first appearance, each type cut into groups of the smallest type's size."""
+        """Groups for per-layer ``windows``: whole-context first, then windows by first use."""
         types: dict[int | None, list[int]] = {}
         if None in windows:
             types[None] = []
@@ -128,11 +119,9 @@ class KVLayout:
 
 
 def peak_blocks(windows: Sequence[int | None], tokens: int, block_size: int, max_chunk: int) -> int:
-    """The most block ids one sequence of ``tokens`` KV positions holds over all KV groups
-    (``windows``, one per group), its chunks at most ``max_chunk`` tokens: a whole-context
-    group covers every position, a windowed one at most ``window - 1 + max_chunk`` of them
-    (what the last window of a chunk's first query reaches, plus the chunk), which may
-    straddle one more block."""
+    """Most block ids a sequence of ``tokens`` positions holds over KV groups ``windows``, in
+    chunks of at most ``max_chunk``: a windowed group keeps ``window - 1 + max_chunk`` positions
+    (a chunk plus its first query's window), which may straddle one more block."""
     full = -(-tokens // block_size)
     live = [
         full if w is None else min(full, -(-(w - 1 + max_chunk) // block_size) + 1) for w in windows
@@ -141,6 +130,5 @@ def peak_blocks(windows: Sequence[int | None], tokens: int, block_size: int, max
 
 
 def window_start(window: int | None, first_query: int) -> int:
-    """The first position a query at ``first_query`` or later can still attend to
-    (``kv > q - window``, transformers' sliding mask); 0 for the whole context."""
+    """First position any query at ``first_query`` or later may attend to (``kv > q - window``)."""
     return 0 if window is None else max(0, first_query - window + 1)

@@ -6,14 +6,8 @@ The engine step is three verbs — schedule, run, update::
     broadcast_plan(plan); worker.execute # every rank runs its stage
     scheduler.update(step, tokens)       # tokens back to the frontends
 
-:meth:`Coordinator.serve` wraps this in a ZMQ ROUTER loop (see
-:mod:`model_shards.messages`). While idle it broadcasts an empty plan every
-``keepalive_s`` so the workers' collective timeout only fires on a real failure.
-
-A request with a grammar (structured outputs) waits in :mod:`model_shards.engine.structured`
-until its grammar is compiled (off this loop), then is queued like any other; each
-step's plan carries the masks of its constrained sequences, and their matchers advance
-with the sampled tokens.
+A request with a grammar waits in :mod:`model_shards.engine.structured` until it compiles (off
+this loop); each plan then carries the token masks of its constrained sequences.
 """
 
 from __future__ import annotations
@@ -82,8 +76,7 @@ class Coordinator:
         keepalive_s: float = 10.0,
         model_dir: str | None = None,
     ) -> None:
-        """``model_dir``: the checkpoint's directory, whose ``tokenizer.json`` grammars are
-        compiled against (``None``: requests with a grammar are refused)."""
+        """``model_dir``: where grammars find ``tokenizer.json`` (``None``: grammars refused)."""
         self.worker = worker
         self.ps = worker.ps
         cfg = worker.model.config
@@ -121,9 +114,8 @@ class Coordinator:
     # ---- in-process API (used by serve() and by tests) ----------------------
 
     def check_request(self, req: GenerateRequest) -> str | None:
-        """Why the engine refuses ``req`` beyond the scheduler's own admission checks
-        (token ids, sampling ranges: :mod:`model_shards.engine.request_checks`; media items the
-        model's optional ``media_problem`` refuses), or ``None``."""
+        """Why the engine refuses ``req`` beyond the scheduler's checks, or ``None``
+        (:mod:`model_shards.engine.request_checks`, the model's optional ``media_problem``)."""
         problem = content_problem(req, self.vocab_size)
         check: Callable[[MediaInput], str | None] | None
         check = getattr(self.worker.model, "media_problem", None)
@@ -133,8 +125,8 @@ class Coordinator:
         return problem
 
     def add_request(self, req: GenerateRequest, client: bytes = b"") -> None:
-        """Queue ``req``; ``ValueError`` naming the problem if the engine refuses it
-        (empty or too long a prompt, ``max_tokens < 1`` and pool size: the scheduler's)."""
+        """Queue ``req``; ``ValueError`` naming the problem if refused. A constrained request
+        meets the scheduler's checks once compiled, refused then through :meth:`replies`."""
         problem = self.check_request(req)
         if problem:
             raise ValueError(problem)
@@ -146,8 +138,8 @@ class Coordinator:
         self.constraints.submit(req, client)  # the scheduler's checks once it is compiled
 
     def _admit_compiled(self) -> None:
-        """Queue the constrained requests whose grammar is ready (refuse the failed ones);
-        with nothing else to do, wait a few milliseconds for a compile first."""
+        """Queue constrained requests whose grammar is ready, refuse failed ones (idle: wait
+        a few ms for a compile first)."""
         c = self.constraints
         if c is None or not c.has_waiting():
             return
@@ -201,12 +193,8 @@ class Coordinator:
         return self._finish(launched) if launched is not None else []
 
     def pump(self) -> list[SeqUpdate]:
-        """Keep up to ``max_in_flight`` steps in the pipeline, then finish the oldest.
-
-        With ``pp > 1`` every stage works on a different micro-batch (disjoint
-        sequences: the scheduler skips sequences in flight); with one step in
-        flight this is :meth:`step`.
-        """
+        """Keep up to ``max_in_flight`` steps (micro-batches of disjoint sequences, one per
+        stage) in the pipeline, then finish the oldest."""
         self._admit_compiled()
         while len(self._in_flight) < self.max_in_flight and self.scheduler.has_schedulable():
             launched = self._launch()
@@ -273,7 +261,8 @@ class Coordinator:
         return out
 
     def keepalive(self) -> None:
-        """Broadcast an empty plan (and any pending frees) if none went out for a while."""
+        """Broadcast an empty plan (and pending frees) if none went out for ``keepalive_s``, so
+        the ranks' collective timeout fires only on a real failure."""
         if time.monotonic() - self._last_plan_at >= self.keepalive_s or (
             self.scheduler.has_pending_frees()
         ):
@@ -295,8 +284,6 @@ class Coordinator:
     def _next_step_id(self) -> int:
         self._step_id += 1
         return self._step_id
-
-    # ---- ZMQ loop -----------------------------------------------------------
 
     # ---- FrontendEngine (model_shards.engine.zmq_loop) ---------------------------
 

@@ -1,23 +1,17 @@
 """Data-parallel attention with expert-parallel MoE (the DeepSeek layout), engine side.
 
-``D`` replicas, each at tp = 1, run their own requests through attention (their own KV
-cache, scheduler and coordinator), and share the experts of their MoE layers: rank ``r``
-of the EP group holds experts ``r E/D .. (r+1) E/D - 1``, and every sparse layer of every
-step sends each token to the rank of each of its experts and back (all-to-all:
-:func:`~model_shards.layers.moe.dispatch_to_experts`, ``ShardContext.ep_comm``).
+``D`` replicas at tp = 1 run their own requests through attention (own KV cache, scheduler and
+coordinator) and share their MoE experts: EP rank ``r`` holds experts ``r E/D .. (r+1) E/D - 1``,
+and every sparse layer of every step exchanges tokens all-to-all
+(:func:`~model_shards.layers.moe.dispatch_to_experts`, ``ShardContext.ep_comm``).
 
-So every replica must join every exchange, in the same order: a step is taken by all of
-them or by none. :meth:`LockstepEngine.step` runs this replica's coordinator step when it
-has work and, when that ran no forward (nothing to do here now, or a step that scheduled
-nothing), joins each sparse layer's exchange with zero tokens
-(:meth:`~model_shards.layers.moe.SparseMoeBlock.idle`), layer by layer; the replicas
-agree before each step whether any of them has work (:meth:`LockstepEngine.any_work`,
-one all-reduce over the EP group's CPU group). Pipeline parallelism is not supported here.
+So every replica joins every exchange, in the same order: a step is taken by all or by none.
+Before each step the replicas agree whether any has work (:meth:`LockstepEngine.agree`, one
+all-reduce); a replica whose step ran no forward joins each sparse layer with zero tokens
+(:meth:`~model_shards.layers.moe.SparseMoeBlock.idle`). No pipeline parallelism.
 
-Served by ``shardserve serve -dp D --enable-expert-parallel --dp-attention``:
-:mod:`model_shards.launch.dp_attention` spawns one world of ``D`` ranks; each rank is the
-coordinator of its own replica on its own ZMQ address (the frontend routes to it like to
-an ordinary replica) and runs :func:`serve_lockstep`.
+Launched by :mod:`model_shards.launch.dp_attention` (``serve -dp D --enable-expert-parallel
+--dp-attention``): each rank coordinates its own replica on its own ZMQ address.
 """
 
 from __future__ import annotations
@@ -64,9 +58,8 @@ class LockstepEngine:
         return most == 1, most >= 2
 
     def step(self) -> list[SeqUpdate]:
-        """One lockstep step: this replica's coordinator step, or an idle one that still
-        joins every sparse layer's exchange. Call it on every replica while
-        :meth:`any_work`."""
+        """This replica's coordinator step, or an idle one that still joins every sparse
+        layer's exchange. Call it on every replica while :meth:`any_work`."""
         joined = self.blocks[0].dispatches if self.blocks else 0
         updates = self.coordinator.step() if self._has_work() else []
         if self.blocks and self.blocks[0].dispatches == joined:  # no forward ran here
@@ -76,11 +69,9 @@ class LockstepEngine:
 
 
 def serve_lockstep(engine: LockstepEngine, address: str) -> None:
-    """This replica's ZMQ service loop (like :func:`~model_shards.engine.zmq_loop.serve_frontends`),
-    stepping in lockstep with the other replicas: each round reads the frontends' messages,
-    agrees with the group (work? stopping?), then every replica steps or none does. A
-    ``Shutdown`` to any replica stops the whole group. The agreement is a collective with
-    the world's timeout, so a dead replica makes the others fail instead of hang."""
+    """This replica's ZMQ loop, in lockstep: each round reads the frontends, agrees with the
+    group (work? stopping?), then every replica steps or none does. A ``Shutdown`` to any
+    replica stops the group; the agreement's timeout makes a dead replica fail the others."""
     coord = engine.coordinator
     frontends = FrontendSocket(address)
     log.info("data-parallel attention replica serving on %s", address)

@@ -1,19 +1,12 @@
 """Opt-in time-to-first-token tracing on rank 0 (``GenerateRequest.trace``).
 
-A traced request gets ``time.monotonic_ns()`` stamps at each stage rank 0 sees
-until its first output: ``received`` (its ``SubmitBatch`` handled), ``admitted``
-(checked and queued), ``scheduled`` (first in a step), ``plan_sent`` (the step's
-plan broadcast), then the worker's ``forward_done`` (this stage's layers),
-``lm_head_done`` and ``sampled`` (pp == 1: rank 0 samples), and ``outputs_built``
-(the scheduler applied the tokens). The stamps travel back in the request's first
-``RequestOutput.trace``. ``CLOCK_MONOTONIC`` is one clock for every process of a
-host, so the frontend lays them beside its own stamps (:mod:`server.http.ttft_trace`).
-On a GPU the worker's stamps are launch times until the sampler's copy to the host
-waits for the device: ``sampled`` includes the GPU work still queued.
-
-Each stage keeps its first stamp (a prompt prefilled over several steps shows when
-its first chunk was scheduled). Untraced requests are never stored; with none open,
-every call returns at once. Pure Python; rank 0 only.
+A traced request gets ``time.monotonic_ns()`` stamps until its first output: ``received``,
+``admitted``, ``scheduled``, ``plan_sent``, the worker's ``forward_done``, ``lm_head_done`` and
+``sampled`` (pp == 1 only), then ``outputs_built``; they return in ``RequestOutput.trace``.
+``CLOCK_MONOTONIC`` is shared by a host's processes, so :mod:`server.http.ttft_trace` lays them
+beside the frontend's. On a GPU the worker's stamps are launch times: ``sampled`` includes the
+GPU work still queued. Each stage keeps its first stamp (a chunked prefill shows its first
+chunk). Untraced requests are never stored. Pure Python; rank 0 only.
 """
 
 from __future__ import annotations
@@ -41,8 +34,7 @@ class RequestTraces:
         self._open[request_id] = {"received": received_ns, "admitted": time.monotonic_ns()}
 
     def mark(self, sequences: Iterable[Sequence], stage: str, at_ns: int | None = None) -> None:
-        """Stamp ``stage`` (now, or ``at_ns``) on the traced requests among ``sequences``,
-        unless they already have it."""
+        """Stamp ``stage`` (now, or ``at_ns``) on traced ``sequences`` that lack it."""
         if not self._open:
             return
         now = time.monotonic_ns() if at_ns is None else at_ns

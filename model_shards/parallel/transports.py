@@ -1,14 +1,9 @@
-"""The same-host transports of a replica whose ranks are CPU processes of one host.
+"""Same-host transports for a replica whose ranks are CPU processes of one host.
 
-* :class:`~model_shards.parallel.shm_all_reduce.ShmAllReduce`: TP all-reduces through
-  one ``/dev/shm`` segment instead of gloo;
-* :class:`~model_shards.parallel.local_links.LocalLinks`: step plans, stage
-  activations and sampled tokens rank to rank over Unix sockets instead of gloo.
-
-:func:`open_same_host` makes them after the process groups exist (both agree over the
-groups that every rank can use them, else stay off); :class:`SameHostTransports` is
-what :class:`~model_shards.parallel.comm.Comm` routes through. GPU ranks have neither:
-their tensors go over NCCL.
+:class:`~model_shards.parallel.shm_all_reduce.ShmAllReduce` (TP all-reduces through one
+``/dev/shm`` segment) and :class:`~model_shards.parallel.local_links.LocalLinks` (step plans,
+activations and sampled tokens over Unix sockets) replace gloo; each is on for every rank or
+for none. :class:`~model_shards.parallel.comm.Comm` routes through them; GPU ranks use NCCL.
 """
 
 from __future__ import annotations

@@ -1,16 +1,13 @@
 """Every rank's step executor: run this stage of the model on a :class:`StepPlan`.
 
-Data flow of one step (the same plan on every rank):
+One step, the same plan on every rank:
 
-1. drop the block tables of freed sequences, extend block tables;
-   the sampling rank registers new sequences, records fed tokens and takes the
-   step's grammar masks;
-2. first stage embeds the plan's token ids, later stages receive the previous
-   stage's hidden states ``[T, H]``;
+1. drop freed sequences' block tables, extend the others; the sampling rank registers new
+   sequences, the fed tokens and the step's grammar masks;
+2. the first stage embeds the token ids, later stages receive hidden states ``[T, H]``;
 3. run this stage's layers (TP all-reduces inside), writing K/V into the pool;
-4. non-last stages send ``[T, H]`` on; the last stage computes logits for each
-   sampled chunk's final token, its TP rank 0 samples and sends the result to
-   global rank 0 (see :func:`_send_result` for the wire order).
+4. non-last stages send ``[T, H]`` on; the last computes logits of each sampled chunk's final
+   token, and its TP rank 0 samples and sends the result to global rank 0 (:func:`_send_result`).
 """
 
 from __future__ import annotations
@@ -103,13 +100,10 @@ def kv_cache_blocks(
     *,
     graphs: bool,
 ) -> int:
-    """Blocks this rank's memory budget allows, agreed (minimum) over the whole replica.
-
-    Budget: ``--kv-cache-memory``; else on GPU what :mod:`model_shards.worker.gpu_memory`
-    leaves of ``--gpu-memory-utilization`` (one forward's peak, a VLM's vision tower
-    over one step's largest media, and the graph pool measured); else 1 GiB. Never more
-    than ``max_num_seqs`` full-length sequences need.
-    """
+    """Blocks this rank's budget allows, agreed (minimum) over the replica, at most what
+    ``max_num_seqs`` full-length sequences need; ``ValueError`` if too few for one. Budget:
+    ``--kv-cache-memory``, else on GPU what :mod:`model_shards.worker.gpu_memory` leaves of
+    ``--gpu-memory-utilization``, else 1 GiB."""
     ps = comm.ps
     layout = KVLayout.for_model(cfg)
     buffers = layout.slots_on(range(model.model.start, model.model.end))
@@ -182,8 +176,7 @@ class Worker:
         self.graphs: DecodeGraphs | None = None  # set by build() on a backend with graphs
         self.bytes_loaded = 0
         self.pending = Pending()  # non-blocking sends in progress
-        # time.monotonic_ns() when the last step's forward / LM head / sampling ended
-        # (those it ran), for rank 0's opt-in TTFT trace (model_shards.engine.request_trace)
+        # monotonic ns at which the last step's forward / LM head / sampling ended (request_trace)
         self.step_stamps: dict[str, int] = {}
         # a vision-language model's first stage: images of its sequences, encoder cache
         self.media = MediaInputs(model, ps.device) if _takes_images(model, ps) else None  # type: ignore[arg-type]
@@ -199,10 +192,8 @@ class Worker:
         ops: Backend | None = None,
         ep_comm: Comm | None = None,
     ) -> Worker:
-        """Build this rank's stage, load its slices of the checkpoint, size the KV pool.
-
-        ``ops``: the backend (default: :func:`select_backend` for the rank's device);
-        ``ep_comm``: data-parallel attention's expert group (``ShardContext.ep_comm``)."""
+        """Build this rank's stage, load its checkpoint slices, size the KV pool. ``ops``: the
+        backend (default: :func:`select_backend`); ``ep_comm``: DP attention's expert group."""
         ps = comm.ps
         dtype = resolve_dtype(replica.dtype, cfg, ps.device)
         if ops is None:
@@ -247,11 +238,8 @@ class Worker:
 
     @torch.inference_mode()
     def execute(self, plan: StepPlan, wait: bool = True) -> StepResult | None:
-        """Run this rank's stage of one step.
-
-        On global rank 0 returns the step's result — when it is the sampler, or
-        ``wait`` (else call :meth:`collect` later, in plan order). ``None`` elsewhere.
-        """
+        """Run this rank's stage of one step. Global rank 0 gets the result if it is the sampler
+        or ``wait`` (else :meth:`collect` it later, in plan order); other ranks get ``None``."""
         ps = self.ps
         for seq_id in plan.freed_seq_ids:
             self.kv.free(seq_id)
@@ -299,12 +287,9 @@ class Worker:
         return None
 
     def _forward(self, chunks: list[SeqChunk], graphed: bool) -> torch.Tensor:
-        """This stage's pass over the step: ``[T, H]``; when ``graphed`` (a decode-only
-        step replaying a captured graph) on the last stage the logits ``[T, V]`` (the LM
-        head is inside the graph).
-
-        The step's metadata is built before a later stage waits for its activations, so
-        that host work overlaps the previous stage's compute."""
+        """This stage's pass: ``[T, H]``, or logits ``[T, V]`` on the last stage when ``graphed``
+        (a decode-only step replaying a graph that holds the LM head). The metadata is built
+        before waiting on the previous stage, so host work overlaps its compute."""
         ps = self.ps
         batch = None if graphed else ForwardBatch.build(chunks, self.kv)
         if batch is not None and self.positions is not None:

@@ -1,27 +1,18 @@
 """The frontend's connection to one replica's rank 0 (asyncio ZMQ DEALER).
 
-Lifecycle: :meth:`EngineClient.connect` sends ``Hello`` and waits for
-``EngineReady``, then starts three tasks on the running loop:
+:meth:`EngineClient.connect` sends ``Hello``, waits for ``EngineReady`` and starts three tasks:
 
-* a sender draining one outbound queue, so frames go out in order
-  (a ``SubmitBatch`` always precedes the ``AbortRequests`` for its requests)
-  and an abort can be queued without awaiting (safe from ``finally`` blocks
-  of cancelled tasks);
-* a receiver dispatching each ``RequestOutput`` into its request's queue;
-* a watchdog: :meth:`EngineClient.check_liveness` (polling ``is_alive``, the
-  replica's processes) every ``liveness_interval_s`` (0.5 s) when the frontend
-  started them, naming the dead rank and its exit signal through
-  ``describe_death``, else (an engine elsewhere, ``--engine``) a heartbeat
-  sending ``Hello`` every ``heartbeat_s``: an engine that sends nothing for
-  ``heartbeat_timeout_s`` is dead.
+* a sender draining one outbound queue: frames leave in order (a ``SubmitBatch`` precedes the
+  aborts of its requests) and an abort never awaits (safe in a cancelled task's ``finally``);
+* a receiver routing each output to its request's queue;
+* a watchdog polling ``is_alive`` every ``liveness_interval_s`` when the frontend started the
+  replica, else (``--engine``) a ``Hello`` every ``heartbeat_s``, the engine dead after
+  ``heartbeat_timeout_s`` of silence.
 
-:meth:`generate` yields a request's outputs until one carries a
-``finish_reason``. Closing it early (client gone, stop string hit) aborts the
-request. A refused request raises :class:`EngineRequestError`; a fatal
-``EngineError`` or a dead replica fails every pending request with
-:class:`EngineDeadError` and :attr:`healthy` turns false for good.
-Outputs for unknown (e.g. already aborted) request ids are dropped.
-Each ``StepOutputs.stats`` goes to ``on_stats`` (for ``/metrics``).
+:meth:`generate` yields outputs until one has a ``finish_reason``; closing it early aborts the
+request. A refusal raises :class:`EngineRequestError`; a fatal ``EngineError`` or a dead replica
+fails every pending request with :class:`EngineDeadError`, and :attr:`healthy` turns false for
+good. Outputs of unknown (e.g. aborted) request ids are dropped.
 """
 
 from __future__ import annotations
@@ -149,9 +140,8 @@ class EngineClient:
         return self.info is not None and self._dead_reason is None and not self._closed
 
     def check_liveness(self) -> bool:
-        """Poll ``is_alive`` now (when given); if the replica's processes are gone, mark
-        the client dead for good (naming the death, failing every pending request with
-        :class:`EngineDeadError`). Returns :attr:`healthy` after the check."""
+        """Poll ``is_alive`` (when given) and, if the replica is gone, mark this client dead for
+        good, failing pending requests with :class:`EngineDeadError`; return :attr:`healthy`."""
         if self.healthy and self._is_alive is not None and not self._is_alive():
             death = self._describe_death() if self._describe_death is not None else None
             self._mark_dead(death or "replica processes exited")
@@ -169,11 +159,8 @@ class EngineClient:
     # ---- lifecycle -----------------------------------------------------------
 
     async def connect(self, timeout_s: float = 300.0, poll_s: float = 0.2) -> EngineReady:
-        """Send ``Hello`` and wait for ``EngineReady``.
-
-        Raises :class:`EngineDeadError` if ``is_alive`` turns false or the engine
-        reports a fatal error first, ``TimeoutError`` after ``timeout_s``.
-        """
+        """Send ``Hello`` and wait for ``EngineReady``; :class:`EngineDeadError` if the replica
+        dies or reports a fatal error first, ``TimeoutError`` after ``timeout_s``."""
         if self.info is not None:
             return self.info
         await self._sock.send(encode(Hello()))
@@ -206,11 +193,8 @@ class EngineClient:
         return ready
 
     async def close(self, *, send_shutdown: bool = False, drain_s: float = 1.0) -> None:
-        """Fail pending requests, optionally send ``Shutdown``, and release the socket.
-
-        Idempotent. ``Shutdown`` is best-effort: it waits at most ``drain_s`` for
-        queued frames to leave.
-        """
+        """Fail pending requests, optionally send ``Shutdown`` (best-effort: queued frames get
+        at most ``drain_s`` to leave) and release the socket. Idempotent."""
         if self._closed:
             return
         self._closing = True

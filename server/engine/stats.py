@@ -1,21 +1,11 @@
 """Engine counters from every replica, summed into the ``/metrics`` engine gauges.
 
-Each replica's rank 0 sends :class:`~model_shards.messages.EngineStats` with
-every ``StepOutputs``. :class:`EngineStatsBoard` keeps the latest per replica
-and, on each update, sets (over all replicas):
-
-* ``shardserve_kv_cache_usage_ratio`` = blocks used / blocks in total;
-* ``shardserve_prefix_cache_hit_rate`` = prompt tokens served from the prefix
-  cache / (those + prompt tokens computed);
-* ``shardserve_num_preemptions_total`` advanced by the summed preemption count
-  (:meth:`~server.http.metrics.Metrics.record_engine_stats` re-bases it when a
-  restarted replica starts again from 0);
-* MoE models: ``shardserve_moe_expert_tokens_total{layer,expert}`` and
-  ``shardserve_moe_expert_load_imbalance{layer}`` from the per-expert counts rank 0
-  samples about once a second (each replica's latest kept, summed).
-
-:meth:`EngineStatsBoard.forget` drops a replica that went away (its KV blocks
-went with it).
+:class:`EngineStatsBoard` keeps each replica's latest :class:`~model_shards.messages.EngineStats`
+(sent with every ``StepOutputs``) and sets, over all replicas: KV cache usage (blocks used /
+total), the prefix-cache hit rate (hit tokens / (hit + computed prompt tokens)), the preemption
+total (:meth:`~server.http.metrics.Metrics.record_engine_stats` re-bases it when a replica
+restarts from 0) and, for MoE models, per-expert token counts (each replica's latest sample,
+summed). :meth:`EngineStatsBoard.forget` drops a replica that went away, with its KV blocks.
 """
 
 from __future__ import annotations

@@ -1,29 +1,16 @@
 """The FastAPI application: routes only; the work is in the route modules.
 
-:func:`build_app` is a factory (no module globals): everything a route needs
-is captured from its arguments. Routes:
+:func:`build_app` is a factory (no module globals): the front door, then one ``_add_*`` function
+per route family. ``POST /v1/completions`` (:mod:`server.api.completions`) and
+``/v1/chat/completions`` (:mod:`server.api.chat`) answer JSON or SSE; ``POST /v1/embeddings``
+needs an encoder replica; ``GET /health`` is 503 unless the engine is ready and the replica
+alive; ``GET /v1/models`` and ``GET /metrics`` (Prometheus) complete the set.
 
-* ``POST /v1/completions`` (:mod:`server.api.completions`) and
-  ``POST /v1/chat/completions`` (:mod:`server.api.chat`): JSON or SSE
-  (``stream: true``);
-* ``POST /v1/embeddings`` (:mod:`server.api.embeddings`): encoder replicas only;
-* ``GET /v1/models``: the one served model, with ``max_model_len`` and its ``modalities``;
-* ``GET /health``: 200 when the engine is ready and the replica alive, else 503;
-* ``GET /metrics``: Prometheus text (:mod:`server.http.metrics`).
-
-Every request first passes the front door (:mod:`server.http.middleware`:
-request id, API key, body size, draining, metrics). Order of checks for a
-generation: body (400) → model name (404) → engine serviceable (503) →
-vocabulary/context (400) → load shedding (429 + ``Retry-After``,
-:mod:`server.http.limits`) → generation, ended by ``request_timeout_s`` if set
-(504, or an SSE error event once streaming). An embedding request goes the
-same way: body → model → engine → task and inputs (400) → shedding (its input
-tokens) → embedding, ended by ``request_timeout_s`` (504). A request whose
-client disconnects is aborted on the engine, streamed or not. Request bodies
-are declared in ``/openapi.json`` (:mod:`server.http.openapi`).
-
-:func:`build_app` wires the parts: the front door, then one ``_add_*`` function
-per route family.
+Every request first passes the front door (:mod:`server.http.middleware`). A generation is then
+checked in order: body (400) → model name (404) → engine serviceable (503) → vocabulary/context
+(400) → load shedding (429 + ``Retry-After``, :mod:`server.http.limits`), and ended by
+``request_timeout_s`` (504, or an SSE error event once streaming). An embedding checks its task
+and inputs in place of vocabulary/context. A client that disconnects aborts its request.
 """
 
 from __future__ import annotations
@@ -223,14 +210,11 @@ def build_app(
 ) -> FastAPI:
     """An OpenAI-compatible app serving ``served_model_name`` through ``engine_client``.
 
-    ``api_key`` (if set) guards every ``/v1/*`` route. ``admission`` sheds load
-    (default: no limit); ``request_timeout_s`` ends a generation or an
-    embedding request (default: never); ``lifecycle`` is the draining state the
-    CLI flips on SIGTERM. A checkpoint chat template that does not compile
-    raises ``ValueError`` here, at start-up. ``tool_call_parser`` reads ``auto`` tool
-    calls (default: the one the chat template shows, :func:`server.text.tool_parsers.detect`).
-    ``image_model``: how a vision-language model takes images (``None``: text only);
-    ``media_options``: the media flags (:mod:`server.media.multimodal`).
+    ``api_key`` guards every ``/v1/*`` route; ``admission`` sheds load (default: no limit);
+    ``request_timeout_s`` ends a generation or embedding (default: never); ``lifecycle``: the
+    draining state the CLI flips on SIGTERM; ``tool_call_parser`` reads ``auto`` tool calls
+    (default: :func:`server.text.tool_parsers.detect`); ``image_model``: how a VLM takes images
+    (``None``: text only). ``ValueError`` at start-up if the chat template does not compile.
     """
     metrics = metrics or Metrics()
     lifecycle = lifecycle or Lifecycle()

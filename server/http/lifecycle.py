@@ -1,12 +1,8 @@
-"""Draining: the state a graceful shutdown needs, shared by the front door and the CLI.
+"""Graceful-shutdown state shared by the front door and the CLI.
 
-:class:`Lifecycle` counts HTTP requests in flight (the front door enters and
-leaves it around the app, so a streamed response counts until its last byte)
-and knows whether the server is draining. While draining, the front door
-answers every new request except ``/metrics`` with a 503 and ``/health`` is
-503 too; requests already in flight run on. :meth:`Lifecycle.wait_idle`
-returns once none is left (or after its timeout), and the CLI then stops
-uvicorn.
+The front door counts each request in :class:`Lifecycle` until its last byte is sent. While
+draining it answers new requests (``/health`` included, ``/metrics`` excepted) with a 503 and
+lets those in flight finish; the CLI stops uvicorn once :meth:`Lifecycle.wait_idle` returns.
 """
 
 from __future__ import annotations

@@ -1,15 +1,11 @@
 """The current HTTP request's id, for response headers and log lines.
 
-The front door (:mod:`server.http.middleware`) sets :data:`request_id_var` for the
-duration of each request; tasks started while handling it inherit it (asyncio
-copies the context). :class:`RequestIdFilter` puts it on every log record as
-``record.request_id`` (``-`` outside a request), so a format string may use
-``%(request_id)s``.
+:mod:`server.http.middleware` sets :data:`request_id_var` per request; tasks started while
+handling it inherit it. :class:`RequestIdFilter` copies it to ``record.request_id`` (``-``
+outside a request), for ``%(request_id)s`` in log formats.
 
-:func:`posts_in_flight` counts the POST requests (the work routes) the front door
-has let in and not yet answered, in every app of this process: the batcher skips
-its window only when the request it holds is the only one (a burst of arrivals
-still travels as one batch).
+:func:`posts_in_flight` counts POSTs let in and not yet answered, over every app of this
+process: the batcher skips its window only when the request it holds is the only one.
 """
 
 from __future__ import annotations

@@ -1,20 +1,11 @@
 """Incremental detokenization: token ids in, text deltas out (vLLM's offsets scheme).
 
-Decoding each new token alone is wrong twice over: a multi-byte character
-split across tokens decodes to ``\\ufffd``, and SentencePiece-style decoders
-drop the leading space of the first token they see. So we keep two offsets
-into all ids (prompt context + output):
-
-* ``prefix_offset``: start of a short window already turned into text, decoded
-  again only as context;
-* ``read_offset``: end of that window.
-
-Each step decodes ``ids[prefix:]`` and ``ids[prefix:read]`` and emits the
-difference, unless it ends in ``\\ufffd`` (an incomplete character): then it
-waits for more tokens. :meth:`IncrementalDetokenizer.finish` flushes what is
-left, so the concatenated deltas equal the text of the output ids as decoded
-after the prompt's last few tokens (for byte-level tokenizers, exactly
-``decode(output_ids)``).
+Decoding each token alone breaks a multi-byte character split across tokens (``\\ufffd``) and
+drops a SentencePiece leading space. So each step decodes ``ids[prefix:read]`` (already
+emitted, kept as context) and ``ids[prefix:]`` and emits the difference, unless it ends in
+``\\ufffd``: then it waits for more tokens. The deltas plus
+:meth:`IncrementalDetokenizer.finish` concatenate to the output ids decoded after the prompt's
+last few tokens (for byte-level tokenizers, exactly ``decode(output_ids)``).
 """
 
 from __future__ import annotations

@@ -1,31 +1,14 @@
-"""The ``cpu`` backend: the fused C++ kernels of ``model_shards/backends/cpu/kernels`` (built by
-:mod:`.build`) and a packed GEMM for every linear layer.
+"""The ``cpu`` backend: the C++ kernels of :mod:`.build` for every op and a packed GEMM.
 
-Chosen for CPU ranks in float32 and bfloat16 when the kernels build; each op rounds
-like the reference backend and computes every row on its own, so outputs do not
-depend on batch composition. Prefill attention is the C++ kernel's (every chunk of a
-step in one call, read straight from the paged pool, windows included; Gemma 2's
-soft-capped scores take the reference's SDPA path); decode attention is the C++
-kernels', windows and soft-caps included.
+Each op rounds like the reference backend and computes every row on its own, so outputs do not
+depend on batch composition.
 
-GEMM: F.linear hands MKL a plain row-major ``W`` on every call; for the short, wide
-products of decoding (a few dozen rows against a large matrix) that runs at a third
-to a half of the machine's matmul peak. :meth:`CpuBackend.pack_linear` reorders each
-``W`` once, after loading:
+GEMM: F.linear hands MKL a row-major ``W`` on every call, which for the short, wide products of
+decoding runs at a third to a half of matmul peak; :meth:`CpuBackend.pack_linear` reorders each
+``W`` once after loading, for our own GEMM (``kernels/gemm.cpp``) or oneDNN's blocked layout.
 
-* float32 on AVX-512 and bfloat16 on AVX-512 BF16: our own GEMM
-  (``kernels/gemm.cpp``), 10-25% faster than oneDNN's on decode-sized batches
-  and as fast on prefill;
-* bfloat16 on AVX2 (AMD Zen 2/3, older Intel): our GEMM's AVX2 tiles
-  (``kernels/gemm_avx2.h``): oneDNN has no bfloat16 GEMM there;
-* otherwise: oneDNN's blocked layout, 1.5-3x faster than F.linear on decode-sized
-  batches.
-
-Either way the result of a row does not depend on the other rows of the batch.
-
-MoE (:meth:`CpuBackend.fused_moe`): the step's (token, expert) pairs sorted by expert, so
-each expert's rows are contiguous; one packed GEMM per expert over its rows for gate/up,
-one fused SiLU-and-mul over all rows, one GEMM per expert for down, one weighted scatter-add.
+MoE (:meth:`CpuBackend.fused_moe`): the (token, expert) pairs sorted by expert, one packed GEMM
+per expert for gate/up and for down, one SiLU-and-mul over all rows, one weighted scatter-add.
 """
 
 from __future__ import annotations
@@ -98,8 +81,7 @@ class CpuBackend(ReferenceBackend):
         out: torch.Tensor,
         softcap: float | None = None,
     ) -> None:
-        """The C++ kernel over the paged pool; soft-capped scores (Gemma 2) take the
-        reference's path."""
+        """The C++ kernel; soft-capped scores (Gemma 2) take the reference's path."""
         if softcap is not None:
             super().prefill_attention(q, pool, meta, scale, out, softcap)
             return
@@ -118,10 +100,8 @@ class CpuBackend(ReferenceBackend):
         )
 
     def pack_linear(self, weight: torch.Tensor) -> PackedGemm | None:
-        """Our GEMM's panels where it is the faster one: its AVX-512 tiles, or its AVX2 tiles
-        in bfloat16 (oneDNN has no bfloat16 GEMM without AVX-512 BW or AVX-NE-CONVERT, and
-        F.linear runs 3-7x slower); in float32 on AVX2 oneDNN's (measured ~15% faster than
-        our AVX2 tiles on the bench model's layers, LM head included: ``kernels/gemm_avx2.h``)."""
+        """Our GEMM's panels on AVX-512, or on AVX2 in bfloat16 (oneDNN has no bfloat16 GEMM
+        there); oneDNN's layout for float32 on AVX2 (~15% faster than our AVX2 tiles)."""
         weight = weight.detach()
         isa = str(self._ops.gemm_isa(weight.dtype))
         onednn = _onednn_available()

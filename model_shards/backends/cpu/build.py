@@ -1,37 +1,13 @@
-"""The ``cpu`` backend's fused kernels, compiled from the C++ sources of
-``model_shards/backends/cpu/kernels/`` (listed in that package's docstring) once per machine.
+"""Build and load the ``cpu`` backend's C++ kernels (:mod:`model_shards.backends.cpu.kernels`).
 
-Decoding a small batch on CPU spends as long in the ~50 small PyTorch ops per
-layer (norms, rotary, K/V gather, attention, SiLU) as in the GEMMs. The ops
-of ``cpu_ops.cpp`` and ``decode_attention.cpp`` do that work in one pass each:
+A small decode batch on CPU spends as long in ~50 small PyTorch ops per layer as in the GEMMs;
+the kernels fuse those ops, round like :mod:`model_shards.backends.reference` and compute each
+row on its own, so outputs do not depend on batch composition.
 
-* ``rms_norm(x, residual?, w, eps)``: (residual += x, then) RMSNorm;
-* ``rotary_and_cache(qkv, positions, cos, sin, k_pool, v_pool, slots, nh, nkv)``:
-  RoPE on q and k in place, K/V written to their cache slots;
-* ``decode_attention(q, k_pool, v_pool, block_tables, lens, block_size, scale)``:
-  single-token attention read straight from the paged pool (no gather); with
-  AVX-512 (float32) or AVX-512 BF16 (bfloat16) it runs the vectorized kernel of
-  ``decode_attention_avx512.cpp``, and ``vectorized=False`` selects the portable one;
-* ``prefill_attention(q, k_pool, v_pool, out, block_tables, q_starts, q_lens,
-  start_positions, block_size, scale, window)`` (``prefill_attention*.cpp``): causal
-  attention of every prefill chunk of a step, written into ``out``, read straight from
-  the paged pool (prefix-cached context and sliding windows included);
-* ``silu_and_mul(x)``: ``silu(gate) * up``;
-* ``argmax(x)``: the row argmax of greedy sampling.
-
-``sampling_ops.cpp`` holds ``exponential_race(probs, seeds)``, the random draw of
-sampling (one per row), and ``gemm.cpp`` (with ``gemm_avx2.h``) the float32 and bfloat16
-GEMM of the linear layers (``pack_gemm``, ``gemm``, ``gemm_isa``; see
-:mod:`model_shards.backends.cpu.backend`).
-
-They round like the reference backend (:mod:`model_shards.backends.reference`) and
-compute each row on its own, so outputs do not depend on batch composition.
-
-The extension is built with the machine's C++ compiler (ninja, ``-march=native``)
-into torch's extension cache, under a name that includes this CPU's feature
-flags, once per machine (~15 s; ``make install`` does it ahead of time). Where it
-cannot be built, or with ``SHARDSERVE_CPU_KERNELS=0``, the backend selection picks the
-reference backend instead, with a warning. Only CPU ranks ever build it.
+Built once per machine (``make install`` does it ahead of time) with ninja and
+``-march=native`` into torch's extension cache, under a name tagged with this CPU's feature
+flags. If it cannot be built, or with ``SHARDSERVE_CPU_KERNELS=0``, backend selection warns
+and falls back to the reference backend. Only CPU ranks build it.
 """
 
 from __future__ import annotations
@@ -65,8 +41,7 @@ KERNEL_DTYPES = (torch.float32, torch.bfloat16)  # the dtypes the kernels serve
 
 
 def _cpu_tag() -> str:
-    """Changes with the CPU's feature flags, so a ``-march=native`` build is never reused
-    on a machine that lacks its instructions."""
+    """A hash of the CPU's feature flags, so a ``-march=native`` build never loads elsewhere."""
     try:
         flags = next(
             line
@@ -79,16 +54,15 @@ def _cpu_tag() -> str:
 
 
 def _headers_tag() -> str:
-    """Changes with the headers' text: torch re-builds an extension when a source or a flag
-    changes, and this tag in the flags brings the headers in."""
+    """A hash of the headers, passed as a flag: torch rebuilds on source or flag changes only."""
     text = b"".join(path.read_bytes() for path in HEADERS)
     return hashlib.sha256(text).hexdigest()[:10]
 
 
 @cache
 def build_and_load() -> bool:
-    """Build the extension (first time on this machine: puts ninja on ``PATH`` and runs the
-    compiler) and load it into this process; ``False`` if unavailable or turned off."""
+    """Build (once per machine) and load the extension; ``False`` if unavailable or turned off.
+    Puts ninja on this process's ``PATH``."""
     if os.environ.get("SHARDSERVE_CPU_KERNELS", "1") == "0":
         return False
     if platform.machine() not in ("x86_64", "AMD64", "aarch64", "arm64"):

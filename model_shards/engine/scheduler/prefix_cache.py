@@ -1,19 +1,12 @@
 """Content addressing of full KV blocks, and the LRU set of blocks nobody holds.
 
-A full block is named by a chained hash: ``sha256(parent_digest || tokens)``
-with the tokens packed as little-endian int64, ``parent_digest`` being the
-previous block's hash (empty for the first block). Equal hashes therefore mean
-equal *prefixes*, not just equal blocks, and the hash is the same in every
-process and on every run (unlike ``hash()`` of ``str``). SHA-256 makes a
-collision, which would silently serve another prompt's KV, negligible.
+A full block is named by ``sha256(parent_digest || tokens)`` (tokens as little-endian int64,
+the previous block's digest empty for the first): equal hashes mean equal *prefixes*, in every
+process and run. SHA-256 makes a collision, which would serve another prompt's KV, negligible.
 
-:class:`PrefixCache` maps hash ↔ block id for blocks whose tokens have been
-computed. One cache serves every KV group: a block of group ``g > 0`` is keyed
-by its hash tagged with ``g`` (:func:`.group_hits.group_hash`). A cached block
-whose reference count fell to 0 is *parked*: still reusable by a later hit,
-and evictable in least-recently-released order when the pool needs fresh
-blocks. Reference counts themselves live in
-:class:`~model_shards.engine.scheduler.block_manager.BlockManager`.
+One :class:`PrefixCache` serves every KV group (:func:`.group_hits.group_hash` tags the keys of
+groups ``g > 0``). A cached block nobody holds is *parked*: reusable by a hit, evicted least
+recently released first. Reference counts live in :class:`.block_manager.BlockManager`.
 """
 
 from __future__ import annotations
@@ -27,9 +20,8 @@ BlockHash = bytes
 
 
 def hash_block(parent: BlockHash | None, tokens: Sequence[int], extra: bytes = b"") -> BlockHash:
-    """The chained content hash of one full block (see the module docstring). ``extra``:
-    what else the block's K/V depends on (the content hashes of the images whose
-    placeholders it holds, see ``Sequence.block_hashes``), hashed after the tokens."""
+    """The chained hash of one full block; ``extra`` (hashed after the tokens): what else its
+    K/V depends on, the hashes of images whose placeholders it holds."""
     h = hashlib.sha256(parent or b"")
     h.update(struct.pack(f"<{len(tokens)}q", *tokens))
     h.update(extra)

@@ -1,55 +1,27 @@
 """Continuous batching with chunked prefill over a paged, prefix-cached KV pool.
 
-One step (``schedule``) packs, within ``max_num_seqs`` sequences and
+One step (:meth:`Scheduler.schedule`) packs, within ``max_num_seqs`` sequences and
 ``max_num_batched_tokens`` tokens:
 
 1. every running *decode* (1 token each), oldest admission first;
 2. the next chunk of every running, partially prefilled sequence;
-3. new (or preempted) waiting sequences, first come first served: each starts
-   after its prefix-cache hit and gets as much of its prompt as the token
-   budget allows. The rest of the prompt follows in later steps (chunked
-   prefill, ``sample=False`` until the chunk that reaches the last token).
-   A sequence whose next full prompt block a running sequence is computing
-   right now (``n > 1`` choices of one prompt, identical prompts) waits until
-   that block is cached, then shares it.
+3. waiting sequences (new or preempted), first come first served, each from the end of its
+   prefix-cache hit with as much of its prompt as the budget allows (``sample=False`` until
+   the chunk that reaches the last token). A sequence whose next full prompt block a running
+   one is computing right now (``n > 1`` choices, identical prompts) waits to share it.
 
-KV blocks are taken as tokens are scheduled. When a running sequence needs
-a block and none is free (after evicting parked cached blocks), the newest
-running sequence not already in this step is *preempted*: its blocks are
-released, its id goes out in this step's ``freed_seq_ids`` (ranks drop it
-before running chunks), and it returns to the front of the waiting queue with
-its output so far. Resumed, it is announced again with ``NewSequence`` and
-recomputed over prompt + output (the ranks' sampler is deterministic per
-position, so the output continues unchanged). No new sequence is admitted in
-a step that preempted.
+A running sequence short of a block preempts the newest one not in this step (:mod:`.decode`);
+resumed, that one is recomputed over prompt + output, unchanged because the ranks' sampler is
+deterministic per position. No sequence is admitted in a step that preempted.
 
-Several steps may be in flight (pipeline micro-batches): a sequence in an
-unfinished step is neither scheduled nor preempted until ``update(step,
-tokens)`` records that step's sampled tokens. ``update`` advances the KV
-cursor, offers newly computed full blocks to the prefix cache, appends
-tokens and decides finishes. Steps run on every stage in the order they were
-scheduled, so a block released by an abort can be handed to a later step at
-once.
+Several steps may be in flight (pipeline micro-batches): a sequence in an unfinished step is
+neither scheduled nor preempted until :meth:`Scheduler.update` records its tokens. Steps run on
+every stage in scheduling order, so a block released by an abort can go to a later step at
+once. Windowed KV groups release the blocks no later query reads (:mod:`.group_hits`).
 
-A model with sliding-window layers (:mod:`model_shards.config.kv_layout`) keeps one block
-table per KV group and sequence, all from the one pool; before a sequence's next
-chunk is scheduled, the blocks of its windowed tables that no query from then on can
-read are released (their ids go back to the pool at once; the ranks keep the stale
-entries, which windowed attention never reads). Prefix caching serves such models too:
-every group caches its own blocks under group-tagged hashes, and a hit is the longest
-prefix every group can serve, a windowed group holding only the blocks of the window
-before the hit's end (:mod:`.group_hits`).
-
-Invariant: a block is written only by the one sequence that holds it. Shared
-blocks are full, computed, cached blocks: a hit never covers the block of the
-last token to compute (at most ``(len - 1) // block_size`` blocks hit), and
-only full blocks are ever cached.
-
-:class:`Scheduler` is the entry point; each part of a step has its module:
-:mod:`.decode` (decodes, preemption), :mod:`.prefill` (the step's limits with
-the pipeline cap, prompt chunks), :mod:`.admission` (starting waiting
-sequences, their hits from :mod:`.group_hits`), over the shared :mod:`.state`;
-:mod:`.stats` holds the counters.
+Invariant: a block is written only by the one sequence that holds it. Shared blocks are full,
+computed and cached: a hit never covers the block of the last token to compute (at most
+``(len - 1) // block_size`` blocks hit). The parts of a step: :mod:`model_shards.engine.scheduler`.
 """
 
 from __future__ import annotations
@@ -104,14 +76,9 @@ class Scheduler:
     # ---- requests in and out ------------------------------------------------
 
     def add(self, request: GenerateRequest, client: bytes = b"") -> Sequence:
-        """Queue ``request``. ``ValueError`` if its id is live or it can never run.
+        """Queue ``request``, giving it a random seed if it has none (ranks never draw one).
 
-        "Never": an empty prompt, ``max_tokens < 1``, a prompt of
-        ``max_model_len`` tokens or more, or a sequence whose KV at its longest
-        (``min(prompt + max_tokens, max_model_len) - 1`` tokens; the last
-        sampled token is never computed) exceeds the whole pool, so that every
-        accepted sequence can finish once it runs alone.
-        A request without a seed gets a random one here: ranks never draw their own.
+        ``ValueError`` if its id is live or it could never run, even alone (:func:`fit_problem`).
         """
         self._check(request)
         sampling = request.sampling
@@ -156,12 +123,9 @@ class Scheduler:
     # ---- the step -----------------------------------------------------------
 
     def schedule(self, micro_batches: int = 1) -> ScheduledStep:
-        """Decide the next step (see the module docstring). May be empty.
-
-        ``micro_batches > 1`` (pipeline overlap): the step takes at most its
-        share of the live sequences and of the prompt backlog
-        (:func:`~model_shards.engine.scheduler.prefill.step_limits`).
-        """
+        """Decide the next step, possibly empty. With ``micro_batches > 1`` (pipeline overlap)
+        it takes at most its share of the live sequences and of the prompt backlog
+        (:func:`~model_shards.engine.scheduler.prefill.step_limits`)."""
         state = self._state
         budget, seats = step_limits(state, micro_batches)
         step = StepBuilder(budget, seats, state.take_freed())
@@ -186,12 +150,9 @@ class Scheduler:
         return bool(self.waiting) or any(s.seq_id not in in_flight for s in self.running)
 
     def update(self, step: ScheduledStep, tokens: list[int]) -> list[SeqUpdate]:
-        """Record a step's results; ``tokens``: one per ``sample`` chunk, in chunk order.
-
-        Returns one update per sampled chunk of a sequence still live (those
-        aborted meanwhile are skipped). Finished sequences release their blocks
-        now; their ids go out with the next step's ``freed_seq_ids``.
-        """
+        """Record a step's ``tokens`` (one per ``sample`` chunk, in chunk order) → one update per
+        sampled chunk of a still-live sequence. Finished sequences release their blocks now;
+        their ids go out with the next step's ``freed_seq_ids``."""
         num_sampled = sum(1 for c in step.chunks if c.sample)
         if len(tokens) != num_sampled:
             raise ValueError(f"step sampled {num_sampled} chunks but got {len(tokens)} tokens")
