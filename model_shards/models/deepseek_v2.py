@@ -12,9 +12,10 @@ The paged cache stores only ``[c ; rope(k_pe)]``: ``C + R`` values per token per
 replicated on every TP rank, instead of ``2 · nh · (N + R)``. Attention absorbs the
 up-projections: ``q_h · k_h = [W_UK,h^T q_nope,h ; rope(q_pe,h)] · [c ; rope(k_pe)]`` and
 ``Σ p v_h = W_UV,h Σ p c``, so every query (decode and prefill alike) runs as multi-query
-attention of ``nh`` absorbed ``C + R``-wide heads over the latent cache (the backend's
-paged attention, K and V the same entries), and ``W_UV`` maps the first ``C`` dims of
-each head's output back to ``V``. Scores are scaled by ``(N + R)^-1/2``.
+attention of ``nh`` absorbed ``C + R``-wide heads over the latent cache
+(:func:`~model_shards.layers.attention.paged_attention`, K and V the same entries), and
+``W_UV`` maps the first ``C`` dims of each head's output back to ``V``. Scores are scaled
+by ``(N + R)^-1/2``.
 
 RoPE is DeepSeek's interleaved one on the ``R`` rope dims: the pairs ``(2i, 2i + 1)``
 are regrouped into the half-split layout before the rotation, for ``q_pe`` and ``k_pe``
@@ -38,7 +39,7 @@ from torch import nn
 from model_shards.backends.base import RotaryStep
 from model_shards.config.model import ModelConfig
 from model_shards.config.rope import yarn_mscale
-from model_shards.layers.attention import ForwardBatch
+from model_shards.layers.attention import ForwardBatch, paged_attention
 from model_shards.layers.context import ShardContext
 from model_shards.layers.linear import ColumnParallelLinear, ReplicatedLinear, RowParallelLinear
 from model_shards.layers.norm import RMSNorm
@@ -122,14 +123,7 @@ class DeepseekV2Attention(nn.Module):
         zeros = torch.zeros_like(batch.positions)
         step = RotaryStep(zeros, self.write_cos, self.write_sin, meta.slot_mapping)
         q = self.ops.rotary_and_cache(qkv, step, pool, (self.num_heads, 1))  # [T, nh, C + R]
-        if meta.prefill is None:
-            return self.ops.decode_attention(q, pool, meta.decode, self.scale)
-        out = torch.empty_like(q)
-        if batch.decode_rows.numel():
-            rows = batch.decode_rows
-            out[rows] = self.ops.decode_attention(q[rows], pool, meta.decode, self.scale)
-        self.ops.prefill_attention(q, pool, meta.prefill, self.scale, out)
-        return out
+        return paged_attention(self.ops, q, pool, meta, batch.decode_rows, self.scale)
 
 
 class DeepseekV2DecoderLayer(MoEDecoderLayer):
