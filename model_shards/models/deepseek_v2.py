@@ -20,7 +20,7 @@ by ``(N + R)^-1/2``.
 RoPE is DeepSeek's interleaved one on the ``R`` rope dims: the pairs ``(2i, 2i + 1)``
 are regrouped into the half-split layout before the rotation, for ``q_pe`` and ``k_pe``
 alike (a permutation applied to both leaves their dot product unchanged); its tables are
-the model's (``rotary_tables``: ``R`` wide, any scaling of :mod:`model_shards.layers.rotary`).
+the model's (``R`` wide, any scaling of :mod:`model_shards.layers.rotary`).
 
 MoE (:mod:`model_shards.layers.moe`): softmax scores, top-k or group-limited top-k
 (``topk_method``), never renormalised, times ``routed_scaling_factor``, plus
@@ -44,7 +44,8 @@ from model_shards.layers.context import ShardContext
 from model_shards.layers.linear import ColumnParallelLinear, ReplicatedLinear, RowParallelLinear
 from model_shards.layers.norm import RMSNorm
 from model_shards.layers.rotary import RotaryEmbedding
-from model_shards.models.sparse_moe import MoEDecoderLayer, MoEForCausalLM
+from model_shards.models.causal_lm import DecoderLM
+from model_shards.models.sparse_moe import ExpertLayout, experts_of
 
 LATENT_NORM_EPS = 1e-6  # q_a_layernorm / kv_a_layernorm: transformers' default, not the config's
 
@@ -126,16 +127,9 @@ class DeepseekV2Attention(nn.Module):
         return paged_attention(self.ops, q, pool, meta, batch.decode_rows, self.scale)
 
 
-class DeepseekV2DecoderLayer(MoEDecoderLayer):
-    """Llama's pre-norm block around MLA, a DeepSeek MoE ``mlp`` (dense in the first layers)."""
-
-    attention_class = DeepseekV2Attention
-
-
-class DeepseekV2ForCausalLM(MoEForCausalLM):
+class DeepseekV2ForCausalLM(DecoderLM):
     """HF ``DeepseekV2ForCausalLM``: one pipeline stage on one TP rank."""
 
-    decoder_layer = DeepseekV2DecoderLayer
     # q/k/v are not fused here (only the MLPs' gate and up are)
     packed_modules_mapping: ClassVar[dict[str, tuple[str, str | int]]] = {
         "gate_proj": ("gate_up_proj", 0),
@@ -150,7 +144,12 @@ class DeepseekV2ForCausalLM(MoEForCausalLM):
             if int(cfg.extra.get(name) or 0) < 1:
                 raise ValueError(f"config.json: {name} must be a positive integer")
 
-    @staticmethod
-    def rotary_tables(cfg: ModelConfig, max_positions: int) -> RotaryEmbedding:
-        """RoPE tables of the ``qk_rope_head_dim`` rope dims (the latent is not rotated)."""
-        return RotaryEmbedding(int(cfg.extra["qk_rope_head_dim"]), max_positions, cfg.rope)
+    def __init__(
+        self, cfg: ModelConfig, ctx: ShardContext, max_positions: int, partition: str = "even"
+    ) -> None:
+        self.check_config(cfg, max_positions)
+        experts = ExpertLayout(experts_of(cfg), DeepseekV2Attention)
+        # RoPE tables of the qk_rope_head_dim rope dims (the latent is not rotated)
+        rotary = RotaryEmbedding(int(cfg.extra["qk_rope_head_dim"]), max_positions, cfg.rope)
+        layer = experts.layer
+        super().__init__(cfg, ctx, max_positions, partition, layer, rotary=rotary, experts=experts)
