@@ -21,7 +21,7 @@ from torch import nn
 from model_shards.backends.base import Backend, DecodeMeta, PrefillMeta, RotaryStep
 from model_shards.layers.rotary import RotaryEmbedding
 from model_shards.messages import SeqChunk
-from model_shards.worker.kv_cache import PagedKVCache
+from model_shards.worker.kv_cache import KVPool, PagedKVCache
 
 
 def _padded(tables: list[list[int]]) -> torch.Tensor:
@@ -187,6 +187,27 @@ class _GroupLists:
         return GroupMeta(slots, decode, prefill)
 
 
+def paged_attention(
+    ops: Backend,
+    q: torch.Tensor,
+    pool: KVPool,
+    meta: GroupMeta,
+    decode_rows: torch.Tensor,
+    scale: float,
+    softcap: float | None = None,
+) -> torch.Tensor:
+    """``q [T, nh, D]`` (this step's K/V already in ``pool``) → ``[T, nh, D]``: the decode
+    rows (``decode_rows``, single-token chunks) as one batched decode call, the prefill
+    chunks as one varlen prefill call. ``softcap``: see :class:`Attention`."""
+    if meta.prefill is None:
+        return ops.decode_attention(q, pool, meta.decode, scale, softcap)
+    out = torch.empty_like(q)  # [T, nh, D]
+    if decode_rows.numel():
+        out[decode_rows] = ops.decode_attention(q[decode_rows], pool, meta.decode, scale, softcap)
+    ops.prefill_attention(q, pool, meta.prefill, scale, out, softcap)
+    return out
+
+
 class Attention(nn.Module):
     """Paged attention of one layer. ``scale``: the score scale (``head_dim ** -0.5`` by
     default); ``softcap``: scores squashed to ``softcap * tanh(s / softcap)`` before the
@@ -220,17 +241,9 @@ class Attention(nn.Module):
         """``qkv: [T, (nh + 2 nkv) * D]`` → ``[T, nh * D]``; writes this step's K/V."""
         pool = batch.kv.pools[self.layer_idx]  # [slots, nkv, D] each
         group = batch.kv.group_of[self.layer_idx]
-        meta = batch.group(group)
         heads = (self.num_heads, self.num_kv_heads)
         step = batch.rotary_step(group, self.rotary)
         q = self.ops.rotary_and_cache(qkv, step, pool, heads)  # [T, nh, D]
-        scale, cap = self.scale, self.softcap
-        if meta.prefill is None:
-            out = self.ops.decode_attention(q, pool, meta.decode, scale, cap)
-        else:
-            out = torch.empty_like(q)  # [T, nh, D]
-            if batch.decode_rows.numel():
-                rows = batch.decode_rows
-                out[rows] = self.ops.decode_attention(q[rows], pool, meta.decode, scale, cap)
-            self.ops.prefill_attention(q, pool, meta.prefill, scale, out, cap)
+        meta = batch.group(group)
+        out = paged_attention(self.ops, q, pool, meta, batch.decode_rows, self.scale, self.softcap)
         return out.reshape(out.shape[0], self.num_heads * self.head_dim)

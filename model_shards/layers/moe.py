@@ -18,8 +18,8 @@ token, ``I`` one expert's intermediate size (``I_l`` on this rank).
     ids of other ranks' experts become ``-1`` here, and only this rank's experts are read
     from the checkpoint.
 
-* Shared expert (Qwen2-MoE, DeepSeek): a dense SiLU MLP every token goes through, gate/up
-  column-parallel, down row-parallel; Qwen2-MoE scales it per token by
+* Shared expert (Qwen2-MoE, DeepSeek): a dense SiLU MLP every token goes through
+  (:class:`~model_shards.layers.mlp.GatedMLP`, its partial sum); Qwen2-MoE scales it per token by
   ``sigmoid(shared_expert_gate(x))``.
 * Group-limited routing (DeepSeek-V2): the experts in ``num_groups`` equal groups; a token
   keeps the ``topk_groups`` groups of highest best score and picks its top ``k`` there.
@@ -51,13 +51,12 @@ from model_shards.config.moe import MoEConfig
 from model_shards.layers.context import ShardContext
 from model_shards.layers.linear import (
     HasModules,
-    MergedColumnParallelLinear,
     ReplicatedLinear,
-    RowParallelLinear,
     check_dim,
     copy_checked,
     set_weight_loader,
 )
+from model_shards.layers.mlp import GatedMLP
 from model_shards.parallel.comm import Comm, ep_all_to_all, tp_all_reduce
 from model_shards.worker.checkpoint import TensorSource
 
@@ -203,23 +202,6 @@ def dispatch_to_experts(
     return out.to(x.dtype)
 
 
-class SharedExpert(nn.Module):
-    """A dense SiLU MLP (``gate_up_proj`` column-parallel, ``down_proj`` row-parallel) whose
-    :meth:`partial` leaves the all-reduce to the caller."""
-
-    def __init__(self, hidden_size: int, intermediate_size: int, ctx: ShardContext) -> None:
-        super().__init__()
-        self.gate_up_proj = MergedColumnParallelLinear(
-            hidden_size, [intermediate_size] * 2, bias=False, ctx=ctx
-        )
-        self.down_proj = RowParallelLinear(intermediate_size, hidden_size, bias=False, ctx=ctx)
-        self.ops = ctx.ops
-
-    def partial(self, x: torch.Tensor) -> torch.Tensor:
-        """``x [T, H]`` → this rank's share of the output ``[T, H]`` (not yet summed)."""
-        return self.down_proj.gemm(self.ops.silu_and_mul(self.gate_up_proj(x)))
-
-
 class SparseMoeBlock(nn.Module):
     """Router → experts (+ shared expert) → one all-reduce: ``[T, H]`` → ``[T, H]``.
     ``part_names``: the checkpoint's names of an expert's gate, up and down matrices."""
@@ -239,7 +221,7 @@ class SparseMoeBlock(nn.Module):
         self.experts = FusedExperts(hidden_size, moe, ctx)
         self.shared_expert_gate: ReplicatedLinear | None = None
         if moe.shared_intermediate_size:  # under its checkpoint name: shared_expert(s)
-            shared = SharedExpert(hidden_size, moe.shared_intermediate_size, ctx)
+            shared = GatedMLP(hidden_size, moe.shared_intermediate_size, ctx)
             self.add_module(moe.shared_name, shared)
             if moe.shared_gate:
                 self.shared_expert_gate = ReplicatedLinear(hidden_size, 1, bias=False, ctx=ctx)
@@ -258,7 +240,7 @@ class SparseMoeBlock(nn.Module):
             out = self.experts(x, weights, ids)  # [T, H], this rank's experts
         if self.moe.shared_intermediate_size:
             shared_expert = self.get_submodule(self.moe.shared_name)
-            assert isinstance(shared_expert, SharedExpert)
+            assert isinstance(shared_expert, GatedMLP)
             shared = shared_expert.partial(x)  # [T, H], this rank's slice
             if self.shared_expert_gate is not None:
                 shared = shared * torch.sigmoid(self.shared_expert_gate(x))  # [T, 1] per token

@@ -1,7 +1,26 @@
-"""Model families, one file each, and the registry from HF architecture names.
+"""Model families, one file each, and the registry from HF architecture names
+(:data:`model_shards.config.architectures.DECODER_FAMILIES`'s) to the class of each.
 
-The names are :data:`model_shards.config.architectures.DECODER_FAMILIES`'s; this module
-only says which class implements each family.
+- ``decoder``: the protocols a family's class and model meet (worker, loader, graphs)
+- ``causal_lm``: the family classes' bases, ``CausalLM`` (the loader's) and ``DecoderLM``
+- ``stack``: this stage's layer stack, the pre-norm decoder layer, Llama's fused names
+- ``stages``: pipeline stages, which layers each builds
+- ``naming``: parameter names ↔ checkpoint names of fused projections
+- ``sparse_moe``: the MoE families' layers and the loader's view of their experts
+- ``llama``: Llama, Mistral, Qwen2
+- ``qwen3``: Qwen3 (per-head QK-norm)
+- ``gemma``: Gemma 2 and 3 (sandwich norms, soft-caps, sliding layers)
+- ``olmo2``: OLMo 2 (post-norms, QK-norm over the projection)
+- ``phi3``: Phi-3 (fused checkpoint projections, longrope, partial rotary)
+- ``gpt2``: GPT-2 (learned positions, ``Conv1D`` weights)
+- ``mixtral``: Mixtral (MoE)
+- ``qwen2_moe``: Qwen2-MoE (MoE with a gated shared expert)
+- ``qwen3_moe``: Qwen3-MoE
+- ``deepseek_v2``: DeepSeek-V2 (multi-head latent attention, grouped MoE routing)
+- ``llava``: LLaVA (CLIP tower, projector, Llama language model)
+- ``clip_vision``: the CLIP vision tower
+- ``qwen2_5_vl/``: Qwen2.5-VL (its vision tower and M-RoPE positions)
+- ``bert``: the BERT sentence encoder (embeddings)
 """
 
 from __future__ import annotations

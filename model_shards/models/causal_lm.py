@@ -1,5 +1,6 @@
-"""What every decoder family's top-level class shares with the loader: the checkpoint
-names of the whole model, which of them this stage holds, and the (possibly tied) LM head.
+"""The top-level class of a decoder family: :class:`CausalLM`, what every family shares
+with the loader, and :class:`DecoderLM`, the causal LM over a
+:class:`~model_shards.models.stack.LayerStack` that the rotary families build.
 
 Parameter names are the checkpoint's. Decoder layer ``i`` lives under
 ``{layers_prefix}.{i}.``; the embedding ``embedding_name`` and ``first_stage_names`` on
@@ -12,12 +13,20 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+import torch
 from torch import nn
 
 from model_shards.config.model import ModelConfig
+from model_shards.config.moe import moe_config
+from model_shards.layers.attention import ForwardBatch
 from model_shards.layers.context import ShardContext
+from model_shards.layers.norm import RMSNorm
+from model_shards.layers.rotary import RotaryEmbedding
 from model_shards.layers.vocab import ParallelLMHead, VocabParallelEmbedding
 from model_shards.models.naming import checkpoint_names_of
+from model_shards.models.sparse_moe import ExpertLayout
+from model_shards.models.stack import LLAMA_PACKED, LayerStack, check_llama_config
+from model_shards.models.stages import LayerFactory
 
 LM_HEAD = "lm_head.weight"
 
@@ -96,3 +105,70 @@ class CausalLM(nn.Module):
         if name == LM_HEAD or name in self.last_stage_names:
             return self.ps.is_last_stage
         return True
+
+
+class DecoderLM(CausalLM):
+    """A causal LM of Llama's layout: ``model`` (this stage's :class:`LayerStack` of
+    ``layer``) and ``lm_head``. ``rotary``: the model's RoPE tables (default: the config's
+    over ``head_dim``, positions ``0 .. max_positions - 1``); ``experts``: a MoE family's
+    layout, which the loader's hooks below follow; ``norm_class``, ``embed_scale``: the
+    stack's."""
+
+    packed_modules_mapping: ClassVar[dict[str, tuple[str, str | int]]] = LLAMA_PACKED
+    # checkpoint tensors that carry no weights (older HF exports)
+    ignored_suffixes: ClassVar[tuple[str, ...]] = ("rotary_emb.inv_freq",)
+
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        ctx: ShardContext,
+        max_positions: int,
+        partition: str,
+        layer: LayerFactory,
+        *,
+        rotary: RotaryEmbedding | None = None,
+        experts: ExpertLayout | None = None,
+        norm_class: type[RMSNorm] = RMSNorm,
+        embed_scale: torch.Tensor | None = None,
+    ) -> None:
+        super().__init__(cfg, ctx)
+        if rotary is None:
+            rotary = RotaryEmbedding(cfg.head_dim, max_positions, cfg.rope)
+        self.model = LayerStack(
+            cfg, ctx, layer, rotary, partition, norm_class=norm_class, embed_scale=embed_scale
+        )
+        self.lm_head = self.build_lm_head(ctx, self.model.embed_tokens)
+        self.expert_layout = experts
+
+    @classmethod
+    def check_config(cls, cfg: ModelConfig, max_model_len: int) -> None:
+        """``ValueError`` naming the ``config.json`` field the layers cannot serve: Llama's
+        checks (:func:`~model_shards.models.stack.check_llama_config`) and a mixture of
+        experts' fields. A family adds its own (or, with other layers, replaces these)."""
+        check_llama_config(cfg, max_model_len)
+        moe = moe_config(cfg)  # None: a dense architecture
+        if moe is not None:
+            moe.check()
+
+    def stage_layers(self) -> range:
+        return range(self.model.start, self.model.end)
+
+    def forward(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        return self.model(x, batch)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Last stage only: ``hidden [N, H]`` (pre-norm) → ``logits [N, vocab]`` in the model's
+        dtype (the sampler widens them to float32 only where a row needs more than argmax)."""
+        assert self.model.norm is not None and self.lm_head is not None
+        return self.lm_head(self.model.norm(hidden)[0])
+
+    def stacked_param_of(self, name: str) -> tuple[str, tuple[int, str] | None] | None:
+        """The loader's hook: an expert's tensor → the stacked parameter it fills."""
+        layout = self.expert_layout
+        return None if layout is None else layout.stacked_param_of(name)
+
+    def expected_checkpoint_names(self) -> set[str]:
+        names, layout = super().expected_checkpoint_names(), self.expert_layout
+        if layout is None:
+            return names
+        return layout.checkpoint_names(names, self.layers_prefix, self.config.num_layers)

@@ -1,10 +1,9 @@
-"""What a decoder model family provides: the contract the worker, the loader, the KV
-sizing (:mod:`model_shards.worker.gpu_memory`) and the decode graphs rely on.
+"""The contract of a decoder family, as the worker, the loader, the KV sizing
+(:mod:`model_shards.worker.gpu_memory`) and the decode graphs use it.
 
-A family class (``models/llama.py``: :class:`~model_shards.models.llama.LlamaForCausalLM`)
-is an ``nn.Module`` that builds one pipeline stage of the model on one TP rank; it
-matches :class:`DecoderModelClass` (its constructor) and its instances match
-:class:`DecoderModel`. Nothing inherits from these: they are checked structurally.
+A family's class (:class:`DecoderModelClass`) builds one pipeline stage on one TP rank
+(:class:`DecoderModel`). Nothing inherits from these protocols: they are checked
+structurally.
 """
 
 from __future__ import annotations
@@ -34,9 +33,8 @@ class DecoderStack(Protocol):
 
 
 class DecoderModel(LoadableModel, Protocol):
-    """One pipeline stage of a causal LM on one TP rank, ready for :func:`load_weights`
-    (``packed_modules_mapping``, ``owns``, ``expected_checkpoint_names``, … from
-    :class:`~model_shards.worker.loader.LoadableModel`)."""
+    """One pipeline stage of a causal LM on one TP rank, loadable by
+    :func:`~model_shards.worker.loader.load_weights`."""
 
     @property
     def config(self) -> ModelConfig: ...
@@ -53,8 +51,7 @@ class DecoderModel(LoadableModel, Protocol):
         ...
 
     def __call__(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
-        """``x``: token ids ``[T]`` on the first stage, else hidden ``[T, H]`` from the
-        previous stage; returns this stage's hidden states ``[T, H]``."""
+        """Token ids ``[T]`` (first stage) or hidden ``[T, H]`` → hidden ``[T, H]``."""
         ...
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -69,10 +66,9 @@ class DecoderModel(LoadableModel, Protocol):
 
 
 class StepPositions(Protocol):
-    """Optional, a model's ``step_positions`` attribute: positions that are not the
-    token's index in its sequence (M-RoPE: ``models/qwen2_5_vl_positions.py``). Every
-    rank calls :meth:`observe` with each plan, then sets the step's
-    ``ForwardBatch.rotary_rows`` to :meth:`rotary_rows` of the plan's chunks."""
+    """Optional ``step_positions`` of a model whose positions are not a token's index in
+    its sequence (M-RoPE: ``models/qwen2_5_vl/positions.py``). Every rank calls
+    :meth:`observe` with each plan, then sets ``ForwardBatch.rotary_rows``."""
 
     def observe(self, plan: StepPlan) -> None:
         """Forget the plan's freed sequences, take its new ones."""
@@ -88,13 +84,13 @@ class DecoderModelClass(Protocol):
 
     def check_config(self, cfg: ModelConfig, max_model_len: int) -> None:
         """``ValueError`` naming the ``config.json`` field the family cannot serve at
-        ``max_model_len`` tokens; cheap. The parent calls it before spawning any rank
-        (:func:`model_shards.launch.replicas.validate_replica`); the constructor calls it again."""
+        ``max_model_len`` tokens; cheap, called before any rank is spawned and again by
+        the constructor."""
         ...
 
     def __call__(
         self, cfg: ModelConfig, ctx: ShardContext, max_positions: int, partition: str = "even"
     ) -> DecoderModel:
-        """Build this rank's stage (parameters uninitialised until loaded). ``partition``:
-        layers per pipeline stage (``ModelConfig.layer_partition``)."""
+        """This rank's stage, parameters uninitialised until loaded (``partition``:
+        ``ModelConfig.layer_partition``)."""
         ...

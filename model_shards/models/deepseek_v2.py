@@ -12,14 +12,15 @@ The paged cache stores only ``[c ; rope(k_pe)]``: ``C + R`` values per token per
 replicated on every TP rank, instead of ``2 · nh · (N + R)``. Attention absorbs the
 up-projections: ``q_h · k_h = [W_UK,h^T q_nope,h ; rope(q_pe,h)] · [c ; rope(k_pe)]`` and
 ``Σ p v_h = W_UV,h Σ p c``, so every query (decode and prefill alike) runs as multi-query
-attention of ``nh`` absorbed ``C + R``-wide heads over the latent cache (the backend's
-paged attention, K and V the same entries), and ``W_UV`` maps the first ``C`` dims of
-each head's output back to ``V``. Scores are scaled by ``(N + R)^-1/2``.
+attention of ``nh`` absorbed ``C + R``-wide heads over the latent cache
+(:func:`~model_shards.layers.attention.paged_attention`, K and V the same entries), and
+``W_UV`` maps the first ``C`` dims of each head's output back to ``V``. Scores are scaled
+by ``(N + R)^-1/2``.
 
 RoPE is DeepSeek's interleaved one on the ``R`` rope dims: the pairs ``(2i, 2i + 1)``
 are regrouped into the half-split layout before the rotation, for ``q_pe`` and ``k_pe``
 alike (a permutation applied to both leaves their dot product unchanged); its tables are
-the model's (``rotary_tables``: ``R`` wide, any scaling of :mod:`model_shards.layers.rotary`).
+the model's (``R`` wide, any scaling of :mod:`model_shards.layers.rotary`).
 
 MoE (:mod:`model_shards.layers.moe`): softmax scores, top-k or group-limited top-k
 (``topk_method``), never renormalised, times ``routed_scaling_factor``, plus
@@ -38,12 +39,13 @@ from torch import nn
 from model_shards.backends.base import RotaryStep
 from model_shards.config.model import ModelConfig
 from model_shards.config.rope import yarn_mscale
-from model_shards.layers.attention import ForwardBatch
+from model_shards.layers.attention import ForwardBatch, paged_attention
 from model_shards.layers.context import ShardContext
 from model_shards.layers.linear import ColumnParallelLinear, ReplicatedLinear, RowParallelLinear
 from model_shards.layers.norm import RMSNorm
 from model_shards.layers.rotary import RotaryEmbedding
-from model_shards.models.sparse_moe import MoEDecoderLayer, MoEForCausalLM
+from model_shards.models.causal_lm import DecoderLM
+from model_shards.models.sparse_moe import ExpertLayout, experts_of
 
 LATENT_NORM_EPS = 1e-6  # q_a_layernorm / kv_a_layernorm: transformers' default, not the config's
 
@@ -122,26 +124,12 @@ class DeepseekV2Attention(nn.Module):
         zeros = torch.zeros_like(batch.positions)
         step = RotaryStep(zeros, self.write_cos, self.write_sin, meta.slot_mapping)
         q = self.ops.rotary_and_cache(qkv, step, pool, (self.num_heads, 1))  # [T, nh, C + R]
-        if meta.prefill is None:
-            return self.ops.decode_attention(q, pool, meta.decode, self.scale)
-        out = torch.empty_like(q)
-        if batch.decode_rows.numel():
-            rows = batch.decode_rows
-            out[rows] = self.ops.decode_attention(q[rows], pool, meta.decode, self.scale)
-        self.ops.prefill_attention(q, pool, meta.prefill, self.scale, out)
-        return out
+        return paged_attention(self.ops, q, pool, meta, batch.decode_rows, self.scale)
 
 
-class DeepseekV2DecoderLayer(MoEDecoderLayer):
-    """Llama's pre-norm block around MLA, a DeepSeek MoE ``mlp`` (dense in the first layers)."""
-
-    attention_class = DeepseekV2Attention
-
-
-class DeepseekV2ForCausalLM(MoEForCausalLM):
+class DeepseekV2ForCausalLM(DecoderLM):
     """HF ``DeepseekV2ForCausalLM``: one pipeline stage on one TP rank."""
 
-    decoder_layer = DeepseekV2DecoderLayer
     # q/k/v are not fused here (only the MLPs' gate and up are)
     packed_modules_mapping: ClassVar[dict[str, tuple[str, str | int]]] = {
         "gate_proj": ("gate_up_proj", 0),
@@ -156,7 +144,12 @@ class DeepseekV2ForCausalLM(MoEForCausalLM):
             if int(cfg.extra.get(name) or 0) < 1:
                 raise ValueError(f"config.json: {name} must be a positive integer")
 
-    @staticmethod
-    def rotary_tables(cfg: ModelConfig, max_positions: int) -> RotaryEmbedding:
-        """RoPE tables of the ``qk_rope_head_dim`` rope dims (the latent is not rotated)."""
-        return RotaryEmbedding(int(cfg.extra["qk_rope_head_dim"]), max_positions, cfg.rope)
+    def __init__(
+        self, cfg: ModelConfig, ctx: ShardContext, max_positions: int, partition: str = "even"
+    ) -> None:
+        self.check_config(cfg, max_positions)
+        experts = ExpertLayout(experts_of(cfg), DeepseekV2Attention)
+        # RoPE tables of the qk_rope_head_dim rope dims (the latent is not rotated)
+        rotary = RotaryEmbedding(int(cfg.extra["qk_rope_head_dim"]), max_positions, cfg.rope)
+        layer = experts.layer
+        super().__init__(cfg, ctx, max_positions, partition, layer, rotary=rotary, experts=experts)

@@ -32,20 +32,19 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from model_shards.config.kv_layout import layer_windows
 from model_shards.config.model import ModelConfig
 from model_shards.config.rope import RopeConfig, parse_rope
-from model_shards.layers.attention import Attention, ForwardBatch
+from model_shards.layers.attention import ForwardBatch
 from model_shards.layers.context import ShardContext
 from model_shards.layers.linear import copy_checked
+from model_shards.layers.mlp import GatedMLP
 from model_shards.layers.norm import RMSNorm
 from model_shards.layers.rotary import RotaryEmbedding
-from model_shards.models.causal_lm import CausalLM
-from model_shards.models.llama import LlamaAttention, LlamaForCausalLM, LlamaMLP, LlamaModel
-from model_shards.models.qwen3 import normalize_heads
+from model_shards.layers.rotary_attention import AttentionOptions, QKNorm, RotaryAttention
+from model_shards.models.causal_lm import DecoderLM
 from model_shards.worker.checkpoint import TensorSource
 
 _GELU_TANH = ("gelu_pytorch_tanh", "gelu_tanh", "gelu_new")
@@ -56,10 +55,8 @@ _LAYER_TYPES = ("full_attention", "sliding_attention")
 class GemmaOptions:
     """Gemma's own ``config.json`` fields; :meth:`parse` refuses what we cannot serve."""
 
-    query_pre_attn_scalar: float
-    attn_softcap: float | None
     final_softcap: float | None
-    qk_norm: bool  # Gemma 3
+    attention: AttentionOptions  # score scale, soft-cap, Gemma 3's per-head QK-norm
     ropes: Mapping[str, RopeConfig]  # per layer type
 
     @staticmethod
@@ -74,11 +71,16 @@ class GemmaOptions:
         if raw.get("use_bidirectional_attention"):
             raise ValueError("config.json: use_bidirectional_attention is not supported")
         gemma3 = cfg.architecture == "Gemma3ForCausalLM"
+        attention = AttentionOptions(
+            qkv_bias=cfg.attention_bias,
+            o_bias=cfg.attention_bias,
+            qk_norm=QKNorm("head", GemmaRMSNorm) if gemma3 else None,
+            scale=float(raw.get("query_pre_attn_scalar", cfg.head_dim)) ** -0.5,
+            softcap=_optional_float(raw.get("attn_logit_softcapping")),
+        )
         return GemmaOptions(
-            query_pre_attn_scalar=float(raw.get("query_pre_attn_scalar", cfg.head_dim)),
-            attn_softcap=_optional_float(raw.get("attn_logit_softcapping")),
             final_softcap=_optional_float(raw.get("final_logit_softcapping")),
-            qk_norm=gemma3,
+            attention=attention,
             ropes=_gemma3_ropes(raw) if gemma3 else dict.fromkeys(_LAYER_TYPES, cfg.rope),
         )
 
@@ -114,51 +116,6 @@ class GemmaRMSNorm(RMSNorm):
         copy_checked(param.data, source.read().float() + 1.0, source.name)
 
 
-class GemmaAttention(LlamaAttention):
-    """Llama's attention with Gemma's score scale, soft-cap, per-type rope and (Gemma 3)
-    per-head QK-norm."""
-
-    def __init__(
-        self,
-        cfg: ModelConfig,
-        layer_idx: int,
-        ctx: ShardContext,
-        options: GemmaOptions,
-        rotary: RotaryEmbedding,
-    ) -> None:
-        super().__init__(cfg, layer_idx, ctx)
-        self.attn = Attention(
-            layer_idx,
-            self.num_heads,
-            self.num_kv_heads,
-            cfg.head_dim,
-            ctx.ops,
-            scale=options.query_pre_attn_scalar**-0.5,
-            softcap=options.attn_softcap,
-            rotary=rotary,
-        )
-        self.q_norm: GemmaRMSNorm | None = None
-        self.k_norm: GemmaRMSNorm | None = None
-        if options.qk_norm:
-            self.q_norm = GemmaRMSNorm(cfg.head_dim, cfg.rms_norm_eps, ctx)
-            self.k_norm = GemmaRMSNorm(cfg.head_dim, cfg.rms_norm_eps, ctx)
-
-    def forward(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
-        qkv = self.qkv_proj(x)  # [T, (nh + 2 nkv) * D]
-        if self.q_norm is not None and self.k_norm is not None:
-            heads = (self.num_heads, self.num_kv_heads)
-            normalize_heads(qkv, heads, self.head_dim, self.q_norm, self.k_norm)
-        return self.o_proj(self.attn(qkv, batch))  # [T, H]
-
-
-class GemmaMLP(LlamaMLP):
-    """``down(gelu_tanh(gate(x)) * up(x))``, gate/up fused column-parallel."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)  # [T, I / tp] each
-        return self.down_proj(F.gelu(gate, approximate="tanh") * up)  # [T, H]
-
-
 class GemmaDecoderLayer(nn.Module):
     """Pre- and post-norm block (see the module docstring); the residual adds are fused
     into the following norms, ``(x, residual) -> (x, residual)`` like Llama's layer."""
@@ -177,10 +134,10 @@ class GemmaDecoderLayer(nn.Module):
         sliding = layer_windows(cfg)[layer_idx] is not None
         tables = rotary["sliding_attention" if sliding else "full_attention"]
         self.input_layernorm = GemmaRMSNorm(h, eps, ctx)
-        self.self_attn = GemmaAttention(cfg, layer_idx, ctx, options, tables)
+        self.self_attn = RotaryAttention(cfg, layer_idx, ctx, options.attention, tables)
         self.post_attention_layernorm = GemmaRMSNorm(h, eps, ctx)
         self.pre_feedforward_layernorm = GemmaRMSNorm(h, eps, ctx)
-        self.mlp = GemmaMLP(cfg, ctx)
+        self.mlp = GatedMLP(h, cfg.intermediate_size, ctx, act="gelu_tanh")
         self.post_feedforward_layernorm = GemmaRMSNorm(h, eps, ctx)
 
     def forward(
@@ -193,37 +150,34 @@ class GemmaDecoderLayer(nn.Module):
         return self.post_feedforward_layernorm(self.mlp(h))[0], residual
 
 
-class GemmaForCausalLM(LlamaForCausalLM):
-    """HF ``Gemma2ForCausalLM`` / ``Gemma3ForCausalLM``: Llama's stack of
+class GemmaForCausalLM(DecoderLM):
+    """HF ``Gemma2ForCausalLM`` / ``Gemma3ForCausalLM``: a stack of
     :class:`GemmaDecoderLayer` with the embedding scale and the final soft-cap."""
+
+    @classmethod
+    def check_config(cls, cfg: ModelConfig, max_model_len: int) -> None:
+        """:meth:`GemmaOptions.parse`'s refusals (windows are served), not Llama's."""
+        GemmaOptions.parse(cfg)
 
     def __init__(
         self, cfg: ModelConfig, ctx: ShardContext, max_positions: int, partition: str = "even"
     ) -> None:
         self.check_config(cfg, max_positions)
-        CausalLM.__init__(self, cfg, ctx)
         options = GemmaOptions.parse(cfg)
-        self.final_softcap = options.final_softcap
         tables = {
             t: RotaryEmbedding(cfg.head_dim, max_positions, r) for t, r in options.ropes.items()
         }
-        layer = functools.partial(GemmaDecoderLayer, options=options, rotary=tables)
-        scale = torch.tensor(cfg.hidden_size**0.5).to(ctx.dtype)
-        self.model = LlamaModel(
+        super().__init__(
             cfg,
             ctx,
-            layer,
-            tables["full_attention"],
+            max_positions,
             partition,
+            functools.partial(GemmaDecoderLayer, options=options, rotary=tables),
+            rotary=tables["full_attention"],
             norm_class=GemmaRMSNorm,
-            embed_scale=scale,
+            embed_scale=torch.tensor(cfg.hidden_size**0.5).to(ctx.dtype),
         )
-        self.lm_head = self.build_lm_head(ctx, self.model.embed_tokens)
-
-    @classmethod
-    def check_config(cls, cfg: ModelConfig, max_model_len: int) -> None:
-        """:meth:`GemmaOptions.parse`'s refusals (windows are served)."""
-        GemmaOptions.parse(cfg)
+        self.final_softcap = options.final_softcap
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = super().compute_logits(hidden)  # [N, V]

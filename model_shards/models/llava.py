@@ -23,11 +23,13 @@ from model_shards.config.vlm import LlavaConfig, llava_config
 from model_shards.layers.attention import ForwardBatch
 from model_shards.layers.context import ShardContext
 from model_shards.layers.linear import ColumnParallelLinear, RowParallelLinear
+from model_shards.layers.rotary import RotaryEmbedding
 from model_shards.layers.vocab import ParallelLMHead
-from model_shards.models.causal_lm import LM_HEAD, CausalLM
+from model_shards.models.causal_lm import LM_HEAD, CausalLM, DecoderLM
 from model_shards.models.clip_vision import ClipVisionTower, activation, clip_checkpoint_names
-from model_shards.models.llama import LlamaForCausalLM, LlamaModel
+from model_shards.models.llama import llama_attention
 from model_shards.models.naming import checkpoint_names_of
+from model_shards.models.stack import LLAMA_PACKED, LayerStack, check_llama_config, dense_layers
 
 VISION_PREFIXES = ("vision_tower.", "multi_modal_projector.")
 
@@ -50,7 +52,7 @@ class LlavaProjector(nn.Module):
 class LanguageModel(nn.Module):
     """HF's ``language_model`` (a ``LlamaForCausalLM``): this stage's stack and the head."""
 
-    def __init__(self, stack: LlamaModel, head: ParallelLMHead | None) -> None:
+    def __init__(self, stack: LayerStack, head: ParallelLMHead | None) -> None:
         super().__init__()
         self.model = stack
         self.lm_head = head
@@ -59,10 +61,8 @@ class LanguageModel(nn.Module):
 class LlavaForConditionalGeneration(CausalLM):
     """One pipeline stage of a LLaVA model on one TP rank."""
 
-    packed_modules_mapping: ClassVar[dict[str, tuple[str, str | int]]] = (
-        LlamaForCausalLM.packed_modules_mapping
-    )
-    ignored_suffixes: ClassVar[tuple[str, ...]] = LlamaForCausalLM.ignored_suffixes
+    packed_modules_mapping: ClassVar[dict[str, tuple[str, str | int]]] = LLAMA_PACKED
+    ignored_suffixes: ClassVar[tuple[str, ...]] = DecoderLM.ignored_suffixes
     layers_prefix: ClassVar[str] = "language_model.model.layers"
     embedding_name: ClassVar[str] = "language_model.model.embed_tokens.weight"
     last_stage_names: ClassVar[tuple[str, ...]] = ("language_model.model.norm.weight",)
@@ -76,8 +76,8 @@ class LlavaForConditionalGeneration(CausalLM):
         self.check_config(cfg, max_positions)
         super().__init__(cfg, ctx)
         self.llava = llava_config(cfg.extra)
-        rotary = LlamaForCausalLM.rotary_tables(cfg, max_positions)
-        stack = LlamaModel(cfg, ctx, LlamaForCausalLM.decoder_layer, rotary, partition)
+        rotary = RotaryEmbedding(cfg.head_dim, max_positions, cfg.rope)
+        stack = LayerStack(cfg, ctx, dense_layers(llama_attention), rotary, partition)
         self.language_model = LanguageModel(stack, self.build_lm_head(ctx, stack.embed_tokens))
         self.vision_tower: ClipVisionTower | None = None
         self.multi_modal_projector: LlavaProjector | None = None
@@ -94,11 +94,11 @@ class LlavaForConditionalGeneration(CausalLM):
     def check_config(cls, cfg: ModelConfig, max_model_len: int) -> None:
         """The language model's checks (Llama's) and the vision config's
         (:func:`~model_shards.config.vlm.llava_config`); ``ValueError`` naming the field."""
-        LlamaForCausalLM.check_config(cfg, max_model_len)
+        check_llama_config(cfg, max_model_len)
         llava_config(cfg.extra)
 
     @property
-    def model(self) -> LlamaModel:
+    def model(self) -> LayerStack:
         """The language model's stack (``language_model.model``)."""
         return self.language_model.model
 

@@ -10,17 +10,21 @@ checkpoint's ``w1``, ``w3`` and ``w2``. No shared expert.
 
 from __future__ import annotations
 
-from model_shards.models.sparse_moe import MoEDecoderLayer, MoEForCausalLM
+from model_shards.config.model import ModelConfig
+from model_shards.layers.context import ShardContext
+from model_shards.models.causal_lm import DecoderLM
+from model_shards.models.llama import llama_attention
+from model_shards.models.sparse_moe import ExpertLayout, experts_of
 
 
-class MixtralDecoderLayer(MoEDecoderLayer):
-    """Llama's block with ``block_sparse_moe`` as its feed-forward."""
-
-    ffn_name = "block_sparse_moe"
-    expert_part_names = ("w1", "w3", "w2")
-
-
-class MixtralForCausalLM(MoEForCausalLM):
+class MixtralForCausalLM(DecoderLM):
     """HF ``MixtralForCausalLM``: one pipeline stage on one TP rank."""
 
-    decoder_layer = MixtralDecoderLayer
+    def __init__(
+        self, cfg: ModelConfig, ctx: ShardContext, max_positions: int, partition: str = "even"
+    ) -> None:
+        self.check_config(cfg, max_positions)
+        experts = ExpertLayout(
+            experts_of(cfg), llama_attention, "block_sparse_moe", ("w1", "w3", "w2")
+        )
+        super().__init__(cfg, ctx, max_positions, partition, experts.layer, experts=experts)

@@ -7,15 +7,15 @@ Differs from Llama in two places, both read from the Hugging Face model:
   ``out = h + post_feedforward_layernorm(mlp(h))``;
 * QK-norm over the whole projection: ``q_norm`` is one RMSNorm over all
   ``num_heads * head_dim`` q features (``k_norm`` over ``num_kv_heads * head_dim``),
-  applied before RoPE. Under TP each rank holds only its heads, so the statistic spans
-  the TP group: :class:`~model_shards.layers.sharded_norm.ShardedRMSNorm`.
+  applied before RoPE; under TP its statistic spans the TP group
+  (:class:`~model_shards.layers.sharded_norm.ShardedRMSNorm`).
 
-RoPE, the SwiGLU MLP, the stack and the untied LM head are Llama's, and so are the
-checkpoint names (:class:`~model_shards.models.llama.LlamaForCausalLM`'s fused q/k/v and
-gate/up; the ``q_norm``/``k_norm`` weights under ``self_attn``).
+RoPE, the SwiGLU MLP, the stack, the untied LM head and the checkpoint names are Llama's.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import torch
 from torch import nn
@@ -23,30 +23,11 @@ from torch import nn
 from model_shards.config.model import ModelConfig
 from model_shards.layers.attention import ForwardBatch
 from model_shards.layers.context import ShardContext
+from model_shards.layers.mlp import GatedMLP
 from model_shards.layers.norm import RMSNorm
-from model_shards.layers.sharded_norm import ShardedRMSNorm
-from model_shards.models.llama import LlamaAttention, LlamaForCausalLM, LlamaMLP
-
-
-class Olmo2Attention(LlamaAttention):
-    """Llama attention with ``q_norm``/``k_norm`` on the (TP-split) q and k projections."""
-
-    def __init__(self, cfg: ModelConfig, layer_idx: int, ctx: ShardContext) -> None:
-        super().__init__(cfg, layer_idx, ctx)
-        hd = cfg.head_dim
-        self.q_norm = ShardedRMSNorm(cfg.num_heads, hd, cfg.rms_norm_eps, ctx)
-        self.k_norm = ShardedRMSNorm(cfg.num_kv_heads, hd, cfg.rms_norm_eps, ctx)
-        self.q_size = self.num_heads * hd  # per rank
-        self.kv_size = self.num_kv_heads * hd
-
-    def forward(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
-        qkv = self.qkv_proj(x)  # [T, (nh + 2 nkv) * D]
-        q = qkv[:, : self.q_size]  # [T, nh * D] views into qkv
-        k = qkv[:, self.q_size : self.q_size + self.kv_size]  # [T, nkv * D]
-        q.copy_(self.q_norm(q))  # normalized in place: RoPE and the K/V write read qkv
-        k.copy_(self.k_norm(k))
-        o = self.attn(qkv, batch)  # [T, nh * D]
-        return self.o_proj(o)  # [T, H]
+from model_shards.layers.rotary_attention import QKNorm, RotaryAttention
+from model_shards.models.causal_lm import DecoderLM
+from model_shards.models.llama import llama_attention_options
 
 
 class Olmo2DecoderLayer(nn.Module):
@@ -57,9 +38,10 @@ class Olmo2DecoderLayer(nn.Module):
 
     def __init__(self, cfg: ModelConfig, layer_idx: int, ctx: ShardContext) -> None:
         super().__init__()
-        self.self_attn = Olmo2Attention(cfg, layer_idx, ctx)
+        options = replace(llama_attention_options(cfg), qk_norm=QKNorm("projection"))
+        self.self_attn = RotaryAttention(cfg, layer_idx, ctx, options)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ctx)
-        self.mlp = LlamaMLP(cfg, ctx)
+        self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, ctx)
         self.post_feedforward_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ctx)
 
     def forward(
@@ -71,7 +53,11 @@ class Olmo2DecoderLayer(nn.Module):
         return h + self.post_feedforward_layernorm(self.mlp(h))[0], None  # [T, H]
 
 
-class Olmo2ForCausalLM(LlamaForCausalLM):
-    """HF ``Olmo2ForCausalLM``: Llama's stack of :class:`Olmo2DecoderLayer`."""
+class Olmo2ForCausalLM(DecoderLM):
+    """HF ``Olmo2ForCausalLM``: a stack of :class:`Olmo2DecoderLayer`."""
 
-    decoder_layer = Olmo2DecoderLayer
+    def __init__(
+        self, cfg: ModelConfig, ctx: ShardContext, max_positions: int, partition: str = "even"
+    ) -> None:
+        self.check_config(cfg, max_positions)
+        super().__init__(cfg, ctx, max_positions, partition, Olmo2DecoderLayer)

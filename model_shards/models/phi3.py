@@ -19,9 +19,6 @@ Llama's layer (pre-norm RMSNorm, grouped-query attention, SwiGLU MLP, no biases,
 
 ``sliding_window`` applies to every layer (a token attends to the ``sliding_window``
 latest positions, itself included), served through :mod:`model_shards.config.kv_layout`.
-
-The stack, the stage ownership and the (possibly tied) LM head are Llama's
-(:class:`~model_shards.models.llama.LlamaForCausalLM`).
 """
 
 from __future__ import annotations
@@ -29,19 +26,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-import torch
-from torch import nn
-
 from model_shards.config.model import ModelConfig
-from model_shards.layers.attention import Attention, ForwardBatch
 from model_shards.layers.context import ShardContext
-from model_shards.layers.fused_sources import (
-    FusedMergedColumnParallelLinear,
-    FusedQKVParallelLinear,
-)
-from model_shards.layers.linear import RowParallelLinear
+from model_shards.layers.mlp import GatedMLP
 from model_shards.layers.rotary import RotaryEmbedding, rotary_head_order
-from model_shards.models.llama import LlamaDecoderLayer, LlamaForCausalLM, LlamaMLP
+from model_shards.layers.rotary_attention import AttentionOptions, RotaryAttention
+from model_shards.models.causal_lm import DecoderLM
+from model_shards.models.stack import DecoderLayer
 
 
 def _partial_rotary_factor(cfg: ModelConfig) -> float:
@@ -85,49 +76,17 @@ class Phi3Options:
         return Phi3Options(r, None if window is None else int(window))
 
 
-class Phi3Attention(nn.Module):
-    """Fused QKV column-parallel → RoPE + K/V write → attention → o row-parallel."""
-
-    def __init__(self, cfg: ModelConfig, layer_idx: int, ctx: ShardContext) -> None:
-        super().__init__()
-        d, r = cfg.head_dim, rotary_dim(cfg)
-        order = rotary_head_order(d, r) if r < d else None
-        self.qkv_proj = FusedQKVParallelLinear(
-            cfg.hidden_size,
-            d,
-            cfg.num_heads,
-            cfg.num_kv_heads,
-            bias=False,
-            ctx=ctx,
-            head_order=order,
-        )
-        self.o_proj = RowParallelLinear(cfg.num_heads * d, cfg.hidden_size, bias=False, ctx=ctx)
-        nh, nkv = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads  # per rank
-        self.attn = Attention(layer_idx, nh, nkv, d, ctx.ops)
-
-    def forward(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
-        qkv = self.qkv_proj(x)  # [T, (nh + 2 nkv) * D], q/k heads in rotary order
-        o = self.attn(qkv, batch)  # [T, nh * D]
-        return self.o_proj(o)  # [T, H]
+def phi3_layer(cfg: ModelConfig, layer_idx: int, ctx: ShardContext) -> DecoderLayer:
+    """Llama's pre-norm layer, q/k/v and gate/up each read from one fused tensor."""
+    options = AttentionOptions(fused_checkpoint=True, rotary_dim=rotary_dim(cfg))
+    attn = RotaryAttention(cfg, layer_idx, ctx, options)
+    mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, ctx, fused_checkpoint=True)
+    return DecoderLayer(cfg, ctx, attn, mlp)
 
 
-class Phi3MLP(LlamaMLP):
-    """Llama's MLP, gate/up read from the one fused ``gate_up_proj`` tensor."""
-
-    gate_up_class = FusedMergedColumnParallelLinear
-
-
-class Phi3DecoderLayer(LlamaDecoderLayer):
-    """Llama's pre-norm block around :class:`Phi3Attention` and :class:`Phi3MLP`."""
-
-    attention_class = Phi3Attention
-    mlp_class = Phi3MLP
-
-
-class Phi3ForCausalLM(LlamaForCausalLM):
+class Phi3ForCausalLM(DecoderLM):
     """HF ``Phi3ForCausalLM``: one pipeline stage on one TP rank."""
 
-    decoder_layer = Phi3DecoderLayer
     # the checkpoint's projections are already fused: names match the parameters'
     packed_modules_mapping: ClassVar[dict[str, tuple[str, str | int]]] = {}
 
@@ -137,7 +96,10 @@ class Phi3ForCausalLM(LlamaForCausalLM):
         super().check_config(cfg, max_model_len)
         Phi3Options.parse(cfg, max_model_len)
 
-    @staticmethod
-    def rotary_tables(cfg: ModelConfig, max_positions: int) -> RotaryEmbedding:
-        """Longrope or default tables turning the first ``R`` dims of each head."""
-        return RotaryEmbedding(cfg.head_dim, max_positions, cfg.rope, rotary_dim(cfg))
+    def __init__(
+        self, cfg: ModelConfig, ctx: ShardContext, max_positions: int, partition: str = "even"
+    ) -> None:
+        self.check_config(cfg, max_positions)
+        # longrope or default tables turning the first R dims of each head
+        rotary = RotaryEmbedding(cfg.head_dim, max_positions, cfg.rope, rotary_dim(cfg))
+        super().__init__(cfg, ctx, max_positions, partition, phi3_layer, rotary=rotary)

@@ -11,34 +11,24 @@ of ``intermediate_size``. Sliding windows are refused (``use_sliding_window``).
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from model_shards.config.model import ModelConfig
 from model_shards.layers.context import ShardContext
-from model_shards.layers.linear import RowParallelLinear
-from model_shards.models.llama import LlamaAttention
-from model_shards.models.sparse_moe import MoEDecoderLayer, MoEForCausalLM
+from model_shards.layers.rotary_attention import AttentionOptions, RotaryAttention
+from model_shards.models.causal_lm import DecoderLM
+from model_shards.models.sparse_moe import ExpertLayout, experts_of
 
 
-class Qwen2MoeAttention(LlamaAttention):
-    """Llama's attention with q/k/v biased as ``qkv_bias`` says and o never biased."""
-
-    def __init__(self, cfg: ModelConfig, layer_idx: int, ctx: ShardContext) -> None:
-        qkv_bias = bool(cfg.extra.get("qkv_bias", True))
-        super().__init__(replace(cfg, attention_bias=qkv_bias), layer_idx, ctx)
-        if qkv_bias:  # Llama's attention biases o too whenever q/k/v are
-            self.o_proj = RowParallelLinear(
-                cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=False, ctx=ctx
-            )
+def qwen2_moe_attention(cfg: ModelConfig, layer_idx: int, ctx: ShardContext) -> RotaryAttention:
+    options = AttentionOptions(qkv_bias=bool(cfg.extra.get("qkv_bias", True)))
+    return RotaryAttention(cfg, layer_idx, ctx, options)
 
 
-class Qwen2MoeDecoderLayer(MoEDecoderLayer):
-    """Llama's block around :class:`Qwen2MoeAttention`, a MoE ``mlp`` with a shared expert."""
-
-    attention_class = Qwen2MoeAttention
-
-
-class Qwen2MoeForCausalLM(MoEForCausalLM):
+class Qwen2MoeForCausalLM(DecoderLM):
     """HF ``Qwen2MoeForCausalLM``: one pipeline stage on one TP rank."""
 
-    decoder_layer = Qwen2MoeDecoderLayer
+    def __init__(
+        self, cfg: ModelConfig, ctx: ShardContext, max_positions: int, partition: str = "even"
+    ) -> None:
+        self.check_config(cfg, max_positions)
+        experts = ExpertLayout(experts_of(cfg), qwen2_moe_attention)
+        super().__init__(cfg, ctx, max_positions, partition, experts.layer, experts=experts)

@@ -12,9 +12,8 @@ from model_shards.layers.context import ShardContext
 
 
 class LayerFactory(Protocol):
-    """Builds decoder layer ``layer_idx`` on this rank: a layer class, e.g.
-    :class:`~model_shards.models.llama.LlamaDecoderLayer` (held in class attributes, so
-    not a plain function, which the attribute access would bind)."""
+    """Builds decoder layer ``layer_idx`` (or one of its parts) on this rank: a layer class
+    or a function (:func:`~model_shards.models.stack.dense_layers`)."""
 
     def __call__(self, cfg: ModelConfig, layer_idx: int, ctx: ShardContext) -> nn.Module: ...
 

@@ -31,9 +31,11 @@ from model_shards.config.qwen2_5_vl import QwenVLConfig, qwen_vl_config
 from model_shards.layers.context import ShardContext
 from model_shards.layers.rotary import inverse_frequencies
 from model_shards.messages import MediaInput
-from model_shards.models.llama import LlamaForCausalLM
+from model_shards.models.causal_lm import DecoderLM
+from model_shards.models.llama import llama_attention
 from model_shards.models.qwen2_5_vl.positions import MRopePositions
 from model_shards.models.qwen2_5_vl.tower import QwenVisionConfig, QwenVisionTower
+from model_shards.models.stack import dense_layers
 
 VISUAL = "visual."
 MEDIA_KINDS = ("image", "video")
@@ -51,7 +53,7 @@ def vision_checkpoint_names(cfg: QwenVisionConfig) -> set[str]:
     return {VISUAL + n for n in names}
 
 
-class Qwen2_5_VLForConditionalGeneration(LlamaForCausalLM):
+class Qwen2_5_VLForConditionalGeneration(DecoderLM):
     """One pipeline stage of a Qwen2.5-VL model on one TP rank."""
 
     checkpoint_renames: ClassVar[dict[str, str]] = {
@@ -59,10 +61,21 @@ class Qwen2_5_VLForConditionalGeneration(LlamaForCausalLM):
         "model.visual.": VISUAL,
     }
 
+    @classmethod
+    def check_config(cls, cfg: ModelConfig, max_model_len: int) -> None:
+        """Qwen2's checks (no sliding window, SiLU) and the vision config's
+        (:func:`~model_shards.config.qwen2_5_vl.qwen_vl_config`); ``ValueError`` naming the
+        field."""
+        super().check_config(cfg, max_model_len)
+        if cfg.rope.rope_type != "default":
+            raise ValueError(f"config.json: rope type {cfg.rope.rope_type!r} not supported")
+        qwen_vl_config(cfg.extra, cfg.head_dim)
+
     def __init__(
         self, cfg: ModelConfig, ctx: ShardContext, max_positions: int, partition: str = "even"
     ) -> None:
-        super().__init__(cfg, ctx, max_positions, partition)
+        self.check_config(cfg, max_positions)
+        super().__init__(cfg, ctx, max_positions, partition, dense_layers(llama_attention))
         self.vl: QwenVLConfig = qwen_vl_config(cfg.extra, cfg.head_dim)
         self.vision_cfg = QwenVisionConfig.from_dict(dict(self.vl.vision))
         self.visual: QwenVisionTower | None = None
@@ -72,16 +85,6 @@ class Qwen2_5_VLForConditionalGeneration(LlamaForCausalLM):
         self.step_positions = MRopePositions(
             inv_freq, self.vl.mrope_section, self.vl.merge, self.vl.tokens_per_second, ctx.ps.device
         )
-
-    @classmethod
-    def check_config(cls, cfg: ModelConfig, max_model_len: int) -> None:
-        """Qwen2's checks (no sliding window, SiLU) and the vision config's
-        (:func:`~model_shards.config.qwen2_5_vl.qwen_vl_config`); ``ValueError`` naming the
-        field."""
-        LlamaForCausalLM.check_config(cfg, max_model_len)
-        if cfg.rope.rope_type != "default":
-            raise ValueError(f"config.json: rope type {cfg.rope.rope_type!r} not supported")
-        qwen_vl_config(cfg.extra, cfg.head_dim)
 
     def embed_input_ids(self, ids: torch.Tensor) -> torch.Tensor:
         """Stage 0: ``ids [T]`` → token embeddings ``[T, H]`` (placeholder rows are replaced

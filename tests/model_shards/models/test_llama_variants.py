@@ -15,7 +15,7 @@ from model_shards.config.model import ModelConfig
 from model_shards.config.replica import ReplicaConfig
 from model_shards.engine.coordinator import Coordinator
 from model_shards.models.llama import LlamaForCausalLM as OurLlama
-from model_shards.models.llama import check_no_window
+from model_shards.models.stack import check_no_window
 from model_shards.parallel.comm import Comm
 from model_shards.parallel.state import single_process_state
 from model_shards.worker.decoder_worker import Worker
