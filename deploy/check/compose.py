@@ -32,6 +32,7 @@ class Compose:
     docker_host: str
     env: dict[str, str] = field(default_factory=dict)
     profiles: list[str] = field(default_factory=list)
+    last_output: str = field(default="", repr=False)  # the last run's stdout + stderr (tail)
 
     def argv(self, *args: str) -> list[str]:
         """The full command line of ``docker-compose <args>`` for this project."""
@@ -61,6 +62,7 @@ class Compose:
         if result.returncode != 0:
             tail = (result.stdout + result.stderr).strip()[-3000:]
             raise StepFailed(f"docker-compose {' '.join(args)} exited {result.returncode}:\n{tail}")
+        self.last_output = (result.stdout + result.stderr).strip()[-3000:]
         return result.stdout
 
     def container(self, service: str) -> str:

@@ -79,7 +79,7 @@ def loadtest(compose: Compose, service: str, report: Path, requests: int) -> str
     began = datetime.now(UTC)
     compose("run", "--rm", "--no-deps", "--no-TTY", service, timeout=900)
     ended = datetime.now(UTC)
-    _expect(report.is_file(), f"{service} wrote no {report}")
+    _expect(report.is_file(), f"{service} wrote no {report}; it said:\n{compose.last_output}")
     result = json.loads(report.read_text())
     _expect(result.get("schema") == "shardserve.loadtest", f"not a load-test report: {report}")
     point = result["points"][0]["metrics"]
