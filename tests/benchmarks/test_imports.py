@@ -5,8 +5,9 @@ count too."""
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
+
+from tests.import_graph import import_cycles, import_graph
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "benchmarks"
@@ -18,46 +19,17 @@ MAY_IMPORT = {
 }
 
 
-def _module(path: Path) -> str:
-    parts = path.relative_to(ROOT).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
-MODULES = {_module(p): p for p in PACKAGE.rglob("*.py") if ".cache" not in p.parts}
-
-
-def imports_of(path: Path) -> set[str]:
-    """The ``benchmarks`` modules ``path`` imports, at its top or inside a function."""
-    found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            found.add(node.module)
-            found.update(f"{node.module}.{alias.name}" for alias in node.names)
-    return {name for name in found if name in MODULES and name != "benchmarks"}
-
-
-GRAPH = {name: imports_of(path) for name, path in MODULES.items()}
-
-
-def _cycle_from(start: str, path: list[str], done: set[str]) -> list[str] | None:
-    for child in sorted(GRAPH[start]):
-        if child in path:
-            return [*path[path.index(child) :], child]
-        if child not in done:
-            cycle = _cycle_from(child, [*path, child], done)
-            if cycle:
-                return cycle
-    done.add(start)
-    return None
+SOURCES = [p for p in PACKAGE.rglob("*.py") if ".cache" not in p.parts]
+# the benchmarks package's own modules (``benchmarks`` itself, the root, left out)
+GRAPH = {
+    name: {other for other in imported if other != "benchmarks"}
+    for name, imported in import_graph(SOURCES).items()
+}
 
 
 def test_no_import_cycle() -> None:
-    done: set[str] = set()
-    for name in sorted(GRAPH):
-        cycle = _cycle_from(name, [name], done)
-        assert cycle is None, "import cycle: " + " -> ".join(cycle)
+    cycles = import_cycles(GRAPH)
+    assert not cycles, "import cycles: " + "; ".join(" <-> ".join(c) for c in cycles)
 
 
 def test_folders_import_one_way() -> None:
