@@ -22,6 +22,11 @@ def compose_binary() -> Path | None:
     return beside if beside.is_file() else None
 
 
+def output_tail(result: subprocess.CompletedProcess[str]) -> str:
+    """The last 3000 characters of a run's stdout and stderr."""
+    return (result.stdout + result.stderr).strip()[-3000:]
+
+
 @dataclass
 class Compose:
     """One compose project: ``files`` (under ``deploy/``), ``profiles`` and the
@@ -32,7 +37,6 @@ class Compose:
     docker_host: str
     env: dict[str, str] = field(default_factory=dict)
     profiles: list[str] = field(default_factory=list)
-    last_output: str = field(default="", repr=False)  # the last run's stdout + stderr (tail)
 
     def argv(self, *args: str) -> list[str]:
         """The full command line of ``docker-compose <args>`` for this project."""
@@ -51,6 +55,11 @@ class Compose:
 
     def __call__(self, *args: str, timeout: float = 600) -> str:
         """Run ``docker-compose <args>``; its stdout (``StepFailed`` on a non-zero exit)."""
+        return self.run(*args, timeout=timeout).stdout
+
+    def run(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+        """Run ``docker-compose <args>``; its result, stdout and stderr (``StepFailed`` on a
+        non-zero exit, with their tail)."""
         result = subprocess.run(
             self.argv(*args),
             env=self.environment(),
@@ -60,10 +69,9 @@ class Compose:
             check=False,
         )
         if result.returncode != 0:
-            tail = (result.stdout + result.stderr).strip()[-3000:]
-            raise StepFailed(f"docker-compose {' '.join(args)} exited {result.returncode}:\n{tail}")
-        self.last_output = (result.stdout + result.stderr).strip()[-3000:]
-        return result.stdout
+            command = f"docker-compose {' '.join(args)}"
+            raise StepFailed(f"{command} exited {result.returncode}:\n{output_tail(result)}")
+        return result
 
     def container(self, service: str) -> str:
         """The id of ``service``'s (first) container."""

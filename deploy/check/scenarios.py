@@ -10,7 +10,7 @@ from pathlib import Path
 
 import httpx
 
-from deploy.check.compose import Compose
+from deploy.check.compose import Compose, output_tail
 from deploy.check.steps import StepFailed
 
 PROMPTS = ("Hello", "The quick brown fox", "Once upon a time, in a land far away,")
@@ -77,9 +77,9 @@ def loadtest(compose: Compose, service: str, report: Path, requests: int) -> str
     ``run`` was seen to recreate its container first (and wait for it again, minutes)."""
     report.unlink(missing_ok=True)
     began = datetime.now(UTC)
-    compose("run", "--rm", "--no-deps", "--no-TTY", service, timeout=900)
+    run = compose.run("run", "--rm", "--no-deps", "--no-TTY", service, timeout=900)
     ended = datetime.now(UTC)
-    _expect(report.is_file(), f"{service} wrote no {report}; it said:\n{compose.last_output}")
+    _expect(report.is_file(), f"{service} wrote no {report}; it said:\n{output_tail(run)}")
     result = json.loads(report.read_text())
     _expect(result.get("schema") == "shardserve.loadtest", f"not a load-test report: {report}")
     point = result["points"][0]["metrics"]
