@@ -3,12 +3,13 @@ modules import one way."""
 
 from __future__ import annotations
 
-import ast
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.import_graph import import_graph
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -65,23 +66,13 @@ def test_server_cli_does_not_import_the_load_tester() -> None:
 CLI_MODULES = ("server.cli.args", "server.cli.engine", "server.cli.serve")
 
 
-def _imports_of(module: str) -> set[str]:
-    """Every module ``module`` imports, at its top or inside a function."""
-    tree = ast.parse((REPO / (module.replace(".", "/") + ".py")).read_text())
-    found: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            found.add(node.module)
-    return found
-
-
 def test_cli_modules_import_one_way() -> None:
     """``server.cli.serve`` → ``server.cli.engine`` → ``server.cli.args``, never back; and
-    none of them names the load tester in an import."""
+    none of them names the load tester in an import (at its top or inside a function)."""
+    sources = [*(REPO / "server" / "cli").glob("*.py"), *(REPO / "deploy").rglob("*.py")]
+    graph = import_graph(sources)
     for i, module in enumerate(CLI_MODULES):
-        imported = _imports_of(module)
+        imported = graph[module]
         later = imported & set(CLI_MODULES[i:])
         assert not later, f"{module} imports {sorted(later)}: a cycle among the CLI modules"
         assert not any(name.split(".")[0] == "deploy" for name in imported), (module, imported)
