@@ -16,7 +16,15 @@ import importlib
 import sys
 
 COMMANDS: dict[str, tuple[str, ...]] = {
-    "suites": ("ttft", "moe_bench", "structured", "vlm_bench", "contention", "contention_ab"),
+    "suites": (
+        "ttft",
+        "moe_bench",
+        "structured",
+        "vlm_bench",
+        "contention",
+        "contention_ab",
+        "perplexity",
+    ),
     "micro": (
         "decode_attention",
         "prefill_attention",
