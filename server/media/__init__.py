@@ -2,6 +2,9 @@
 
 * ``parts.py``: ``image_url`` / ``video_url`` parts taken out of a message, a marker left behind;
 * ``fetch.py``: a part's bytes (``data:``, ``file://``, http(s)); decode an image; the options;
+* ``http_fetch.py``: http(s) URLs fetched without reaching inside the network (public
+  addresses, checked redirects, the allow-list, one deadline, one generic error);
+* ``budget.py``: pixel caps after the model's resize, the per-request decoded-bytes budget;
 * ``image.py``: CLIP preprocessing exactly as ``preprocessor_config.json`` says (LLaVA);
 * ``video.py``: ``video_url`` parts decoded with PyAV into frames at ``--video-fps``, capped;
 * ``multimodal.py``: which models take media and how, the media flags, placeholders expanded;

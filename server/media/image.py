@@ -109,6 +109,11 @@ class ClipPreprocessor:
             out = (out - mean) / std
         return np.ascontiguousarray(out, dtype=np.float32)
 
+    def output_size(self, width: int, height: int) -> tuple[int, int]:
+        """``(width, height)`` of an image of that size after the resize step (before the
+        crop): what the pixel cap is checked on before decoding."""
+        return self._resized(width, height) if self.do_resize else (width, height)
+
     def _resized(self, width: int, height: int) -> tuple[int, int]:
         """PIL's ``(width, height)`` after the resize step."""
         if self.resize_hw is not None:
@@ -120,7 +125,7 @@ class ClipPreprocessor:
 
 
 def _triple(value: Any) -> tuple[float, float, float]:
-    values = [float(v) for v in (value if isinstance(value, list) else [value] * 3)]
+    values = [float(v) for v in (value if isinstance(value, (list, tuple)) else [value] * 3)]
     if len(values) != 3:
         raise ValueError(f"expected 3 channel values, got {value!r}")
     return values[0], values[1], values[2]

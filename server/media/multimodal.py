@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
+import ipaddress
 import json
 import re
 from collections.abc import Callable
@@ -39,10 +40,10 @@ from model_shards.messages import GenerateRequest, MediaInput
 from server.api.chat_protocol import ChatCompletionRequest
 from server.cli.flag_types import positive_float, positive_int
 from server.http.errors import APIError
+from server.media.budget import DEFAULT_MEMORY_BUDGET_MIB, bad_media, out_of_memory
 from server.media.fetch import (
     DEFAULT_FETCH_TIMEOUT_S,
     MediaOptions,
-    bad_media,
     check_part_count,
     load_image,
 )
@@ -112,28 +113,45 @@ class ImageModel:
         return ["text", "image", "video"] if self.takes_video else ["text", "image"]
 
 
+def has_media(body: ChatCompletionRequest) -> bool:
+    """Whether ``body`` holds an image or video part (something to fetch or decode)."""
+    return any(message.media for message in body.messages)
+
+
 async def load_chat_images(
     body: ChatCompletionRequest, model: ImageModel | None, options: MediaOptions
 ) -> list[PreparedImage]:
     """Every image part of ``body`` in prompt order, preprocessed, then (a model that
     takes videos) every video part; a 400 naming the part when it is bad, when the model
-    takes no images or videos, or past ``--limit-mm-per-prompt``."""
+    takes no images or videos, or past ``--limit-mm-per-prompt`` (counted before anything
+    is fetched) or the request's decoded-bytes budget."""
     parts = media_parts(body, "image")
-    video_parts = media_parts(body, "video")
-    videos = await load_chat_videos(video_parts, bool(model and model.takes_video), options)
     refusal = "this model takes text only, not images" if model is None else None
     check_part_count(parts, "image", refusal, options.limit_images)
+    budget = options.budget()
+    qwen = model.qwen if model is not None else None
+    resize = qwen.video_preprocess if qwen is not None else None
+    takes_video = bool(model and model.takes_video)
+    videos = await load_chat_videos(
+        media_parts(body, "video"), takes_video, options, resize, budget
+    )
     if model is None:
         return []
-    qwen = model.qwen
     if qwen is None:
         clip = cast(ClipPreprocessor, model.preprocess)
         pixels = await asyncio.gather(
-            *(load_image(url, f"{p}.image_url", options, clip) for p, url in parts)
+            *(
+                load_image(url, f"{p}.image_url", options, clip, clip.output_size, budget)
+                for p, url in parts
+            )
         )
         return [PreparedImage(p) for p in pixels]
+    size = qwen.preprocess.output_size
     images = await asyncio.gather(
-        *(load_image(url, f"{p}.image_url", options, _qwen_image(qwen, p)) for p, url in parts)
+        *(
+            load_image(url, f"{p}.image_url", options, _qwen_image(qwen, p), size, budget)
+            for p, url in parts
+        )
     )
     clips = await asyncio.gather(*(asyncio.to_thread(_qwen_video, qwen, v) for v in videos))
     return [*images, *clips]
@@ -161,6 +179,8 @@ def _qwen_video(qwen: QwenVLIntake, video: VideoInput) -> PreparedImage:
         out = qwen.video_preprocess(video.frames, video.fps)
     except ValueError as exc:
         raise bad_media(video.param, f"the video cannot be preprocessed ({exc})") from exc
+    except MemoryError as exc:
+        raise out_of_memory(video.param) from exc
     return PreparedImage(out.pixels, "video", out.grid_thw, out.second_per_grid, out.num_tokens)
 
 
@@ -252,7 +272,29 @@ def add_media_flags(parser: argparse.ArgumentParser) -> None:
         type=positive_float,
         default=DEFAULT_FETCH_TIMEOUT_S,
         metavar="S",
-        help="seconds to fetch one http(s) image URL",
+        help="seconds one http(s) media URL may take to fetch, redirects and body included",
+    )
+    parser.add_argument(
+        "--allowed-media-domains",
+        nargs="+",
+        type=_domain,
+        default=None,
+        metavar="DOMAIN",
+        help="http(s) media URLs (and their redirects) may name only these hosts "
+        "(default: any public host)",
+    )
+    parser.add_argument(
+        "--allow-private-media-urls",
+        action="store_true",
+        help="let http(s) media URLs reach private, loopback and link-local addresses "
+        "(internal deployments only: any client can then probe your network)",
+    )
+    parser.add_argument(
+        "--media-memory-budget-mib",
+        type=positive_int,
+        default=DEFAULT_MEMORY_BUDGET_MIB,
+        metavar="MIB",
+        help="most memory one request's images and videos may take decoded and resized",
     )
     parser.add_argument(
         "--limit-mm-per-prompt",
@@ -281,6 +323,11 @@ def media_options(args: argparse.Namespace) -> MediaOptions:
     return MediaOptions(
         allowed_local_media_path=args.allowed_local_media_path,
         fetch_timeout_s=args.media_fetch_timeout,
+        allowed_media_domains=(
+            None if args.allowed_media_domains is None else frozenset(args.allowed_media_domains)
+        ),
+        allow_private_media_urls=args.allow_private_media_urls,
+        memory_budget_bytes=args.media_memory_budget_mib * 2**20,
         limit_images=args.limit_mm_per_prompt.get("image", MediaOptions.limit_images),
         limit_videos=args.limit_mm_per_prompt.get("video", MediaOptions.limit_videos),
         video_fps=args.video_fps,
@@ -293,6 +340,22 @@ def _directory(value: str) -> Path:
     if not path.is_dir():
         raise argparse.ArgumentTypeError(f"{value!r} is not a directory")
     return path.resolve()
+
+
+def _domain(value: str) -> str:
+    """A host name as URLs carry it (lower case, no trailing dot)."""
+    host = value.strip().lower().rstrip(".").removeprefix("[").removesuffix("]")
+    if not host or any(c in host for c in "/@ ?#") or (":" in host and not _is_ip(host)):
+        raise argparse.ArgumentTypeError(f"{value!r} is not a host name (e.g. images.example.com)")
+    return host
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
 
 
 def _limit(value: str) -> dict[str, int]:

@@ -110,6 +110,7 @@ def served(
         "256",
         "--allowed-local-media-path",
         str(media_dir / "allowed"),
+        "--allow-private-media-urls",  # the origin is on 127.0.0.1
         "--media-fetch-timeout",
         "1",
         "--limit-mm-per-prompt",
@@ -184,29 +185,31 @@ def test_models_lists_the_image_modality(served: LiveServer) -> None:
 def _bad_inputs(
     png: bytes, media_dir: Path, http_url: str
 ) -> dict[str, tuple[list[dict[str, Any]], str]]:
-    """Twenty-four kinds of bad media: the content of one user message, and a fragment of
+    """Twenty-five kinds of bad media: the content of one user message, and a fragment of
     the error message that says what is wrong."""
     closed = f"http://127.0.0.1:{free_port()}/x.png"
     gif = ckpt.encoded(ckpt.image(1), "GIF")
     jpeg = ckpt.encoded(ckpt.image(1), "JPEG")
     huge = ckpt.encoded(Image.new("1", (10_000, 10_000)))
+    tall = ckpt.encoded(Image.new("1", (1, 100_000)))
     allowed = media_dir / "allowed"
     outside = "outside --allowed-local-media-path"
     not_image = "not a PNG, JPEG or WebP image"
     return {
         "truncated png": (_content(_data_url(png[: len(png) // 2])), "cannot be decoded"),
         "zero-byte data": (_content("data:image/png;base64,"), "empty"),
-        "10k x 10k pixels": (_content(_data_url(huge)), "10000x10000, more than"),
+        "10k x 10k pixels": (_content(_data_url(huge)), "more than 40000000 pixels"),
+        "1 x 100k pixels, resized past the cap": (_content(_data_url(tall)), "resizes it to"),
         "path outside the allowed dir": (_content(f"file://{media_dir}/secret.png"), outside),
         "link out of the allowed dir": (_content(f"file://{allowed}/link.png"), outside),
         "dot-dot out of the allowed dir": (_content(f"file://{allowed}/../secret.png"), outside),
         "missing local file": (_content(f"file://{allowed}/nope.png"), "no such file"),
         "file past the size cap": (_content(f"file://{allowed}/huge.png"), "larger than"),
         "unsupported codec (BMP)": (_content(f"file://{allowed}/picture.bmp"), not_image),
-        "unreachable URL": (_content(closed), "could not be fetched"),
-        "HTTP 404": (_content(f"{http_url}/missing.png"), "HTTP 404"),
-        "URL serving HTML": (_content(f"{http_url}/page.html"), "serves 'text/html'"),
-        "fetch timeout": (_content(f"{http_url}/slow.png"), "timed out"),
+        "unreachable URL": (_content(closed), "could not fetch the image URL"),
+        "HTTP 404": (_content(f"{http_url}/missing.png"), "could not fetch the image URL"),
+        "URL serving HTML": (_content(f"{http_url}/page.html"), "could not fetch the image URL"),
+        "fetch timeout": (_content(f"{http_url}/slow.png"), "could not fetch the image URL"),
         "GIF MIME type": (_content(_data_url(gif, "image/gif")), "MIME type 'image/gif'"),
         "text MIME type": (_content(_data_url(b"hello", "text/plain")), "MIME type 'text/plain'"),
         "declared PNG, JPEG inside": (_content(_data_url(jpeg)), "the data is a JPEG"),

@@ -148,6 +148,15 @@ class QwenVLPreprocessor(QwenVLPixelConfig):
         patches, grid_h, grid_w = self.patchify(out.astype(np.float32))
         return QwenVLImage(patches, (1, grid_h, grid_w), self.merge_size)
 
+    def output_size(self, width: int, height: int) -> tuple[int, int]:
+        """``(width, height)`` of an image of that size after :func:`smart_resize`
+        (``ValueError`` past its aspect ratio): what the pixel cap is checked on."""
+        if not self.do_resize:
+            return width, height
+        factor = self.patch_size * self.merge_size
+        new_h, new_w = smart_resize(height, width, factor, self.min_pixels, self.max_pixels)
+        return new_w, new_h
+
     def patchify(self, image: np.ndarray) -> tuple[np.ndarray, int, int]:
         """``[C, H, W]`` → ``[gh * gw, C * T * P * P]`` in merge-window order, ``gh``, ``gw``."""
         p, m, t = self.patch_size, self.merge_size, self.temporal_patch_size

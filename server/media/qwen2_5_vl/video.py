@@ -112,12 +112,34 @@ class QwenVLVideoPreprocessor(QwenVLPixelConfig):
             max_pixels = max(min(max_pixels, share), int(self.min_pixels * 1.05))
         return smart_resize(height, width, factor, self.min_pixels, max_pixels)
 
+    def frame_size(self, frames: int, width: int, height: int) -> tuple[int, int]:
+        """``(width, height)`` of ``frames`` frames after the resize (for
+        :class:`server.media.video.FrameResize`: the frames resized as they are decoded)."""
+        if not self.do_resize:
+            return width, height
+        new_h, new_w = self.resized_hw(frames, height, width)
+        return new_w, new_h
+
+    def resize_frame(self, frame: Image.Image, size: tuple[int, int]) -> Image.Image:
+        """One frame resized to ``size`` (width, height) as :meth:`__call__` resizes the
+        stacked frames (the kernel works frame by frame: the same pixels)."""
+        import torch
+
+        rgb = to_rgb(frame) if self.do_convert_rgb else frame
+        video = torch.from_numpy(np.array(rgb)[None]).permute(0, 3, 1, 2).contiguous()
+        out = self._resize_to(video, size[1], size[0])  # [1, C, h, w] uint8
+        return Image.fromarray(np.ascontiguousarray(out[0].permute(1, 2, 0).numpy()))
+
     def _resize(self, video: torch.Tensor) -> torch.Tensor:
+        """``[F, C, H, W]`` uint8 at :meth:`resized_hw` (unchanged when already there, as
+        frames resized while decoding are)."""
+        return self._resize_to(video, *self.resized_hw(video.shape[0], *video.shape[-2:]))
+
+    def _resize_to(self, video: torch.Tensor, height: int, width: int) -> torch.Tensor:
         """torchvision's ``resize_image`` on ``[F, C, H, W]`` uint8 (CPU): uint8 kernels
         where torchvision uses them, else float32, interpolate, round back."""
         import torch
 
-        height, width = self.resized_hw(video.shape[0], *video.shape[-2:])
         if (height, width) == tuple(video.shape[-2:]):
             return video
         mode = _MODES[Image.Resampling(self.resample)]
