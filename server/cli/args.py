@@ -147,7 +147,13 @@ def _add_serve_parser(commands: Any) -> None:
         "--api-key",
         type=_non_empty,
         default=os.environ.get(API_KEY_ENV) or None,
-        help=f"require 'Authorization: Bearer KEY' on /v1/* (default: ${API_KEY_ENV})",
+        help=f"require 'Authorization: Bearer KEY' on /v1/* and the API docs "
+        f"(default: ${API_KEY_ENV})",
+    )
+    serve.add_argument(
+        "--disable-fastapi-docs",
+        action="store_true",
+        help="serve no /docs, /redoc or /openapi.json (vLLM's flag)",
     )
     serve.add_argument(
         "--max-request-bytes",

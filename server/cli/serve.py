@@ -314,6 +314,7 @@ def _http_server(
         tool_call_parser=args.tool_call_parser,
         image_model=args.image_model,
         media_options=media_options(args),
+        disable_docs=args.disable_fastapi_docs,
     )
     config = uvicorn.Config(
         app,

@@ -9,7 +9,9 @@ alive; ``GET /v1/models`` and ``GET /metrics`` (Prometheus) complete the set.
 Every request first passes the front door (:mod:`server.http.middleware`). A generation is then
 checked in order: body (400) → model name (404) → engine serviceable (503) → vocabulary/context
 (400) → load shedding (429 + ``Retry-After``, :mod:`server.http.limits`), and ended by
-``request_timeout_s`` (504, or an SSE error event once streaming). An embedding checks its task
+``request_timeout_s`` (504, or an SSE error event once streaming). A chat request with
+images or videos passes the model, engine and request-count checks before anything is
+fetched or decoded (:func:`_admit_media`), then its tokens are counted. An embedding checks its task
 and inputs in place of vocabulary/context. A client that disconnects aborts its request.
 """
 
@@ -207,6 +209,7 @@ def build_app(
     tool_call_parser: str | None = None,
     image_model: multimodal.ImageModel | None = None,
     media_options: MediaOptions | None = None,
+    disable_docs: bool = False,
 ) -> FastAPI:
     """An OpenAI-compatible app serving ``served_model_name`` through ``engine_client``.
 
@@ -214,7 +217,9 @@ def build_app(
     ``request_timeout_s`` ends a generation or embedding (default: never); ``lifecycle``: the
     draining state the CLI flips on SIGTERM; ``tool_call_parser`` reads ``auto`` tool calls
     (default: :func:`server.text.tool_parsers.detect`); ``image_model``: how a VLM takes images
-    (``None``: text only). ``ValueError`` at start-up if the chat template does not compile.
+    (``None``: text only); ``disable_docs`` (``--disable-fastapi-docs``) drops ``/docs``,
+    ``/redoc`` and ``/openapi.json`` (else they need the API key when there is one).
+    ``ValueError`` at start-up if the chat template does not compile.
     """
     metrics = metrics or Metrics()
     lifecycle = lifecycle or Lifecycle()
@@ -232,7 +237,13 @@ def build_app(
         media_options or MediaOptions(),
     )
     template = chat.load_template(serving)
-    app = FastAPI(title="shardserve", summary="OpenAI-compatible completions")
+    app = FastAPI(
+        title="shardserve",
+        summary="OpenAI-compatible completions",
+        docs_url=None if disable_docs else "/docs",
+        redoc_url=None if disable_docs else "/redoc",
+        openapi_url=None if disable_docs else "/openapi.json",
+    )
     _install_front_door(app, metrics, lifecycle, api_key, max_request_bytes)
     _add_status_routes(app, serving, lifecycle)
     _add_completion_route(app, serving, schemas, limits)
@@ -340,14 +351,32 @@ def _add_chat_route(
     )
     async def create_chat_completion(request: Request) -> Response:
         body = await _parse(request, ChatCompletionRequest)
-        media = serving.image_model, serving.media_options
-        images = await multimodal.load_chat_images(body, *media)
-        work = chat.prepare(serving, template, body, new_id("chatcmpl"), images)
+        ticket = _admit_media(serving, body, limits.admission)
+        try:
+            media = serving.image_model, serving.media_options
+            images = await multimodal.load_chat_images(body, *media)
+            work = chat.prepare(serving, template, body, new_id("chatcmpl"), images)
+            tokens = _work_tokens(work)
+            ticket = limits.admission.admit(tokens) if ticket is None else ticket.grow(tokens)
+        except BaseException:
+            if ticket is not None:
+                ticket.release()
+            raise
         return await _respond(
             request,
             body.stream,
             lambda: chat.stream(serving, work, body),
             lambda: chat.complete(serving, work, body),
-            limits.admission.admit(_work_tokens(work)),
+            ticket,
             limits.request_timeout_s,
         )
+
+
+def _admit_media(
+    serving: ServedModel, body: ChatCompletionRequest, admission: Admission
+) -> Ticket | None:
+    """For a request with media: its 404/503, then its place (429), before any fetch."""
+    if not multimodal.has_media(body):
+        return None
+    serving.check(body.model)
+    return admission.admit(0)

@@ -3,8 +3,9 @@
 Every error response, whatever raised it, has the body
 ``{"error": {"message", "type", "param", "code"}}``. Validation errors become a
 400 naming the offending field in ``message`` and ``param`` (never FastAPI's
-422 dump); unknown routes are 404 and wrong methods 405 in the same shape; an
-unexpected exception is a 500 that does not leak internals. The handlers never
+422 dump); unknown routes are 404 and wrong methods 405 in the same shape; running out
+of memory is a 503 (retry later, the request itself may be fine); an unexpected exception
+is a 500 that does not leak internals. The handlers never
 raise, so a bad request cannot take the server down.
 """
 
@@ -123,8 +124,15 @@ async def _http_exception(request: Request, exc: Exception) -> JSONResponse:
     return response
 
 
+async def _out_of_memory(request: Request, exc: Exception) -> JSONResponse:
+    logger.warning("out of memory on %s %r", request.method, request.url.path)
+    return APIError(
+        503, "the server is out of memory for this request; retry later", type="server_error"
+    ).response()
+
+
 async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
-    logger.exception("unhandled error on %s %s", request.method, request.url.path)
+    logger.exception("unhandled error on %s %r", request.method, request.url.path)
     return APIError(500, "internal server error", type="server_error").response()
 
 
@@ -134,4 +142,5 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, _request_validation)
     app.add_exception_handler(ValidationError, _request_validation)
     app.add_exception_handler(StarletteHTTPException, _http_exception)
+    app.add_exception_handler(MemoryError, _out_of_memory)
     app.add_exception_handler(Exception, _unexpected)

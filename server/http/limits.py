@@ -8,7 +8,9 @@
   prompt tokens plus ``max_tokens``, per choice; an embedding request's are
   its input tokens (after truncation). A single request larger than
   the token limit is still admitted when nothing else is outstanding (so it
-  cannot be refused for ever).
+  cannot be refused for ever). A chat request with images or videos is admitted
+  before they are fetched, as one request of no tokens; :meth:`Ticket.grow` then adds
+  its tokens (the same 429 when that takes the token count past its limit).
 * :func:`with_deadline` ends a response's frames at a deadline
   (``--request-timeout``): before the first frame it raises the 504
   :class:`~server.http.errors.APIError` (the client gets a proper status); after
@@ -40,6 +42,21 @@ class Ticket:
         self._admission = admission
         self.tokens = tokens
         self._released = False
+
+    def grow(self, tokens: int) -> Ticket:
+        """This ticket holding ``tokens`` more; past ``--max-queued-tokens`` (with other
+        requests outstanding) it is released and the 429 :class:`APIError` raised."""
+        admission = self._admission
+        limit = admission.max_tokens
+        if limit is not None and admission.requests > 1 and admission.tokens + tokens > limit:
+            self.release()
+            raise _overloaded(
+                f"the server has {admission.tokens} tokens outstanding and this request adds "
+                f"{tokens} (--max-queued-tokens {limit}); retry later"
+            )
+        admission.tokens += tokens
+        self.tokens += tokens
+        return self
 
     def release(self) -> None:
         if not self._released:

@@ -5,9 +5,9 @@ In order, for each request:
 1. request id: the client's ``X-Request-Id`` (if short and printable) or a new
    one; set for logging (:mod:`server.http.request_context`) and echoed on every
    response, errors included;
-2. auth: with an API key configured, every ``/v1/*`` route needs
-   ``Authorization: Bearer <key>`` (compared in constant time) else 401;
-   ``/health`` and ``/metrics`` stay open;
+2. auth: with an API key configured, every ``/v1/*`` route and the API docs
+   (``/docs``, ``/redoc``, ``/openapi.json``) need ``Authorization: Bearer <key>``
+   (compared in constant time) else 401; ``/health`` and ``/metrics`` stay open;
 3. size: a body over ``max_request_bytes`` is a 413, decided from
    ``Content-Length`` before reading, or while reading a chunked body (the body
    is buffered up to the limit, then handed to the app);
@@ -16,7 +16,8 @@ In order, for each request:
    flight until its response has ended;
 5. the app. The request is counted in the metrics by route (``other`` for
    unknown paths) and status when its response starts, and logged as one
-   line when it ends.
+   line when it ends (method and path escaped: a ``%0a`` in a path cannot
+   forge another line).
 
 Error bodies have the OpenAI shape. Streaming responses pass through
 untouched (no buffering of the response).
@@ -50,6 +51,7 @@ access_log = logging.getLogger("shardserve.access")
 #: Default ``--max-request-bytes``.
 DEFAULT_MAX_REQUEST_BYTES = 8 * 1024 * 1024
 OPEN_PATHS = frozenset({"/health", "/metrics"})
+DOCS_PATHS = frozenset({"/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"})
 
 
 class _TooLarge(Exception):
@@ -126,14 +128,16 @@ class FrontDoor:
                 status = 500
                 self.metrics.count_http(route, status)
             elapsed_ms = (time.perf_counter() - start) * 1000
-            access_log.info("%s %s %d %.1f ms", scope.get("method"), path, status, elapsed_ms)
+            method = _escaped(str(scope.get("method")))
+            access_log.info("%s %s %d %.1f ms", method, _escaped(path), status, elapsed_ms)
             ttft_trace.end(trace)
             request_id_var.reset(token)
 
     def _refusal(self, scope: Scope, headers: Headers) -> APIError | None:
         """The 401 or 413 decided from headers alone, if any."""
         path: str = scope.get("path", "")
-        if self._key is not None and path not in OPEN_PATHS and path.startswith("/v1"):
+        guarded = path.startswith("/v1") or path in DOCS_PATHS
+        if self._key is not None and path not in OPEN_PATHS and guarded:
             scheme, _, credential = headers.get("authorization", "").partition(" ")
             given = credential.strip().encode() if scheme.lower() == "bearer" else b""
             if not hmac.compare_digest(given, self._key):
@@ -172,6 +176,13 @@ class FrontDoor:
                 break
         body = {"type": "http.request", "body": b"".join(chunks), "more_body": False}
         return _replay([body], receive)
+
+
+def _escaped(field: str) -> str:
+    """``field`` with control characters, backslashes and non-ASCII as escapes."""
+    if field.isprintable() and "\\" not in field:
+        return field
+    return field.encode("unicode_escape").decode("ascii")
 
 
 def _shutting_down() -> APIError:

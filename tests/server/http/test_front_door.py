@@ -126,3 +126,32 @@ async def test_never_422(serve: ServeFactory) -> None:
             path, content=content, headers={"content-type": "application/json"}
         )
         assert_error(response, 400, param)
+
+
+async def test_access_log_fields_are_escaped(
+    serve: ServeFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A ``%0a`` in the path cannot forge a second access-log line."""
+    served = await serve()
+    with caplog.at_level(logging.INFO, logger="shardserve.access"):
+        await served.http.get("/v1/x%0d%0aGET%20/v1/models%20200%20%5Cn")
+    (line,) = [r.getMessage() for r in caplog.records if r.name == "shardserve.access"]
+    assert line.startswith("GET /v1/x\\r\\nGET /v1/models 200 \\\\n 404 ")
+    assert line.isprintable()
+
+
+DOCS = ("/docs", "/redoc", "/openapi.json")
+
+
+async def test_api_docs_need_the_key(serve: ServeFactory) -> None:
+    served = await serve(api_key=API_KEY)
+    for path in DOCS:
+        assert_error(await served.http.get(path), 401)
+        assert (await served.http.get(path, headers=AUTH)).status_code == 200, path
+
+
+async def test_api_docs_can_be_disabled(serve: ServeFactory) -> None:
+    served = await serve(app_options={"disable_docs": True})
+    for path in DOCS:
+        assert (await served.http.get(path)).status_code == 404, path
+    assert (await served.http.get("/health")).status_code == 200

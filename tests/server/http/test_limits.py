@@ -5,6 +5,9 @@ from __future__ import annotations
 import asyncio
 import json
 
+import pytest
+
+from server.http.errors import APIError
 from server.http.limits import Admission
 from tests.server.conftest import ServeFactory
 from tests.waiting import async_wait_until
@@ -80,3 +83,20 @@ async def test_hostile_bodies_are_4xx_and_harmless(serve: ServeFactory) -> None:
         assert r.json()["error"]["message"]
     ok = await served.http.post("/v1/completions", json={"prompt": "Hello", "max_tokens": 2})
     assert ok.status_code == 200
+
+
+def test_a_media_ticket_grows_within_the_token_limit() -> None:
+    """A request with media is admitted with no tokens, then grows by its prompt's; a
+    refusal then gives its place back."""
+    admission = Admission(max_tokens=10)
+    other = admission.admit(8)
+    ticket = admission.admit(0)
+    with pytest.raises(APIError) as caught:
+        ticket.grow(5)
+    assert caught.value.status_code == 429
+    assert (admission.requests, admission.tokens) == (1, 8)
+    other.release()
+    alone = admission.admit(0).grow(50)  # alone, a request is never refused for its size
+    assert (admission.requests, admission.tokens) == (1, 50)
+    alone.release()
+    assert (admission.requests, admission.tokens) == (0, 0)
