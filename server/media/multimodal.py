@@ -259,7 +259,40 @@ def with_media(requests: list[GenerateRequest], media: list[MediaInput]) -> list
 
 
 def add_media_flags(parser: argparse.ArgumentParser) -> None:
-    """vLLM's media flags on ``shardserve serve``."""
+    """vLLM's media flags on ``shardserve serve`` (and ours for the decoding budget)."""
+    _add_fetch_flags(parser)
+    parser.add_argument(
+        "--media-memory-budget-mib",
+        type=positive_int,
+        default=DEFAULT_MEMORY_BUDGET_MIB,
+        metavar="MIB",
+        help="most memory one request's images and videos may take decoded and resized",
+    )
+    parser.add_argument(
+        "--limit-mm-per-prompt",
+        type=_limit,
+        default={},
+        metavar="JSON",
+        help="most images / videos one prompt may hold (JSON as vLLM's, or image=N,video=M)",
+    )
+    parser.add_argument(
+        "--video-fps",
+        type=positive_float,
+        default=DEFAULT_VIDEO_FPS,
+        metavar="F",
+        help="frames per second sampled from a video part (vLLM's name)",
+    )
+    parser.add_argument(
+        "--max-video-frames",
+        type=positive_int,
+        default=DEFAULT_MAX_VIDEO_FRAMES,
+        metavar="N",
+        help="most frames kept of one video, spread over it past that",
+    )
+
+
+def _add_fetch_flags(parser: argparse.ArgumentParser) -> None:
+    """Where media URLs may be read from (vLLM's names)."""
     parser.add_argument(
         "--allowed-local-media-path",
         type=_directory,
@@ -288,34 +321,6 @@ def add_media_flags(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="let http(s) media URLs reach private, loopback and link-local addresses "
         "(internal deployments only: any client can then probe your network)",
-    )
-    parser.add_argument(
-        "--media-memory-budget-mib",
-        type=positive_int,
-        default=DEFAULT_MEMORY_BUDGET_MIB,
-        metavar="MIB",
-        help="most memory one request's images and videos may take decoded and resized",
-    )
-    parser.add_argument(
-        "--limit-mm-per-prompt",
-        type=_limit,
-        default={},
-        metavar="JSON",
-        help="most images / videos one prompt may hold (JSON as vLLM's, or image=N,video=M)",
-    )
-    parser.add_argument(
-        "--video-fps",
-        type=positive_float,
-        default=DEFAULT_VIDEO_FPS,
-        metavar="F",
-        help="frames per second sampled from a video part (vLLM's name)",
-    )
-    parser.add_argument(
-        "--max-video-frames",
-        type=positive_int,
-        default=DEFAULT_MAX_VIDEO_FRAMES,
-        metavar="N",
-        help="most frames kept of one video, spread over it past that",
     )
 
 

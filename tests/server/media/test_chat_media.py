@@ -61,6 +61,20 @@ def test_media_flags_parse_as_vllm_spells_them(tmp_path: object) -> None:
     )
     assert (opts.fetch_timeout_s, opts.limit_images) == (2.5, 3)
     assert media_options(_serve_args("--limit-mm-per-prompt", "image=1")).limit_images == 1
+    safe = media_options(_serve_args())
+    assert (safe.allowed_media_domains, safe.allow_private_media_urls) == (None, False)
+    opened = media_options(
+        _serve_args(
+            "--allowed-media-domains",
+            "Images.Example.com.",
+            "[::1]",
+            "--allow-private-media-urls",
+            "--media-memory-budget-mib",
+            "64",
+        )
+    )
+    assert opened.allowed_media_domains == frozenset({"images.example.com", "::1"})
+    assert opened.allow_private_media_urls and opened.memory_budget_bytes == 64 * 2**20
 
 
 @pytest.mark.parametrize(
@@ -70,6 +84,9 @@ def test_media_flags_parse_as_vllm_spells_them(tmp_path: object) -> None:
         ["--media-fetch-timeout", "0"],
         ["--limit-mm-per-prompt", '{"audio": 1}'],
         ["--limit-mm-per-prompt", "image=many"],
+        ["--allowed-media-domains", "example.com:8080"],
+        ["--allowed-media-domains", "http://example.com/"],
+        ["--media-memory-budget-mib", "0"],
     ],
 )
 def test_bad_media_flags_exit_2_naming_the_flag(
