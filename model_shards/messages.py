@@ -260,7 +260,6 @@ class StepPlan(msgspec.Struct, frozen=True):
     encode: list[list[int]] = []  # encoder replicas: token ids of each input to embed
     shutdown: bool = False
     token_masks: list[TokenMask] = []  # grammar masks of this step's constrained sampled chunks
-    trace: bool = False  # a traced request runs: time the layer kinds (worker/layer_timer.py)
 
 
 _frontend_encoder = msgspec.msgpack.Encoder()

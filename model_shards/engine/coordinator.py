@@ -206,7 +206,7 @@ class Coordinator:
     def _launch(self) -> _InFlight | None:
         """Schedule a step, send its plan, run stage 0; ``None`` when it ran no chunk."""
         scheduled = self.scheduler.schedule(self.max_in_flight)
-        self.traces.mark(scheduled.sequences, "scheduled")
+        trace = self.traces.step(scheduled.sequences)  # OFF unless a traced request runs
         sampled = [
             seq for seq, c in zip(scheduled.sequences, scheduled.chunks, strict=True) if c.sample
         ]
@@ -216,13 +216,11 @@ class Coordinator:
             new_sequences=self._with_stop_ids(scheduled),
             freed_seq_ids=scheduled.freed_seq_ids,
             token_masks=[] if self.constraints is None else self.constraints.masks(sampled),
-            trace=self.traces.active,
         )
         broadcast_plan(plan, self.worker.comm, self.worker.pending)
         self._last_plan_at = time.monotonic()
-        self.traces.mark(scheduled.sequences, "plan_sent")
-        result = self.worker.execute(plan, wait=False)
-        self.traces.mark_all(scheduled.sequences, self.worker.step_stamps)
+        trace.stamp("plan_sent")
+        result = self.worker.execute(plan, wait=False, trace=trace)
         if not plan.chunks:
             return None
         return _InFlight(scheduled, plan, sampled, result)
@@ -300,8 +298,7 @@ class Coordinator:
                 except ValueError as exc:
                     refused.append((client, EngineError(str(exc), req.request_id)))
                 else:
-                    if req.trace:
-                        self.traces.open(req.request_id, received)
+                    self.traces.open(req, received)  # kept only if req.trace
             return refused
         if isinstance(message, AbortRequests):  # blocks are released now: report it
             return self._with_stats(_by_client(self.abort(message.request_ids)))

@@ -2,21 +2,24 @@
 
 A traced request gets ``time.monotonic_ns()`` stamps until its first output: ``received``,
 ``admitted``, ``scheduled``, ``plan_sent``, the worker's ``forward_done``, ``lm_head_done`` and
-``sampled`` (pp == 1 only), then ``outputs_built``; they return in ``RequestOutput.trace``.
-``CLOCK_MONOTONIC`` is shared by a host's processes, so :mod:`server.http.ttft_trace` lays them
-beside the frontend's. On a GPU the worker's stamps are launch times: ``sampled`` includes the
-GPU work still queued. Each stage keeps its first stamp (a chunked prefill shows its first
-chunk). Untraced requests are never stored. Pure Python; rank 0 only.
+``sampled`` (pp == 1 only; :mod:`model_shards.worker.step_trace`), then ``outputs_built``; they
+return in ``RequestOutput.trace``. ``CLOCK_MONOTONIC`` is shared by a host's processes, so
+:mod:`server.http.ttft_trace` lays them beside the frontend's. On a GPU the worker's stamps are
+launch times: ``sampled`` includes the GPU work still queued. Each stage keeps its first stamp (a
+chunked prefill shows its first chunk). Untraced requests are never stored; a step without a
+traced request gets :data:`~model_shards.worker.step_trace.OFF`. Pure Python; rank 0 only.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 
 import msgspec
 
 from model_shards.engine.scheduler.scheduler import Sequence, SeqUpdate
+from model_shards.messages import GenerateRequest
+from model_shards.worker.step_trace import OFF, StepTrace
 
 
 class RequestTraces:
@@ -25,30 +28,25 @@ class RequestTraces:
     def __init__(self) -> None:
         self._open: dict[str, dict[str, int]] = {}
 
-    @property
-    def active(self) -> bool:
-        return bool(self._open)
+    def open(self, request: GenerateRequest, received_ns: int) -> None:
+        """An admitted ``request``: if it asks to be traced, received at ``received_ns`` and
+        admitted now."""
+        if request.trace:
+            stamps = {"received": received_ns, "admitted": time.monotonic_ns()}
+            self._open[request.request_id] = stamps
 
-    def open(self, request_id: str, received_ns: int) -> None:
-        """Start tracing ``request_id``, received at ``received_ns`` and admitted now."""
-        self._open[request_id] = {"received": received_ns, "admitted": time.monotonic_ns()}
-
-    def mark(self, sequences: Iterable[Sequence], stage: str, at_ns: int | None = None) -> None:
-        """Stamp ``stage`` (now, or ``at_ns``) on traced ``sequences`` that lack it."""
+    def step(self, sequences: Iterable[Sequence]) -> StepTrace:
+        """The trace of a step just scheduled to run ``sequences`` (``scheduled`` stamped now):
+        :data:`OFF` unless one of them is traced."""
         if not self._open:
-            return
-        now = time.monotonic_ns() if at_ns is None else at_ns
-        for seq in sequences:
-            stamps = self._open.get(seq.request.request_id)
-            if stamps is not None:
-                stamps.setdefault(stage, now)
-
-    def mark_all(self, sequences: Iterable[Sequence], stamps: Mapping[str, int]) -> None:
-        """:meth:`mark` every ``stage → ns`` of ``stamps`` (the worker's step stamps)."""
-        if self._open:
-            seqs = list(sequences)
-            for stage, at_ns in stamps.items():
-                self.mark(seqs, stage, at_ns)
+            return OFF
+        found = (self._open.get(seq.request.request_id) for seq in sequences)
+        stamps = [s for s in found if s is not None]
+        if not stamps:
+            return OFF
+        trace = StepTrace(stamps)
+        trace.stamp("scheduled")
+        return trace
 
     def drop(self, request_id: str) -> None:
         self._open.pop(request_id, None)

@@ -10,7 +10,8 @@
 * ``media_inputs.py``: a VLM's images on the first stage: encoder-output cache, embeddings;
 * ``sampler.py``: next-token sampling on the last stage's TP rank 0 (vLLM semantics);
 * ``sampling_batch.py``: the sampler's tokens for every row at once, on the logits' device;
-* ``layer_timer.py``: per-layer-kind prefill times of a traced step (opt-in TTFT trace).
+* ``step_trace.py``: ``StepTrace``: rank 0's TTFT stamps of a traced step, called at its phase ends;
+* ``layer_timer.py``: per-layer-kind prefill times of a traced step (forward hooks).
 
 Every rank runs a worker, rank 0 too (beside its coordinator). It decides nothing: block ids,
 chunks, seeds and grammar masks come in the plan; beside its weights and KV pool it keeps only

@@ -13,8 +13,6 @@ One step, the same plan on every rank:
 from __future__ import annotations
 
 import logging
-import time
-from contextlib import nullcontext
 from dataclasses import dataclass
 from itertools import accumulate
 
@@ -44,13 +42,14 @@ from model_shards.parallel.comm import (
     send_to_next_stage,
 )
 from model_shards.parallel.state import ParallelState
-from model_shards.worker import gpu_memory, layer_timer
+from model_shards.worker import gpu_memory
 from model_shards.worker.checkpoint import Checkpoint
 from model_shards.worker.decode_graphs import DecodeGraphs
 from model_shards.worker.kv_cache import PagedKVCache
 from model_shards.worker.loader import load_weights
 from model_shards.worker.media_inputs import MediaInputs
 from model_shards.worker.sampler import SampleOutput, Sampler
+from model_shards.worker.step_trace import OFF, StepTrace
 
 log = logging.getLogger(__name__)
 
@@ -176,8 +175,6 @@ class Worker:
         self.graphs: DecodeGraphs | None = None  # set by build() on a backend with graphs
         self.bytes_loaded = 0
         self.pending = Pending()  # non-blocking sends in progress
-        # monotonic ns at which the last step's forward / LM head / sampling ended (request_trace)
-        self.step_stamps: dict[str, int] = {}
         # a vision-language model's first stage: images of its sequences, encoder cache
         self.media = MediaInputs(model, ps.device) if _takes_images(model, ps) else None  # type: ignore[arg-type]
         # a model with its own position streams (M-RoPE): every rank tracks them
@@ -237,9 +234,12 @@ class Worker:
         return self.ps.is_last_stage and self.ps.tp_rank == 0
 
     @torch.inference_mode()
-    def execute(self, plan: StepPlan, wait: bool = True) -> StepResult | None:
+    def execute(
+        self, plan: StepPlan, wait: bool = True, trace: StepTrace = OFF
+    ) -> StepResult | None:
         """Run this rank's stage of one step. Global rank 0 gets the result if it is the sampler
-        or ``wait`` (else :meth:`collect` it later, in plan order); other ranks get ``None``."""
+        or ``wait`` (else :meth:`collect` it later, in plan order); other ranks get ``None``.
+        ``trace``: rank 0's TTFT stamps of the step (:mod:`model_shards.worker.step_trace`)."""
         ps = self.ps
         for seq_id in plan.freed_seq_ids:
             self.kv.free(seq_id)
@@ -259,11 +259,8 @@ class Worker:
         self.kv.extend_tables(plan.chunks)
         graphed = self.graphs is not None and all(len(c.token_ids) == 1 for c in plan.chunks)
         graphed = graphed and (self.media is None or not self.media.touches(plan.chunks))
-        kinds: dict[str, int] = {}  # a traced step: per-layer-kind forward ns (layer_timer)
-        with layer_timer.timed(self.model, kinds) if plan.trace else nullcontext():
+        with trace.forward(self.model):
             stage_out = self._forward(plan.chunks, graphed)  # [T, H], or [T, V] from a graph
-        self.step_stamps = {"forward_done": time.monotonic_ns()}
-        self.step_stamps.update({layer_timer.PREFIX + k: v for k, v in kinds.items()})
         if not ps.is_last_stage:
             send_to_next_stage(stage_out, self.comm, self.pending)
             return self.collect(plan) if wait and ps.rank == 0 else None
@@ -276,11 +273,11 @@ class Worker:
             ends = list(accumulate(len(c.token_ids) for c in plan.chunks))
             rows = torch.tensor([ends[i] - 1 for i in sampled], device=ps.device)
             logits = self.model.compute_logits(stage_out[rows])  # [S, V]
-            self.step_stamps["lm_head_done"] = time.monotonic_ns()
+            trace.stamp("lm_head_done")
         if ps.tp_rank != 0:
             return None
         out = self.sampler.sample(logits, [plan.chunks[i] for i in sampled])
-        self.step_stamps["sampled"] = time.monotonic_ns()
+        trace.stamp("sampled")
         if ps.rank == 0:
             return _to_result(out)
         _send_result(out, self.comm, self.pending)

@@ -1,6 +1,6 @@
-"""Per-layer-kind prefill timing for the opt-in TTFT trace (``StepPlan.trace``).
+"""Per-layer-kind prefill timing for the opt-in TTFT trace (:mod:`.step_trace`).
 
-While a step carries a traced request, the worker attaches PyTorch forward hooks
+While rank 0 runs a traced request's step, its worker attaches PyTorch forward hooks
 to its stage's modules (:func:`timed`) and detaches them after the forward, so
 an untraced step runs the model exactly as before (no hook, no extra Python per
 layer). Each hooked module kind accumulates ``time.perf_counter_ns()`` between

@@ -9,7 +9,8 @@
 * ``metrics.py``: ``Metrics``: the Prometheus metrics of ``GET /metrics``, ``shardserve_*``;
 * ``lifecycle.py``: the draining state of a graceful shutdown, and requests in flight;
 * ``draining.py``: uvicorn that drains on the first SIGINT/SIGTERM;
-* ``ttft_trace.py``: opt-in time-to-first-token tracing (``SHARDSERVE_TTFT_TRACE=file``).
+* ``ttft_trace.py``: opt-in time-to-first-token tracing (``SHARDSERVE_TTFT_TRACE=file``): its
+  outermost middleware, the ``span``/``first`` decorators and the engine client's wire seams.
 
 ``build_app`` is a factory with no module globals (each app its own metrics registry), so
 several apps can live in one process. Every error, whatever raised it, leaves with the OpenAI

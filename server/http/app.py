@@ -88,22 +88,24 @@ async def _chain(first: bytes, rest: AsyncGenerator[bytes, None]) -> AsyncGenera
     """``first`` then ``rest``; closing this closes ``rest`` (which aborts the request)."""
     async with contextlib.aclosing(rest):
         yield first
-        ttft_trace.first_flush()  # resumed: the first frame is with the socket
         async for frame in rest:
             yield frame
 
 
 async def _parse(request: Request, model: type[B]) -> B:
-    raw = await request.body()
-    ttft_trace.mark("body_read")
+    return _validate(await request.body(), model)
+
+
+@ttft_trace.span("body_read", "validated")
+def _validate(raw: bytes, model: type[B]) -> B:
+    """``raw`` as a ``model``, or the 400 naming the field."""
     try:
-        parsed = model.model_validate_json(raw)
+        return model.model_validate_json(raw)
     except ValidationError as exc:
         raise validation_error(list(exc.errors())) from None
-    ttft_trace.mark("validated")
-    return parsed
 
 
+@ttft_trace.first("first_frame")
 async def _released(
     frames: AsyncGenerator[bytes, None], ticket: Ticket
 ) -> AsyncGenerator[bytes, None]:
@@ -143,7 +145,6 @@ async def _respond_streamed(
     stream = _released(with_deadline(frames(), deadline, timeout_s), ticket)
     try:  # the first frame decides the status: a refusal is still a 4xx
         first = await _unless_disconnected(request, anext(stream))
-        ttft_trace.mark("first_frame")
     except _ClientGone:
         await stream.aclose()
         return Response(status_code=499)
@@ -260,7 +261,8 @@ def _install_front_door(
     api_key: str | None,
     max_request_bytes: int,
 ) -> None:
-    """OpenAI-style error handlers, then the :class:`FrontDoor` middleware."""
+    """OpenAI-style error handlers, the :class:`FrontDoor` middleware, and around it the
+    opt-in TTFT trace's (:class:`ttft_trace.TraceDoor`)."""
     install_error_handlers(app)
     app.add_middleware(
         FrontDoor,
@@ -270,6 +272,7 @@ def _install_front_door(
         max_request_bytes=max_request_bytes,
         lifecycle=lifecycle,
     )
+    app.add_middleware(ttft_trace.TraceDoor)  # added last: the outermost
 
 
 def _add_status_routes(app: FastAPI, serving: ServedModel, lifecycle: Lifecycle) -> None:

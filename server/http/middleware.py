@@ -34,7 +34,6 @@ from typing import Any
 
 from starlette.datastructures import Headers, MutableHeaders
 
-from server.http import ttft_trace
 from server.http.errors import APIError
 from server.http.lifecycle import Lifecycle
 from server.http.metrics import Metrics
@@ -87,7 +86,6 @@ class FrontDoor:
         headers = Headers(scope=scope)
         request_id = choose_request_id(headers.get("x-request-id"))
         token = request_id_var.set(request_id)
-        trace = ttft_trace.begin()
         path: str = scope.get("path", "")
         route = path if path in self.routes else "other"
         status: int | None = None
@@ -130,7 +128,6 @@ class FrontDoor:
             elapsed_ms = (time.perf_counter() - start) * 1000
             method = _escaped(str(scope.get("method")))
             access_log.info("%s %s %d %.1f ms", method, _escaped(path), status, elapsed_ms)
-            ttft_trace.end(trace)
             request_id_var.reset(token)
 
     def _refusal(self, scope: Scope, headers: Headers) -> APIError | None:

@@ -45,6 +45,7 @@ class TextDelta:
     logprobs: list[SampledToken] | None = None
 
 
+@ttft_trace.first("detokenized")
 async def generate_text(
     engine: Engine,
     tokenizer: Tokenizer,
@@ -82,7 +83,6 @@ async def generate_text(
             if matcher.stopped:
                 finish = "stop"
             if text or finish is not None:
-                ttft_trace.mark("detokenized")
                 sent, pending = (pending, []) if want_logprobs else (None, pending)
                 yield TextDelta(text, finish, prompt_tokens, completion_tokens, sent)
             if finish is not None:

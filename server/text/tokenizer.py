@@ -110,16 +110,14 @@ class Tokenizer:
     def _id_of(self, token: str | None) -> int | None:
         return None if token is None else self._backend.token_to_id(token)
 
+    @ttft_trace.span("tokenize_start", "tokenized")
     def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
         """Prompt ids, special tokens added exactly as transformers adds them.
 
         A rendered chat template already holds its special tokens: encode it with
         ``add_special_tokens=False``, as ``apply_chat_template`` does.
         """
-        ttft_trace.mark("tokenize_start")
-        ids = list(self._backend.encode(text, add_special_tokens=add_special_tokens).ids)
-        ttft_trace.mark("tokenized", last=True)
-        return ids
+        return list(self._backend.encode(text, add_special_tokens=add_special_tokens).ids)
 
     def encode_truncated(self, text: str, max_tokens: int) -> list[int]:
         """Ids with special tokens, the text cut so the whole fits ``max_tokens`` (as

@@ -7,9 +7,10 @@ JSON line per request is written at the first flush. Off: nothing is flagged or 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncGenerator, Iterator
 from pathlib import Path
 
 import msgspec
@@ -106,4 +107,45 @@ async def test_off_by_default(serve: ServeFactory) -> None:
     async with served.http.stream("POST", "/v1/completions", json=body) as response:
         assert [line async for line in response.aiter_lines()][-2:] == ["data: [DONE]", ""]
     assert [r.trace for r in served.engine.requests.values()] == [False]
-    assert ttft_trace.begin() is None and not ttft_trace._by_request  # nothing kept
+    assert not ttft_trace._by_request  # nothing kept
+
+
+@ttft_trace.span("start", "end")
+def _double(x: int) -> int:
+    return 2 * x
+
+
+@ttft_trace.first("first_item")
+async def _count(closed: list[bool]) -> AsyncGenerator[int, None]:
+    try:
+        for i in range(3):
+            yield i
+    finally:
+        closed.append(True)
+
+
+async def test_seams_pass_through_untraced_and_stamp_traced() -> None:
+    closed: list[bool] = []
+    items = _count(closed)
+    assert items.ag_code is _count.__wrapped__.__code__  # type: ignore[attr-defined]
+    assert await anext(items) == 0  # untraced: the generator itself, no wrapper
+    await items.aclose()
+    assert _double(2) == 4
+    trace = ttft_trace.Trace()
+    token = ttft_trace._current.set(trace)
+    try:
+        assert _double(1) == 2
+        first_end = trace.frontend["end"]
+        while time.monotonic_ns() == first_end:  # a coarse clock: let it tick
+            pass
+        assert _double(2) == 4
+        async with contextlib.aclosing(_count(closed)) as counted:
+            assert await anext(counted) == 0
+            stamped = trace.frontend["first_item"]
+            assert await anext(counted) == 1
+    finally:
+        ttft_trace._current.reset(token)
+    assert closed == [True, True]  # closing the stamped stream closed the generator
+    assert list(trace.frontend) == ["start", "end", "first_item"]
+    assert trace.frontend["start"] <= first_end < trace.frontend["end"] <= stamped  # last end
+    assert trace.frontend["first_item"] == stamped  # the first item's stamp is kept
