@@ -4,9 +4,9 @@ A small decode batch on CPU spends as long in ~50 small PyTorch ops per layer as
 the kernels fuse those ops, round like :mod:`model_shards.backends.reference` and compute each
 row on its own, so outputs do not depend on batch composition.
 
-Built once per machine (``make install`` does it ahead of time) with ninja and
+Built once per machine and checkout (``make install`` does it ahead of time) with ninja and
 ``-march=native`` into torch's extension cache, under a name tagged with this CPU's feature
-flags. If it cannot be built, or with ``SHARDSERVE_CPU_KERNELS=0``, backend selection warns
+flags and a hash of the sources. If it cannot be built, or with ``SHARDSERVE_CPU_KERNELS=0``, backend selection warns
 and falls back to the reference backend. Only CPU ranks build it.
 """
 
@@ -53,10 +53,16 @@ def _cpu_tag() -> str:
     return hashlib.sha256(f"{platform.machine()} {flags}".encode()).hexdigest()[:10]
 
 
-def _headers_tag() -> str:
-    """A hash of the headers, passed as a flag: torch rebuilds on source or flag changes only."""
-    text = b"".join(path.read_bytes() for path in HEADERS)
-    return hashlib.sha256(text).hexdigest()[:10]
+def _sources_tag() -> str:
+    """A hash of the kernels' folder and of every source and header: part of the build's name,
+    so two checkouts (or two versions of the kernels) never share a build directory. (Torch's
+    own check rebuilds in place whenever a source path or text differs from the last build,
+    which made checkouts side by side rebuild over each other and wait on each other's lock.)
+    """
+    digest = hashlib.sha256(str(KERNELS_DIR.resolve()).encode())
+    for path in [*SOURCES, *HEADERS]:
+        digest.update(path.name.encode() + path.read_bytes())
+    return digest.hexdigest()[:10]
 
 
 @cache
@@ -73,9 +79,9 @@ def build_and_load() -> bool:
 
         os.environ["PATH"] = f"{ninja.BIN_DIR}{os.pathsep}{os.environ.get('PATH', '')}"
         load(
-            name=f"shardserve_cpu_ops_{_cpu_tag()}",
+            name=f"shardserve_cpu_ops_{_cpu_tag()}_{_sources_tag()}",
             sources=[str(path) for path in SOURCES],
-            extra_cflags=["-O3", "-march=native", "-fopenmp", f"-DHEADERS={_headers_tag()}"],
+            extra_cflags=["-O3", "-march=native", "-fopenmp"],
             extra_ldflags=["-fopenmp"],
             is_python_module=False,
         )
