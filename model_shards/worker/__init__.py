@@ -10,6 +10,8 @@
 * ``media_inputs.py``: a VLM's images on the first stage: encoder-output cache, embeddings;
 * ``sampler.py``: next-token sampling on the last stage's TP rank 0 (vLLM semantics);
 * ``sampling_batch.py``: the sampler's tokens for every row at once, on the logits' device;
+* ``prompt_logprobs.py``: prompt scoring on the last stage: LM head, log-softmax, rank, top-k;
+* ``step_result.py``: ``StepResult`` (tokens, logprobs, prompt scores) and its way to rank 0;
 * ``layer_timer.py``: per-layer-kind prefill times of a traced step (opt-in TTFT trace).
 
 Every rank runs a worker, rank 0 too (beside its coordinator). It decides nothing: block ids,

@@ -18,6 +18,13 @@ from model_shards.models import DecoderModel
 
 #: Most logits one pass holds (float32: 64 MiB).
 LOGITS_ELEMENTS = 1 << 24
+#: Most alternatives a request may ask for (the engine checks: ``request_checks.MAX_LOGPROBS``).
+MAX_TOP_K = 20
+
+
+def rows_per_pass(vocab_size: int) -> int:
+    """Rows one LM-head pass of prompt scoring takes at most."""
+    return max(1, LOGITS_ELEMENTS // vocab_size)
 
 
 @dataclass
@@ -58,19 +65,19 @@ def score_prompts(
         start += len(chunk.token_ids)
     row_index = torch.tensor(rows, dtype=torch.int64, device=hidden.device)  # [R]
     target_ids = torch.tensor(targets, dtype=torch.int64, device=hidden.device)  # [R]
-    per_pass = max(1, LOGITS_ELEMENTS // model.config.vocab_size)
+    per_pass = rows_per_pass(model.config.vocab_size)
     parts = []
     for lo in range(0, num_rows, per_pass):
         logits = model.compute_logits(hidden[row_index[lo : lo + per_pass]])  # [n, V]
         if leader:
-            parts.append(_score(logits.float(), target_ids[lo : lo + per_pass], k))
+            parts.append(score_logits(logits.float(), target_ids[lo : lo + per_pass], k))
     if not leader:
         return None
     logprobs, ranks, top_ids, top_logprobs = (torch.cat(p).cpu() for p in zip(*parts, strict=True))
     return PromptScores(logprobs, ranks, top_ids, top_logprobs)
 
 
-def _score(
+def score_logits(
     logits: torch.Tensor, targets: torch.Tensor, k: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """``logits [n, V]`` float32, ``targets [n]`` → their logprobs ``[n]``, ranks ``[n]``,
