@@ -106,6 +106,9 @@ class GenerateRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # opt-in TTFT tracing (server/http/ttft_trace.py): timestamps in the first RequestOutput
     trace: bool = False
     media: list[MediaInput] = []  # the prompt's images, in prompt order
+    # score the prompt: each prompt token's logprob given the tokens before it, its rank and
+    # the top N alternatives (N <= 20), in the first RequestOutput; no prefix-cache hit then
+    prompt_logprobs: int | None = None
 
 
 class TokenLogprob(msgspec.Struct, frozen=True, array_like=True):
@@ -114,6 +117,18 @@ class TokenLogprob(msgspec.Struct, frozen=True, array_like=True):
     logprob: float
     top_ids: list[int]
     top_logprobs: list[float]
+
+
+class PromptLogprobs(msgspec.Struct, frozen=True, array_like=True):
+    """Scores of consecutive prompt tokens, one entry per token (columns of equal length):
+    its log-probability under the raw model distribution given the tokens before it, its rank
+    in that distribution (1: the most likely) and the top alternatives (ids, logprobs). A whole
+    prompt's starts at its token 1 (token 0 has no context)."""
+
+    logprobs: list[float]
+    ranks: list[int]
+    top_ids: list[list[int]]
+    top_logprobs: list[list[float]]
 
 
 # ---- frontend → coordinator -------------------------------------------------
@@ -161,6 +176,8 @@ class RequestOutput(msgspec.Struct, frozen=True):
     finish_reason: FinishReason | None = None
     num_prompt_tokens: int = 0
     logprobs: list[TokenLogprob] | None = None  # one per new token, when asked
+    # GenerateRequest.prompt_logprobs: the whole prompt's, in the request's first output
+    prompt_logprobs: PromptLogprobs | None = None
     # GenerateRequest.trace: rank 0's stage → time.monotonic_ns() (first output only)
     trace: dict[str, int] | None = None
 
@@ -228,6 +245,16 @@ class NewSequence(msgspec.Struct, frozen=True):
     media: list[MediaInput] = []  # the prompt's images, for the first stage's vision tower
 
 
+class PromptScoring(msgspec.Struct, frozen=True, array_like=True):
+    """Score prompt tokens on a chunk's rows: the logits of row ``first_row + j`` (position
+    ``start_pos + first_row + j``) give the logprob, rank and top ``top_k`` of ``target_ids[j]``,
+    the prompt token after that position."""
+
+    top_k: int
+    first_row: int
+    target_ids: list[int]
+
+
 class SeqChunk(msgspec.Struct, frozen=True):
     """Tokens of one sequence to run this step, from position ``start_pos``; earlier positions
     are already in its KV cache on every rank."""
@@ -238,6 +265,7 @@ class SeqChunk(msgspec.Struct, frozen=True):
     sample: bool = True  # the last stage samples after it; false: a prefill chunk short of the end
     new_block_ids: list[int] = []  # appended to the block table first; it then covers the chunk
     window_block_ids: list[list[int]] = []  # the same for KV groups 1.. (config/kv_layout.py)
+    score: PromptScoring | None = None  # the last stage also scores these prompt tokens
 
 
 class TokenMask(msgspec.Struct, frozen=True, array_like=True):

@@ -2,7 +2,9 @@
 
 Eight concurrent greedy requests (string and token-id prompts) must produce the
 text of transformers' own greedy continuation on the same weights; bad requests
-get OpenAI-style 4xx errors and the server keeps serving; SIGTERM leaves no
+get OpenAI-style 4xx errors and the server keeps serving; prompt scoring as
+lm-evaluation-harness asks for it (``echo``, ``logprobs: 1``, ``max_tokens: 0``) and vLLM's
+``prompt_logprobs`` give transformers' log-probabilities; SIGTERM leaves no
 process behind (checked by :func:`tests.live_server.live_server`).
 """
 
@@ -17,7 +19,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from tests.checkpoints import build_tiny_llama, hf_greedy
+from tests.checkpoints import build_tiny_llama, hf_greedy, hf_prompt_logits
 from tests.live_server import TEST_DEVICE, live_server
 
 NEW_TOKENS = 24
@@ -72,6 +74,37 @@ def _check_errors(url: str) -> None:
         assert ok.status_code == 200, ok.text
 
 
+def _check_prompt_scoring(url: str, model_dir: Path) -> None:
+    """A loglikelihood batch as lm-evaluation-harness's ``local-completions`` sends it: each
+    continuation's summed logprob and ``is_greedy`` (its tokens the top alternatives) are
+    transformers'; then vLLM's ``prompt_logprobs`` of one prompt."""
+    context = [5, 6, 7, 300, 12]
+    prompts = [context + hf_greedy(model_dir, context, 3), [*context, 42, 8, 8]]
+    body = {"prompt": prompts, "echo": True, "logprobs": 1, "max_tokens": 0, "temperature": 0}
+    with httpx.Client(base_url=url, timeout=60) as http:
+        r = http.post("/v1/completions", json=body)
+        assert r.status_code == 200, r.text
+        choices = r.json()["choices"]
+        scored = http.post(
+            "/v1/completions", json={"prompt": prompts[1], "max_tokens": 1, "prompt_logprobs": 2}
+        )
+        assert scored.status_code == 200, scored.text
+    for ids, choice, greedy in zip(prompts, choices, (True, False), strict=True):
+        logp = hf_prompt_logits(model_dir, ids).log_softmax(-1)
+        want = [float(logp[i - 1, ids[i]]) for i in range(len(context), len(ids))]
+        lp = choice["logprobs"]
+        assert len(lp["tokens"]) == len(ids) and lp["token_logprobs"][0] is None
+        got, tops = lp["token_logprobs"][len(context) :], lp["top_logprobs"][len(context) :]
+        assert sum(got) == pytest.approx(sum(want), abs=1e-3)
+        is_greedy = all(t == max(top.values()) for t, top in zip(got, tops, strict=True))
+        assert is_greedy == greedy
+    vllm = scored.json()["choices"][0]["prompt_logprobs"]
+    logp = hf_prompt_logits(model_dir, prompts[1]).log_softmax(-1)
+    for i in range(1, len(prompts[1])):
+        own = vllm[i][str(prompts[1][i])]
+        assert own["logprob"] == pytest.approx(float(logp[i - 1, prompts[1][i]]), abs=1e-3)
+
+
 @pytest.mark.timeout(300)
 def test_tp2_pp2_server_matches_transformers(tmp_path: Path) -> None:
     if TEST_DEVICE == "cuda" and torch.cuda.device_count() < 4:
@@ -101,3 +134,4 @@ def test_tp2_pp2_server_matches_transformers(tmp_path: Path) -> None:
         assert asyncio.run(_run_all(server.url, prompts, stream=False)) == expected
         assert asyncio.run(_run_all(server.url, prompts, stream=True)) == expected
         _check_errors(server.url)
+        _check_prompt_scoring(server.url, model_dir)

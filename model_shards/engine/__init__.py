@@ -6,6 +6,7 @@
 * ``scheduler/``: continuous batching over the paged, prefix-cached KV pool (pure Python);
 * ``structured/``: grammar-constrained decoding: compiles, matchers, each step's token masks;
 * ``request_trace.py``: a traced request's TTFT stamps on rank 0 (opt-in);
+* ``prompt_logprobs.py``: which prompt rows each chunk scores; the scores into first outputs;
 * ``embedding_coordinator.py``: an encoder replica's engine: batch inputs, embed, reply;
 * ``dp_attention.py``: ``--dp-attention``: replicas stepping in lockstep around their MoE layers.
 

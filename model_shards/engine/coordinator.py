@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import msgspec
 
+from model_shards.engine.prompt_logprobs import PromptLogprobTracker
 from model_shards.engine.request_checks import content_problem
 from model_shards.engine.request_trace import RequestTraces
 from model_shards.engine.scheduler.scheduler import (
@@ -48,7 +49,8 @@ from model_shards.messages import (
     StepPlan,
     SubmitBatch,
 )
-from model_shards.worker.decoder_worker import StepResult, Worker, broadcast_plan
+from model_shards.worker.decoder_worker import Worker, broadcast_plan
+from model_shards.worker.step_result import StepResult
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +112,7 @@ class Coordinator:
         )
         self._refused: list[Reply] = []  # constrained requests refused once their grammar was known
         self.traces = RequestTraces()  # opt-in TTFT stamps (GenerateRequest.trace)
+        self.prompt_scores = PromptLogprobTracker()  # GenerateRequest.prompt_logprobs
 
     # ---- in-process API (used by serve() and by tests) ----------------------
 
@@ -173,6 +176,7 @@ class Coordinator:
                 )
             if seq is None:
                 continue
+            self.prompt_scores.drop(seq.seq_id)
             if self.constraints is not None:
                 self.constraints.drop(seq.seq_id)
             updates.append(SeqUpdate(seq, RequestOutput(rid, [], "abort")))
@@ -212,7 +216,7 @@ class Coordinator:
         ]
         plan = StepPlan(
             step_id=self._next_step_id(),
-            chunks=scheduled.chunks,
+            chunks=self.prompt_scores.plan(scheduled.chunks, scheduled.sequences),
             new_sequences=self._with_stop_ids(scheduled),
             freed_seq_ids=scheduled.freed_seq_ids,
             token_masks=[] if self.constraints is None else self.constraints.masks(sampled),
@@ -231,18 +235,21 @@ class Coordinator:
         updates = self.scheduler.update(step.scheduled, result.tokens)
         if self.constraints is not None:
             self.constraints.advance(step.sampled, result.tokens)
-        if result.logprobs is None:
-            return self.traces.attach(updates)
-        by_seq = {id(seq): lp for seq, lp in zip(step.sampled, result.logprobs, strict=True)}
-        updates = [
-            SeqUpdate(
-                u.sequence, msgspec.structs.replace(u.output, logprobs=[by_seq[id(u.sequence)]])
-            )
-            if u.sequence.request.sampling.logprobs is not None
-            else u
-            for u in updates
-        ]
-        return self.traces.attach(updates)
+        self.prompt_scores.record(
+            step.plan.chunks, step.scheduled.sequences, result.prompt_logprobs
+        )
+        if result.logprobs is not None:
+            by_seq = {id(seq): lp for seq, lp in zip(step.sampled, result.logprobs, strict=True)}
+            updates = [
+                SeqUpdate(
+                    u.sequence,
+                    msgspec.structs.replace(u.output, logprobs=[by_seq[id(u.sequence)]]),
+                )
+                if u.sequence.request.sampling.logprobs is not None
+                else u
+                for u in updates
+            ]
+        return self.traces.attach(self.prompt_scores.attach(updates))
 
     def _with_stop_ids(self, scheduled: ScheduledStep) -> list[NewSequence]:
         """Tell the sampler which tokens to mask while ``min_tokens`` are not yet out."""

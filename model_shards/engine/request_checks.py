@@ -4,8 +4,8 @@ The frontend checks first (field ranges, token ids in the vocabulary, prompt +
 ``max_tokens`` within the context: 400s naming the field); the engine checks
 again for any client of the ZMQ protocol, here:
 
-* :func:`content_problem`: token ids inside the vocabulary, sampling parameters
-  in range (rank 0's coordinator, which knows the vocabulary);
+* :func:`content_problem`: token ids inside the vocabulary, sampling parameters and
+  ``prompt_logprobs`` in range (rank 0's coordinator, which knows the vocabulary);
 * :func:`fit_problem`: an empty prompt, ``max_tokens < 1``, a prompt that fills
   the context window, a sequence whose KV at its longest exceeds the whole pool
   (the scheduler, which knows the pool).
@@ -31,6 +31,9 @@ def content_problem(request: GenerateRequest, vocab_size: int) -> str | None:
     for name, ids in (("logit_bias", s.logit_bias), ("allowed_token_ids", s.allowed_token_ids)):
         if any(not 0 <= t < vocab_size for t in ids or ()):
             return f"{name} token ids must be in [0, {vocab_size})"
+    k = request.prompt_logprobs
+    if k is not None and not 0 <= k <= MAX_LOGPROBS:
+        return f"prompt_logprobs = {k} must be in 0..{MAX_LOGPROBS}"
     return _media_problem(request) or _sampling_problem(request.sampling)
 
 

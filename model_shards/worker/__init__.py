@@ -11,7 +11,9 @@
 * ``sampler.py``: next-token sampling on the last stage's TP rank 0 (vLLM semantics);
 * ``sampling_batch.py``: the sampler's tokens for every row at once, on the logits' device;
 * ``step_trace.py``: ``StepTrace``: rank 0's TTFT stamps of a traced step, called at its phase ends;
-* ``layer_timer.py``: per-layer-kind prefill times of a traced step (forward hooks).
+* ``prompt_logprobs.py``: prompt scoring on the last stage: LM head, log-softmax, rank, top-k;
+* ``step_result.py``: ``StepResult`` (tokens, logprobs, prompt scores) and its way to rank 0;
+* ``layer_timer.py``: per-layer-kind prefill times of a traced step (opt-in TTFT trace).
 
 Every rank runs a worker, rank 0 too (beside its coordinator). It decides nothing: block ids,
 chunks, seeds and grammar masks come in the plan; beside its weights and KV pool it keeps only

@@ -6,14 +6,15 @@ One step, the same plan on every rank:
    sequences, the fed tokens and the step's grammar masks;
 2. the first stage embeds the token ids, later stages receive hidden states ``[T, H]``;
 3. run this stage's layers (TP all-reduces inside), writing K/V into the pool;
-4. non-last stages send ``[T, H]`` on; the last computes logits of each sampled chunk's final
-   token, and its TP rank 0 samples and sends the result to global rank 0 (:func:`_send_result`).
+4. non-last stages send ``[T, H]`` on; the last scores the prompt rows chunks ask for
+   (:mod:`~model_shards.worker.prompt_logprobs`) and computes logits of each sampled chunk's
+   final token; its TP rank 0 samples and sends the result to global rank 0
+   (:mod:`~model_shards.worker.step_result`).
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from itertools import accumulate
 
 import torch
@@ -27,7 +28,7 @@ from model_shards.config.replica import ReplicaConfig
 from model_shards.layers.attention import ForwardBatch
 from model_shards.layers.context import ShardContext
 from model_shards.layers.linear import prepare_weights
-from model_shards.messages import SeqChunk, StepPlan, TokenLogprob, decode_plan, encode
+from model_shards.messages import SeqChunk, StepPlan, decode_plan, encode
 from model_shards.models import MODEL_REGISTRY, DecoderModel
 from model_shards.models.decoder import StepPositions
 from model_shards.parallel.comm import (
@@ -36,9 +37,7 @@ from model_shards.parallel.comm import (
     all_reduce_min_int,
     broadcast_bytes,
     broadcast_bytes_from_root,
-    recv_cpu,
     recv_from_prev_stage,
-    send_cpu,
     send_to_next_stage,
 )
 from model_shards.parallel.state import ParallelState
@@ -48,7 +47,14 @@ from model_shards.worker.decode_graphs import DecodeGraphs
 from model_shards.worker.kv_cache import PagedKVCache
 from model_shards.worker.loader import load_weights
 from model_shards.worker.media_inputs import MediaInputs
+from model_shards.worker.prompt_logprobs import score_prompts
 from model_shards.worker.sampler import SampleOutput, Sampler
+from model_shards.worker.step_result import (
+    StepResult,
+    recv_step_result,
+    send_step_result,
+    step_result,
+)
 from model_shards.worker.step_trace import OFF, StepTrace
 
 log = logging.getLogger(__name__)
@@ -70,14 +76,6 @@ def resolve_dtype(
         log.info("--dtype auto: the float32 checkpoint is served in bfloat16 on %s", device)
         return torch.bfloat16
     return dtype
-
-
-@dataclass
-class StepResult:
-    """What global rank 0 learns from one step."""
-
-    tokens: list[int]  # one per chunk with ``sample``
-    logprobs: list[TokenLogprob] | None = None
 
 
 def broadcast_plan(plan: StepPlan, comm: Comm, pending: Pending) -> None:
@@ -175,6 +173,7 @@ class Worker:
         self.graphs: DecodeGraphs | None = None  # set by build() on a backend with graphs
         self.bytes_loaded = 0
         self.pending = Pending()  # non-blocking sends in progress
+        # monotonic ns at which the last step's forward / LM head / sampling ended (request_trace)
         # a vision-language model's first stage: images of its sequences, encoder cache
         self.media = MediaInputs(model, ps.device) if _takes_images(model, ps) else None  # type: ignore[arg-type]
         # a model with its own position streams (M-RoPE): every rank tracks them
@@ -257,31 +256,46 @@ class Worker:
         if not plan.chunks:
             return None
         self.kv.extend_tables(plan.chunks)
-        graphed = self.graphs is not None and all(len(c.token_ids) == 1 for c in plan.chunks)
+        graphed = self.graphs is not None and all(
+            len(c.token_ids) == 1 and c.score is None for c in plan.chunks
+        )
         graphed = graphed and (self.media is None or not self.media.touches(plan.chunks))
         with trace.forward(self.model):
             stage_out = self._forward(plan.chunks, graphed)  # [T, H], or [T, V] from a graph
         if not ps.is_last_stage:
             send_to_next_stage(stage_out, self.comm, self.pending)
             return self.collect(plan) if wait and ps.rank == 0 else None
-        sampled = [i for i, c in enumerate(plan.chunks) if c.sample]
+        leader = ps.tp_rank == 0  # the sampler
+        scores = None if graphed else score_prompts(self.model, stage_out, plan.chunks, leader)
+        out = self._sample(plan.chunks, stage_out, graphed, trace)
+        if not leader:
+            return None
+        if ps.rank == 0:
+            return step_result(out, scores, plan.chunks)
+        if out is not None or scores is not None:
+            send_step_result(out, scores, self.comm, self.pending)
+        return None
+
+    def _sample(
+        self, chunks: list[SeqChunk], stage_out: torch.Tensor, graphed: bool, trace: StepTrace
+    ) -> SampleOutput | None:
+        """Last stage: the LM head over each sampled chunk's last row of ``stage_out`` (or the
+        graph's logits), then (TP rank 0) the sampler; ``None`` elsewhere or if none samples."""
+        sampled = [i for i, c in enumerate(chunks) if c.sample]
         if not sampled:
-            return StepResult([]) if ps.rank == 0 else None
+            return None
         if graphed:
-            logits = stage_out if len(sampled) == len(plan.chunks) else stage_out[sampled]
+            logits = stage_out if len(sampled) == len(chunks) else stage_out[sampled]
         else:
-            ends = list(accumulate(len(c.token_ids) for c in plan.chunks))
-            rows = torch.tensor([ends[i] - 1 for i in sampled], device=ps.device)
+            ends = list(accumulate(len(c.token_ids) for c in chunks))
+            rows = torch.tensor([ends[i] - 1 for i in sampled], device=self.ps.device)
             logits = self.model.compute_logits(stage_out[rows])  # [S, V]
             trace.stamp("lm_head_done")
-        if ps.tp_rank != 0:
+        if self.ps.tp_rank != 0:
             return None
-        out = self.sampler.sample(logits, [plan.chunks[i] for i in sampled])
+        out = self.sampler.sample(logits, [chunks[i] for i in sampled])
         trace.stamp("sampled")
-        if ps.rank == 0:
-            return _to_result(out)
-        _send_result(out, self.comm, self.pending)
-        return None
+        return out
 
     def _forward(self, chunks: list[SeqChunk], graphed: bool) -> torch.Tensor:
         """This stage's pass: ``[T, H]``, or logits ``[T, V]`` on the last stage when ``graphed``
@@ -307,9 +321,7 @@ class Worker:
 
     def collect(self, plan: StepPlan) -> StepResult:
         """Global rank 0, when it is not the sampler: wait for the sampler's result of ``plan``."""
-        if not any(c.sample for c in plan.chunks):
-            return StepResult([])
-        return _recv_result(self.comm, self.ps.last_stage_leader)
+        return recv_step_result(plan, self.comm, self.ps.last_stage_leader)
 
     def serve_forever(self) -> None:
         """Non-zero ranks: execute plans from rank 0 until a shutdown plan."""
@@ -324,44 +336,3 @@ class Worker:
 def _takes_images(model: DecoderModel, ps: ParallelState) -> bool:
     """Whether this rank runs a vision tower: a vision-language model's first stage."""
     return ps.is_first_stage and (hasattr(model, "encode_images") or hasattr(model, "encode_media"))
-
-
-def _to_result(out: SampleOutput) -> StepResult:
-    logprobs = None
-    if out.logprobs is not None and out.top_ids is not None and out.top_logprobs is not None:
-        logprobs = [
-            TokenLogprob(lp, ids, tops)
-            for lp, ids, tops in zip(
-                out.logprobs.tolist(), out.top_ids.tolist(), out.top_logprobs.tolist(), strict=True
-            )
-        ]
-    return StepResult(out.tokens.tolist(), logprobs)
-
-
-def _send_result(out: SampleOutput, comm: Comm, pending: Pending) -> None:
-    """Wire order to rank 0: header ``[S, K]``, tokens, then (K >= 0) logprobs, top ids and
-    top logprobs. ``K = -1`` when no sequence asked for logprobs."""
-    k = -1 if out.top_ids is None else int(out.top_ids.shape[1])  # -1: no logprobs
-    send_cpu(torch.tensor([out.tokens.shape[0], k], dtype=torch.int64), 0, comm, pending)
-    send_cpu(out.tokens, 0, comm, pending)
-    if k >= 0:
-        assert out.logprobs is not None and out.top_logprobs is not None
-        assert out.top_ids is not None
-        send_cpu(out.logprobs, 0, comm, pending)
-        if k > 0:  # gloo cannot send empty tensors
-            send_cpu(out.top_ids, 0, comm, pending)
-            send_cpu(out.top_logprobs, 0, comm, pending)
-
-
-def _recv_result(comm: Comm, src: int) -> StepResult:
-    """Global rank 0: the sampler's :func:`_send_result` of one step, from global rank ``src``."""
-    s, k = recv_cpu((2,), torch.int64, src, comm).tolist()
-    out = SampleOutput(recv_cpu((s,), torch.int64, src, comm))
-    if k >= 0:
-        out.logprobs = recv_cpu((s,), torch.float32, src, comm)
-        out.top_ids = torch.empty(s, 0, dtype=torch.int64)
-        out.top_logprobs = torch.empty(s, 0)
-        if k > 0:
-            out.top_ids = recv_cpu((s, k), torch.int64, src, comm)
-            out.top_logprobs = recv_cpu((s, k), torch.float32, src, comm)
-    return _to_result(out)

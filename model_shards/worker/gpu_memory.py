@@ -7,7 +7,9 @@
 * the forward's peak is measured by running one prefill of that many tokens through
   this stage (sequences no longer than ``--max-model-len``, over a scratch KV pool),
   its LM head and the sampler's widest work (float32 softmax and sort of
-  ``max_num_seqs`` rows), and reading ``torch.cuda.max_memory_allocated``;
+  ``max_num_seqs`` rows), then one pass of prompt scoring
+  (:mod:`~model_shards.worker.prompt_logprobs`), and reading
+  ``torch.cuda.max_memory_allocated``;
 * the graph pool is measured the same way for a decode step of ``max_num_seqs`` rows
   (the largest captured bucket: every graph shares that one pool), when graphs are on;
 * on a vision-language model's first stage the forward's peak is the larger of the text
@@ -30,6 +32,7 @@ from model_shards.config.kv_layout import KVLayout
 from model_shards.layers.attention import ForwardBatch
 from model_shards.messages import MediaInput, SeqChunk
 from model_shards.models import DecoderModel
+from model_shards.worker import prompt_logprobs
 from model_shards.worker.kv_cache import PagedKVCache
 from model_shards.worker.media_inputs import encode_batches
 
@@ -85,6 +88,11 @@ def forward_peak_bytes(
     if model.lm_head is not None:
         logits = model.compute_logits(hidden[: min(sample_rows, hidden.shape[0])])
         logits.float().softmax(-1).sort(dim=-1, descending=True)
+        del logits
+        n = min(prompt_logprobs.rows_per_pass(cfg.vocab_size), hidden.shape[0])
+        targets = torch.zeros(n, dtype=torch.int64, device=device)
+        logits = model.compute_logits(hidden[:n]).float()
+        prompt_logprobs.score_logits(logits, targets, prompt_logprobs.MAX_TOP_K)
     torch.cuda.synchronize(device)
     peak = torch.cuda.max_memory_allocated(device) - base
     del kv, batch, hidden

@@ -132,6 +132,17 @@ class ChatCompletionRequest(SamplingFields):
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool = True
     add_generation_prompt: bool = True
+    prompt_logprobs: Any = None  # refused: /v1/completions scores prompts
+
+    @field_validator("prompt_logprobs", mode="after")
+    @classmethod
+    def _prompt_logprobs(cls, value: Any) -> Any:
+        if value is not None:
+            raise unsupported(
+                "prompt_logprobs is not supported on chat completions; "
+                "use /v1/completions (prompt_logprobs, or echo with logprobs)"
+            )
+        return value
 
     @field_validator("top_logprobs", mode="after")
     @classmethod

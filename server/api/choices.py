@@ -27,7 +27,13 @@ from typing import Any, cast
 
 import msgspec
 
-from model_shards.messages import FinishReason, GenerateRequest, GrammarSpec, SamplingParams
+from model_shards.messages import (
+    FinishReason,
+    GenerateRequest,
+    GrammarSpec,
+    PromptLogprobs,
+    SamplingParams,
+)
 from model_shards.splitmix import splitmix64
 from server.engine.client import Engine
 from server.http.errors import APIError
@@ -73,9 +79,11 @@ def fan_out(
     stop_token_ids: list[int],
     ignore_eos: bool,
     grammar: GrammarSpec | None = None,
+    prompt_logprobs: int | None = None,
 ) -> ChoiceRequests:
     """One request per (prompt, sample); ``max_tokens=None`` means the rest of the context.
-    ``grammar``: every choice's output is constrained to it."""
+    ``grammar``: every choice's output is constrained to it; ``prompt_logprobs``: every
+    choice's prompt is scored with that many top alternatives."""
     requests = []
     single = len(prompts) * n == 1
     for i, prompt_ids in enumerate(prompts):
@@ -98,6 +106,7 @@ def fan_out(
                     stop_token_ids=stop_token_ids,
                     ignore_eos=ignore_eos,
                     grammar=grammar,
+                    prompt_logprobs=prompt_logprobs,
                 )
             )
     return ChoiceRequests(response_id, n, requests)
@@ -127,12 +136,14 @@ def _check_context(prompt_ids: list[int], max_tokens: int | None, param: str, li
 
 @dataclass
 class ChoiceResult:
-    """A whole choice: its text, why it ended, its token count and (if asked) logprobs."""
+    """A whole choice: its text, why it ended, its token count and (if asked) logprobs
+    and its prompt's scores."""
 
     index: int
     finish_reason: FinishReason | None = None
     completion_tokens: int = 0
     logprobs: list[SampledToken] | None = None
+    prompt_logprobs: PromptLogprobs | None = None
     parts: list[str] = field(default_factory=list, repr=False)
 
     @property
@@ -145,6 +156,8 @@ class ChoiceResult:
         self.completion_tokens = delta.completion_tokens
         if delta.logprobs is not None:
             self.logprobs = (self.logprobs or []) + delta.logprobs
+        if delta.prompt_logprobs is not None:
+            self.prompt_logprobs = delta.prompt_logprobs
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,12 @@ yields SSE frames (one choice per chunk, ``index`` set) ending with
 ``data: [DONE]``. Engine failures become 400 (refused request) or 503 (engine
 dead); once a stream has started they are sent as an error event before
 ``[DONE]``.
+
+With ``echo`` each choice's text (a stream's first chunk of it, as vLLM does) starts with its
+prompt: the string as sent, or a token-id prompt decoded. The engine scores the prompt when
+``echo`` has ``logprobs`` or ``prompt_logprobs`` is set (:class:`Choices`). ``max_tokens: 0``
+runs one engine token and drops it: the choice is the prompt alone, ``finish_reason``
+``length``, no completion tokens.
 """
 
 from __future__ import annotations
@@ -17,10 +23,23 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import AsyncGenerator
+from dataclasses import dataclass, field
 
-from server.api.choices import ChoiceRequests, fan_out
-from server.api.completion_protocol import CompletionChoice, CompletionRequest, CompletionResponse
-from server.api.logprobs import completion_logprobs
+from model_shards.messages import PromptLogprobs
+from server.api.choices import ChoiceRequests, ChoiceResult, fan_out
+from server.api.completion_protocol import (
+    CompletionChoice,
+    CompletionLogprobs,
+    CompletionRequest,
+    CompletionResponse,
+)
+from server.api.logprobs import (
+    completion_logprobs,
+    echo_logprobs,
+    end_offset,
+    joined,
+    vllm_prompt_logprobs,
+)
 from server.api.protocol import MAX_N, Usage
 from server.api.serving import (
     ENGINE_ERRORS,
@@ -31,6 +50,7 @@ from server.api.serving import (
     sse,
 )
 from server.http.errors import APIError
+from server.text.generation import TextDelta
 
 #: Most choices (prompts × n) one completion request may ask for.
 MAX_CHOICES = 4 * MAX_N
@@ -61,16 +81,92 @@ def prepare(serving: ServedModel, body: CompletionRequest, response_id: str) -> 
         response_id,
         prompts,
         n=body.n,
-        max_tokens=body.max_tokens,
+        max_tokens=1 if body.echo_only else body.max_tokens,
         max_tokens_param="max_tokens",
         max_model_len=serving.max_model_len,
         sampling=body.sampling_params(
-            body.logprobs, bad_words_ids(serving.tokenizer, body.bad_words)
+            None if body.echo_only else body.logprobs,
+            bad_words_ids(serving.tokenizer, body.bad_words),
         ),
         stop_token_ids=stop_token_ids,
         ignore_eos=body.ignore_eos,
         grammar=grammar,
+        prompt_logprobs=body.engine_prompt_logprobs,
     )
+
+
+@dataclass
+class Choices:
+    """Formats one request's choices: the echoed prompt, the logprobs objects, the
+    generated part dropped for ``max_tokens: 0``; per choice, a stream's state."""
+
+    serving: ServedModel
+    work: ChoiceRequests
+    body: CompletionRequest
+    _echoed: set[int] = field(default_factory=set)
+    _offsets: dict[int, int] = field(default_factory=dict)  # a stream's next text offset
+
+    def prompt_text(self, index: int) -> str:
+        """Choice ``index``'s prompt as echoed: the string sent, or the ids decoded."""
+        prompt = self.body.prompts[index // self.work.n]
+        if isinstance(prompt, str):
+            return prompt
+        return self.serving.tokenizer.decode(prompt)
+
+    def completion_tokens(self, count: int) -> int:
+        return 0 if self.body.echo_only else count
+
+    def choice(self, index: int, delta: TextDelta | ChoiceResult) -> CompletionChoice:
+        """The choice (or a stream's chunk of it) for ``delta``: a stream's next text delta,
+        or a whole choice."""
+        body = self.body
+        first = index not in self._echoed
+        self._echoed.add(index)
+        text = "" if body.echo_only else delta.text
+        finish = delta.finish_reason
+        if body.echo_only and finish is not None:
+            finish = "length"
+        if body.echo and first:
+            text = self.prompt_text(index) + text
+        return CompletionChoice(
+            index=index,
+            text=text,
+            finish_reason=finish,
+            logprobs=self._logprobs(index, delta, first),
+            prompt_logprobs=None
+            if body.prompt_logprobs is None
+            else vllm_prompt_logprobs(
+                self.serving.tokenizer,
+                self.work.requests[index].prompt_token_ids,
+                self._scores(delta),
+                body.prompt_logprobs,
+            ),
+        )
+
+    def _logprobs(
+        self, index: int, delta: TextDelta | ChoiceResult, first: bool
+    ) -> CompletionLogprobs | None:
+        body, tokenizer = self.body, self.serving.tokenizer
+        if body.logprobs is None:
+            return None
+        head = None
+        if body.echo and first:
+            prompt_ids = self.work.requests[index].prompt_token_ids
+            head = echo_logprobs(tokenizer, prompt_ids, self._scores(delta), body.logprobs)
+        generated = [] if body.echo_only else delta.logprobs
+        if generated is None and head is None:
+            return None
+        start = end_offset(head) if head is not None else self._offsets.get(index, 0)
+        tail = completion_logprobs(tokenizer, generated or [], start)
+        out = tail if head is None else joined(head, tail)
+        self._offsets[index] = end_offset(out) if out.tokens else start
+        return out
+
+    @staticmethod
+    def _scores(delta: TextDelta | ChoiceResult) -> PromptLogprobs:
+        if delta.prompt_logprobs is None:
+            raise RuntimeError("the engine sent no prompt logprobs for a request that asked")
+        return delta.prompt_logprobs
 
 
 async def complete(
@@ -78,18 +174,9 @@ async def complete(
 ) -> CompletionResponse:
     """Run every choice to the end and return the whole completion."""
     results = await serving.collect(work, body.stop_strings)
-    choices = [
-        CompletionChoice(
-            index=r.index,
-            text=r.text,
-            finish_reason=r.finish_reason,
-            logprobs=None
-            if r.logprobs is None
-            else completion_logprobs(serving.tokenizer, r.logprobs),
-        )
-        for r in results
-    ]
-    completion_tokens = sum(r.completion_tokens for r in results)
+    formatter = Choices(serving, work, body)
+    choices = [formatter.choice(r.index, r) for r in results]
+    completion_tokens = formatter.completion_tokens(sum(r.completion_tokens for r in results))
     return CompletionResponse(
         id=work.response_id,
         model=serving.model_name,
@@ -109,26 +196,15 @@ async def stream(
     is sent as an error event, followed by ``[DONE]``.
     """
     tokens = dict.fromkeys(range(len(work.requests)), 0)
-    offsets = dict.fromkeys(range(len(work.requests)), 0)
+    formatter = Choices(serving, work, body)
     first = True
     deltas = serving.merge(work, body.stop_strings)
     async with contextlib.aclosing(deltas):
         try:
             async for index, delta in deltas:
                 first = False
-                tokens[index] = delta.completion_tokens
-                logprobs = None
-                if delta.logprobs is not None:
-                    logprobs = completion_logprobs(
-                        serving.tokenizer, delta.logprobs, offsets[index]
-                    )
-                    offsets[index] += sum(len(t) for t in logprobs.tokens)
-                choice = CompletionChoice(
-                    index=index,
-                    text=delta.text,
-                    finish_reason=delta.finish_reason,
-                    logprobs=logprobs,
-                )
+                tokens[index] = formatter.completion_tokens(delta.completion_tokens)
+                choice = formatter.choice(index, delta)
                 chunk = CompletionResponse(
                     id=work.response_id, model=serving.model_name, choices=[choice]
                 )

@@ -174,7 +174,10 @@ class ReplicaSupervisor:
                 replay = request
                 if produced:
                     resumed = [*request.resume_output_ids, *produced]
-                    replay = msgspec.structs.replace(request, resume_output_ids=resumed)
+                    # the first output, gone out already, carried the prompt's scores
+                    replay = msgspec.structs.replace(
+                        request, resume_output_ids=resumed, prompt_logprobs=None
+                    )
                     logger.warning(
                         "%s: replaying request %s after %d token(s)",
                         self.name,

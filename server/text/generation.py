@@ -16,6 +16,8 @@
   delta (tokens whose text is held back travel with the next delta), without
   the unrendered stop/EOS token that ended generation. On a stop-string match
   the tokens that made up the stop string are still listed (as in vLLM);
+* ``prompt_logprobs`` is ``None`` except on the first delta after the engine scored the
+  prompt (``GenerateRequest.prompt_logprobs``): the whole prompt's scores, once;
 * with ``metrics``, the sequence's latencies and token counts are recorded.
 """
 
@@ -25,7 +27,7 @@ import contextlib
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 
-from model_shards.messages import FinishReason, GenerateRequest, TokenLogprob
+from model_shards.messages import FinishReason, GenerateRequest, PromptLogprobs, TokenLogprob
 from server.engine.client import Engine
 from server.http import ttft_trace
 from server.http.metrics import Metrics
@@ -43,6 +45,7 @@ class TextDelta:
     prompt_tokens: int
     completion_tokens: int
     logprobs: list[SampledToken] | None = None
+    prompt_logprobs: PromptLogprobs | None = None
 
 
 @ttft_trace.first("detokenized")
@@ -62,12 +65,16 @@ async def generate_text(
     completion_tokens = 0
     want_logprobs = request.sampling.logprobs is not None
     pending: list[SampledToken] = []
+    scores: PromptLogprobs | None = None  # the prompt's, until a delta carries them
+    scored = False
     source = engine.generate(request)
     if metrics is not None:
         source = metrics.track(request, source)
     async with contextlib.aclosing(source) as outputs:
         async for output in outputs:
             prompt_tokens = output.num_prompt_tokens or prompt_tokens
+            if output.prompt_logprobs is not None and not scored:
+                scores, scored = output.prompt_logprobs, True
             ids = output.new_token_ids
             completion_tokens += len(ids)
             if output.finish_reason == "stop" and ids and ids[-1] in unrendered:
@@ -84,6 +91,7 @@ async def generate_text(
                 finish = "stop"
             if text or finish is not None:
                 sent, pending = (pending, []) if want_logprobs else (None, pending)
-                yield TextDelta(text, finish, prompt_tokens, completion_tokens, sent)
+                yield TextDelta(text, finish, prompt_tokens, completion_tokens, sent, scores)
+                scores = None
             if finish is not None:
                 return  # leaving `aclosing` aborts the request if the engine is not done

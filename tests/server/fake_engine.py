@@ -10,7 +10,8 @@ and records what it received (``batches``, ``aborted``, ``shutdowns``) for
 tests to assert on; ``on_hello`` tells a test (or another process) that a
 frontend is now waiting for it. Finishing tokens (EOS / stop ids) are included
 in the last output, as the real engine does. When ``sampling.logprobs`` is set,
-each output carries :func:`fake_logprob` of its token (the same for every request).
+each output carries :func:`fake_logprob` of its token (the same for every request); when
+``prompt_logprobs`` is set, the first output carries :func:`fake_prompt_logprobs`.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import msgspec
 import zmq
 
 from model_shards.messages import (
@@ -29,6 +31,7 @@ from model_shards.messages import (
     FinishReason,
     GenerateRequest,
     Hello,
+    PromptLogprobs,
     RequestOutput,
     Shutdown,
     StepOutputs,
@@ -43,6 +46,18 @@ def fake_logprob(token: int, top_n: int, vocab_size: int) -> TokenLogprob:
     """Sampled token at -0.5; alternatives ``token, token+1, ...`` at -0.5, -1.5, ..."""
     ids = [(token + k) % vocab_size for k in range(top_n)]
     return TokenLogprob(-0.5, ids, [-0.5 - k for k in range(top_n)])
+
+
+def fake_prompt_logprobs(prompt: list[int], top_n: int, vocab_size: int) -> PromptLogprobs:
+    """Prompt token ``i >= 1`` at ``-0.25 - i``, rank ``i``; alternatives as
+    :func:`fake_logprob`'s for that token, shifted by ``-i``."""
+    rows = range(1, len(prompt))
+    return PromptLogprobs(
+        [-0.25 - i for i in rows],
+        list(rows),
+        [[(prompt[i] + k) % vocab_size for k in range(top_n)] for i in rows],
+        [[-0.5 - k - i for k in range(top_n)] for i in rows],
+    )
 
 
 def echo_script(special_ids: set[int]) -> Callable[[GenerateRequest], list[int]]:
@@ -218,6 +233,11 @@ class FakeEngine:
             output = RequestOutput(
                 rid, [token], finish, len(request.prompt_token_ids) if first else 0, logprobs
             )
+            if first and request.prompt_logprobs is not None:
+                scores = fake_prompt_logprobs(
+                    request.prompt_token_ids, request.prompt_logprobs, self.vocab_size
+                )
+                output = msgspec.structs.replace(output, prompt_logprobs=scores)
             by_peer.setdefault(active.peer, []).append(output)
             if finish is not None:
                 del self._active[rid]

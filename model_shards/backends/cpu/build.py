@@ -6,8 +6,8 @@ row on its own, so outputs do not depend on batch composition.
 
 Built once per machine and checkout (``make install`` does it ahead of time) with ninja and
 ``-march=native`` into torch's extension cache, under a name tagged with this CPU's feature
-flags and a hash of the sources. If it cannot be built, or with ``SHARDSERVE_CPU_KERNELS=0``, backend selection warns
-and falls back to the reference backend. Only CPU ranks build it.
+flags and a hash of the sources. If it cannot be built, or with ``SHARDSERVE_CPU_KERNELS=0``,
+backend selection warns and falls back to the reference backend. Only CPU ranks build it.
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@
 First come first served: a waiting sequence that cannot start blocks the ones
 behind it. A sequence whose next full prompt block a running sequence is
 computing right now (``n > 1`` choices of one prompt, identical prompts)
-waits until that block is cached, then shares it.
+waits until that block is cached, then shares it. A request that scores its prompt
+(``prompt_logprobs``) takes no hit: a cached block has no logits (vLLM does the same).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ def admit(state: SchedulerState, step: StepBuilder) -> bool:
     seq = state.waiting[0]
     bs, groups = config.block_size, config.num_kv_groups
     hit_tables: list[list[int]] = [[] for _ in range(groups)]
-    if config.enable_prefix_caching:
+    if config.enable_prefix_caching and seq.request.prompt_logprobs is None:
         max_hits = (len(seq.token_ids) - 1) // bs
         hashes = seq.block_hashes(max_hits, bs)
         hit_tables = cached_tables(state.blocks, hashes, config.kv_windows, bs)

@@ -29,7 +29,7 @@ def run_to_completion(coord: Coordinator, requests: list[GenerateRequest]) -> di
     return out
 
 
-def build_worker(peers: Comm, model_dir: str, blocks: int | None) -> Worker:
+def build_worker(peers: Comm, model_dir: str, blocks: int | None, max_len: int = MAX_LEN) -> Worker:
     ps = peers.ps
     cfg = ModelConfig.from_dir(model_dir)
     memory = None
@@ -40,4 +40,4 @@ def build_worker(peers: Comm, model_dir: str, blocks: int | None) -> Worker:
     replica = ReplicaConfig(
         model_dir, dtype="float32", block_size=BLOCK, max_num_seqs=32, kv_cache_memory=memory
     )
-    return Worker.build(replica, cfg, peers, MAX_LEN)
+    return Worker.build(replica, cfg, peers, max_len)

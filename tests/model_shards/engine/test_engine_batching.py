@@ -11,6 +11,9 @@ rank 0's coordinator:
   computed, identical output;
 * a request resumed from its first 5 tokens (replay after a failure) continues
   with exactly the tokens of the uninterrupted run (seeded, with penalties);
+* prompt logprobs (:mod:`tests.model_shards.engine.prompt_scoring`) equal transformers'
+  ``log_softmax`` over the same prompts: prompts chunked over several steps, a prompt in the
+  prefix cache (scored in full), under preemption, and a 4096-token prompt scored in passes;
 * after each scenario every KV block is free again.
 """
 
@@ -28,10 +31,12 @@ from model_shards.messages import GenerateRequest, SamplingParams
 from model_shards.parallel.comm import Comm
 from model_shards.worker.decoder_worker import Worker
 from tests.checkpoints import build_tiny_llama
+from tests.model_shards.engine import prompt_scoring
 from tests.model_shards.engine.engine_harness import MAX_LEN, build_worker, run_to_completion
 from tests.world import run_world
 
 SMALL_POOL_BLOCKS = 20
+LONG_PROMPT = 4096
 
 
 def _requests(n: int, seed: int = 0) -> list[GenerateRequest]:
@@ -53,12 +58,19 @@ def _coordinator(worker: Worker) -> Coordinator:
 def _batching_rank(peers: Comm, model_dir: str, out_dir: str) -> None:
     ps = peers.ps
     results: dict[str, object] = {}
-    for scenario in ("big", "small"):
-        worker = build_worker(peers, model_dir, None if scenario == "big" else SMALL_POOL_BLOCKS)
+    for scenario in ("big", "small", "long"):
+        if scenario == "long":
+            worker = build_worker(peers, model_dir, None, LONG_PROMPT + 8)
+            prompt_scoring.shrink_passes(worker.model.config.vocab_size)
+        else:
+            blocks = None if scenario == "big" else SMALL_POOL_BLOCKS
+            worker = build_worker(peers, model_dir, blocks)
         if ps.rank != 0:
             worker.serve_forever()
             continue
         coord = _coordinator(worker)
+        if scenario == "long":
+            results["long"] = prompt_scoring.long_prompt(worker, LONG_PROMPT, 1024)
         reqs = _requests(32)
         if scenario == "big":
             results["alone"] = {
@@ -89,10 +101,13 @@ def _batching_rank(peers: Comm, model_dir: str, out_dir: str) -> None:
             full = run_to_completion(coord, [seeded])[seeded.request_id]
             resumed = msgspec.structs.replace(seeded, resume_output_ids=full[:5])
             results["resume"] = [full, run_to_completion(coord, [resumed])[seeded.request_id]]
-        else:
+            results["scored"] = prompt_scoring.chunked_and_cached(worker, MAX_LEN)
+        elif scenario == "small":
             results["small_pool"] = run_to_completion(coord, reqs)
-            results["preemptions"] = coord.stats.num_preemptions
+            results["preemptions"] = preemptions = coord.stats.num_preemptions
             results["small_blocks"] = coord.stats.num_blocks
+            results["preempted_scores"] = prompt_scoring.preempted(coord)
+            results["scored_preemptions"] = coord.stats.num_preemptions - preemptions
         coord.shutdown()
     if ps.rank == 0:
         Path(out_dir, "results.json").write_text(json.dumps(results))
@@ -117,3 +132,9 @@ def test_outputs_independent_of_batch(tp: int, pp: int, tmp_path: Path, llama_di
     assert len(full) == 12 and resumed == full[5:], "a resumed request must continue identically"
     assert r["prefix_a"] == r["prefix_b"]
     assert r["prefill_a"] == 14 and r["prefill_b"] == 14 - 12, (r["prefill_a"], r["prefill_b"])
+    scored = r["scored"]
+    assert scored["hit_prefill"] == 24, "a scored prompt must not take a prefix-cache hit"
+    assert r["scored_preemptions"] > 0, "the scored prompts should be preempted"
+    prompt_scoring.check_scores(
+        llama_dir, {**scored["scores"], **r["preempted_scores"], **r["long"]}
+    )

@@ -44,3 +44,10 @@ def test_sampling_out_of_range_is_named(sampling: dict[str, Any], name: str) -> 
     problem = content_problem(_request(**sampling), 10)
     assert problem is not None and problem.startswith("sampling parameters out of range")
     assert f"{name} = " in problem
+
+
+@pytest.mark.parametrize("k", [-1, 21])
+def test_prompt_logprobs_out_of_range(k: int) -> None:
+    request = GenerateRequest("r", [1, 2], 4, prompt_logprobs=k)
+    assert content_problem(request, 10) == f"prompt_logprobs = {k} must be in 0..20"
+    assert content_problem(GenerateRequest("r", [1, 2], 4, prompt_logprobs=20), 10) is None

@@ -8,6 +8,7 @@ import pytest
 from pydantic import ValidationError
 
 from model_shards.messages import SamplingParams
+from server.api.chat_protocol import ChatCompletionRequest
 from server.api.completion_protocol import CompletionRequest
 from server.http.errors import validation_error
 
@@ -78,7 +79,9 @@ def test_stop_normalised_and_extras_ignored() -> None:
         ({"prompt": "x", "stop": ["a", "b", "c", "d", "e"]}, "stop"),
         ({"prompt": "x", "stop": [""]}, "stop"),
         ({"prompt": "x", "n": 17}, "n"),
-        ({"prompt": "x", "echo": True}, "echo"),
+        ({"prompt": "x", "prompt_logprobs": 21}, "prompt_logprobs"),
+        ({"prompt": "x", "prompt_logprobs": -1}, "prompt_logprobs"),
+        ({"prompt": "x", "prompt_logprobs": 1, "stream": True}, "prompt_logprobs"),
         ({"prompt": "x", "suffix": "s"}, "suffix"),
         ({"prompt": "x", "logprobs": 21}, "logprobs"),
         ({"prompt": "x", "best_of": 3}, "best_of"),
@@ -98,10 +101,22 @@ def test_invalid_fields_name_the_param(fields: dict[str, Any], param: str) -> No
     assert "pydantic" not in error.info.message and "[type=" not in error.info.message
 
 
-def test_echo_message_is_readable() -> None:
+def test_max_tokens_0_needs_echo() -> None:
     with pytest.raises(ValidationError) as info:
-        CompletionRequest.model_validate({"prompt": "x", "echo": True})
-    assert "echo is not supported" in validation_error(list(info.value.errors())).info.message
+        CompletionRequest.model_validate({"prompt": "x", "max_tokens": 0})
+    assert "only with echo" in validation_error(list(info.value.errors())).info.message
+    request = parse(prompt="x", max_tokens=0, echo=True, logprobs=1, prompt_logprobs=3)
+    assert request.echo_only and request.engine_prompt_logprobs == 3
+    assert parse(prompt="x", echo=True, logprobs=2).engine_prompt_logprobs == 2
+    assert parse(prompt="x", logprobs=2).engine_prompt_logprobs is None
+
+
+def test_prompt_logprobs_refused_on_chat() -> None:
+    body = {"messages": [{"role": "user", "content": "hi"}], "prompt_logprobs": 1}
+    with pytest.raises(ValidationError) as info:
+        ChatCompletionRequest.model_validate(body)
+    error = validation_error(list(info.value.errors()))
+    assert error.info.param == "prompt_logprobs" and "/v1/completions" in error.info.message
 
 
 def test_best_of_equal_to_n_is_accepted() -> None:
