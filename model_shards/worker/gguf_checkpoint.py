@@ -102,10 +102,6 @@ class GGUFTensorSource(TensorSource):
             raise CheckpointError(
                 f"tensor {self.name!r}: read_blocks takes 2-D tensors, not {list(shape)}"
             )
-        if self.plan.shift:
-            raise CheckpointError(
-                f"tensor {self.name!r}: stored shifted by {self.plan.shift}; use read()"
-            )
         col_end = shape[1] if col_end is None else col_end
         if not (0 <= row_start <= row_end <= shape[0] and 0 <= col_start <= col_end <= shape[1]):
             raise CheckpointError(

@@ -100,7 +100,8 @@ def hf_model(arch: str) -> transformers.PreTrainedModel:
 
 def build(arch: str, directory: Path, **kwargs: Any) -> Path:
     """``directory/tiny-{arch}.gguf`` (or its split shards) of :data:`SPECS` ``arch``."""
-    return write_gguf(hf_model(arch), directory / f"tiny-{arch}.gguf", arch, SPECS[arch][2], **kwargs)
+    path = directory / f"tiny-{arch}.gguf"
+    return write_gguf(hf_model(arch), path, arch, SPECS[arch][2], **kwargs)
 
 
 def hf_reference(path: Path, arch: str | None = None) -> transformers.PreTrainedModel:

@@ -5,8 +5,9 @@ Names come from ``gguf``'s own tensor map (the converter's), not from shardserve
 norm weights stored as ``1 + w``; each matrix is quantized with ``gguf.quants.quantize`` to
 the type ``types`` gives its GGUF name (F16 when its rows do not split into whole blocks),
 vectors stay F32. gguf's numpy code cannot quantize to the K-quants (Q4_K, Q5_K, Q6_K):
-those tensors are random blocks (:func:`random_k_blocks`), not the model's weights. The metadata is what the converter writes for these architectures, with
-a small GPT-2-style vocabulary of exactly ``vocab_size`` tokens.
+those tensors are random blocks (:func:`random_k_blocks`), not the model's weights. The
+metadata is what the converter writes for these architectures, with a small GPT-2-style
+vocabulary of exactly ``vocab_size`` tokens.
 """
 
 from __future__ import annotations
