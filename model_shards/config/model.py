@@ -56,7 +56,7 @@ class ModelConfig(TransformerShape):
             return ModelConfig.from_dict(load_hf_config(model_dir), source=str(model_dir))
         path = Path(model_dir) / "config.json"
         if not path.is_file():
-            raise ValueError(f"--model {model_dir}: no config.json in that directory")
+            raise ValueError(f"--model {model_dir}: no config.json nor .gguf in that directory")
         try:
             raw = json.loads(path.read_text())
         except (OSError, json.JSONDecodeError) as exc:
@@ -231,7 +231,7 @@ def load_model_config(model_dir: str | os.PathLike[str]) -> ModelConfig | Encode
         return ModelConfig.from_dir(model_dir)
     path = Path(model_dir) / "config.json"
     if not path.is_file():
-        raise ValueError(f"--model {model_dir}: no config.json in that directory")
+        raise ValueError(f"--model {model_dir}: no config.json nor .gguf in that directory")
     raw = read_json(path)
     if any(a in ENCODER_ARCHITECTURES for a in raw.get("architectures") or []):
         return EncoderConfig.from_dir(model_dir)
