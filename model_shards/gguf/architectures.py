@@ -85,21 +85,28 @@ def _gemma_scale(model: GGUFModel, raw: dict[str, Any], big_layers: int) -> None
     raw["hidden_activation"] = "gelu_pytorch_tanh"
 
 
+def _layer_types(model: GGUFModel, n: int, every: int) -> list[str]:
+    """Sliding or global per layer: ``attention.sliding_window_pattern`` when the file has
+    it (per-layer booleans, or a period), else every ``every``-th layer global (llama.cpp's
+    fixed Gemma patterns)."""
+    pattern = model.field("attention.sliding_window_pattern")
+    if isinstance(pattern, list) and len(pattern) == n:
+        return ["sliding_attention" if p else "full_attention" for p in pattern]
+    every = int(pattern) if isinstance(pattern, int) and pattern > 0 else every
+    return ["full_attention" if (i + 1) % every == 0 else "sliding_attention" for i in range(n)]
+
+
 def _gemma2(model: GGUFModel, raw: dict[str, Any]) -> None:
     _gemma_scale(model, raw, big_layers=46)
     raw["attn_logit_softcapping"] = model.field("attn_logit_softcapping")
     raw["final_logit_softcapping"] = model.field("final_logit_softcapping")
-    n = raw["num_hidden_layers"]
-    raw["layer_types"] = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(n)]
+    raw["layer_types"] = _layer_types(model, raw["num_hidden_layers"], every=2)
 
 
 def _gemma3(model: GGUFModel, raw: dict[str, Any]) -> None:
     _gemma_scale(model, raw, big_layers=62)
     raw["rope_local_base_freq"] = 10000.0  # llama.cpp's fixed sliding-layer base
-    n = raw["num_hidden_layers"]
-    raw["layer_types"] = [
-        "full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(n)
-    ]
+    raw["layer_types"] = _layer_types(model, raw["num_hidden_layers"], every=6)
 
 
 def _phi3(model: GGUFModel, raw: dict[str, Any]) -> None:

@@ -13,8 +13,8 @@ import torch
 
 from model_shards.config.model import ModelConfig
 from model_shards.config.rope import RopeConfig
-from model_shards.gguf.architectures import hf_config, tensor_plans
-from model_shards.gguf.reader import read_gguf
+from model_shards.gguf.architectures import _layer_types, hf_config, tensor_plans
+from model_shards.gguf.reader import GGUFModel, read_gguf
 from model_shards.layers.rotary import inverse_frequencies
 from model_shards.worker.gguf_checkpoint import unpermute_rows
 from tests.model_shards.gguf.tiny import SPECS, build, hf_model
@@ -100,3 +100,20 @@ def test_llama3_rope_freqs_serve_as_llama3(tmp_path: Path) -> None:
     ours = inverse_frequencies(16, cfg.rope, long=True)
     torch.testing.assert_close(ours, inverse_frequencies(16, cfg.rope))
     torch.testing.assert_close(ours, inverse_frequencies(16, rope), rtol=1e-6, atol=0)
+
+
+def test_gemma_layer_types_follow_a_stored_pattern() -> None:
+    def types(pattern: object, n: int = 3) -> list[str]:
+        meta = {
+            "general.architecture": "gemma3",
+            "gemma3.attention.sliding_window_pattern": pattern,
+        }
+        return _layer_types(GGUFModel((Path("m.gguf"),), meta, {}), n, every=6)
+
+    assert types([True, False, True]) == [
+        "sliding_attention",
+        "full_attention",
+        "sliding_attention",
+    ]
+    assert types(2, n=4) == ["sliding_attention", "full_attention"] * 2
+    assert types(None, n=6)[-2:] == ["sliding_attention", "full_attention"]
