@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -160,7 +160,7 @@ class TensorStore(Protocol):
 
     bytes_read: int
 
-    def names(self) -> Iterator[str] | list[str]: ...
+    def names(self) -> Iterable[str]: ...
 
     def source(self, name: str) -> TensorSource: ...
 

@@ -15,7 +15,9 @@ from model_shards.gguf.files import gguf_files, is_gguf
 from model_shards.gguf.reader import read_gguf
 
 
-def _write(path: Path, arch: str = "llama", kind: gguf.GGMLQuantizationType | None = None) -> Path:
+def write_stub_gguf(
+    path: Path, arch: str = "llama", kind: gguf.GGMLQuantizationType | None = None
+) -> Path:
     """A one-tensor GGUF of ``arch`` (its tensor of type ``kind``, F32 when ``None``)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     writer = gguf.GGUFWriter(path, arch)
@@ -33,14 +35,14 @@ def _write(path: Path, arch: str = "llama", kind: gguf.GGMLQuantizationType | No
 
 
 def test_a_file_a_directory_and_split_shards(tmp_path: Path) -> None:
-    one = _write(tmp_path / "one" / "m.gguf")
+    one = write_stub_gguf(tmp_path / "one" / "m.gguf")
     assert gguf_files(one) == gguf_files(one.parent) == [one]
     assert is_gguf(one) and is_gguf(one.parent)
-    shards = [_write(tmp_path / "split" / f"m-{i:05d}-of-00003.gguf") for i in (1, 2, 3)]
+    shards = [write_stub_gguf(tmp_path / "split" / f"m-{i:05d}-of-00003.gguf") for i in (1, 2, 3)]
     assert gguf_files(shards[1]) == gguf_files(tmp_path / "split") == shards
     (tmp_path / "hf").mkdir()
     (tmp_path / "hf" / "config.json").write_text("{}")
-    _write(tmp_path / "hf" / "extra.gguf")
+    write_stub_gguf(tmp_path / "hf" / "extra.gguf")
     assert not is_gguf(tmp_path / "hf"), "a config.json makes it a Hugging Face checkpoint"
 
 
@@ -48,13 +50,13 @@ def test_refusals_name_the_path(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
     with pytest.raises(ValueError, match=r"empty: no \.gguf file in that directory"):
         gguf_files(tmp_path / "empty")
-    _write(tmp_path / "two" / "a.gguf")
-    _write(tmp_path / "two" / "b-00001-of-00002.gguf")
-    _write(tmp_path / "two" / "b-00002-of-00002.gguf")
+    write_stub_gguf(tmp_path / "two" / "a.gguf")
+    write_stub_gguf(tmp_path / "two" / "b-00001-of-00002.gguf")
+    write_stub_gguf(tmp_path / "two" / "b-00002-of-00002.gguf")
     with pytest.raises(ValueError, match=r"several GGUF checkpoints \(a\.gguf, b-\*-of-00002"):
         gguf_files(tmp_path / "two")
-    first = _write(tmp_path / "gap" / "m-00001-of-00003.gguf")
-    _write(tmp_path / "gap" / "m-00003-of-00003.gguf")
+    first = write_stub_gguf(tmp_path / "gap" / "m-00001-of-00003.gguf")
+    write_stub_gguf(tmp_path / "gap" / "m-00003-of-00003.gguf")
     with pytest.raises(ValueError, match=r"split GGUF shard\(s\) missing: m-00002-of-00003\.gguf"):
         gguf_files(first)
     (tmp_path / "bad.gguf").write_bytes(b"GGUF nonsense")
@@ -66,13 +68,13 @@ def test_refusals_name_the_path(tmp_path: Path) -> None:
 
 
 def test_unknown_architecture_and_tensor_type_are_named(tmp_path: Path) -> None:
-    mamba = _write(tmp_path / "mamba.gguf", arch="mamba")
+    mamba = write_stub_gguf(tmp_path / "mamba.gguf", arch="mamba")
     served = "llama, qwen2, qwen3, gemma2, gemma3, phi3"
     with pytest.raises(ValueError, match=rf"architecture 'mamba' is not supported; .* {served}$"):
         ModelConfig.from_dir(mamba)
-    iq = _write(tmp_path / "iq.gguf", kind=gguf.GGMLQuantizationType.Q2_K)
+    iq = write_stub_gguf(tmp_path / "iq.gguf", kind=gguf.GGMLQuantizationType.Q2_K)
     supported = "F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K"
     with pytest.raises(ValueError, match=rf"'token_embd.weight' has type Q2_K.*: {supported}$"):
         load_model_config(iq)
     with pytest.raises(ValueError, match=r"missing GGUF metadata \('llama.embedding_length'\)"):
-        hf_config(read_gguf(_write(tmp_path / "bare.gguf")))
+        hf_config(read_gguf(write_stub_gguf(tmp_path / "bare.gguf")))
