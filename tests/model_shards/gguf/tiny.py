@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 import transformers
+from transformers.initialization import no_init_weights
 from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
 from tests.checkpoints import randomize
@@ -113,7 +114,8 @@ def hf_reference(path: Path, arch: str | None = None) -> transformers.PreTrained
     for field in _REFERENCE_FIELDS.get(arch or "", ()):
         setattr(config, field, SPECS[str(arch)][1][field])
     config.dtype = torch.float32
-    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with no_init_weights():  # every parameter is loaded below (checked)
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     loaded = load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=model)
     missing, unexpected = model.load_state_dict(loaded["tensors"], strict=False)
     tied = ["lm_head.weight"] if config.tie_word_embeddings else []
