@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
@@ -67,12 +67,14 @@ class TensorPlan:
 
 @dataclass(frozen=True)
 class Architecture:
+    """How one GGUF architecture is served: its HF name, per-layer tensor names, the
+    family's own config fields, and the converter's changes to undo."""
+
     hf_architecture: str
     layer_names: Mapping[str, str]
     config: Callable[[GGUFModel, dict[str, Any]], None] = lambda m, raw: None
     permute_qk: bool = False
     norm_shift: float = 0.0
-    extra: Mapping[str, Any] = field(default_factory=dict)
 
 
 def _gemma_scale(model: GGUFModel, raw: dict[str, Any], big_layers: int) -> None:
