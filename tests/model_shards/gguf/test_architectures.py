@@ -117,3 +117,29 @@ def test_gemma_layer_types_follow_a_stored_pattern() -> None:
     ]
     assert types(2, n=4) == ["sliding_attention", "full_attention"] * 2
     assert types(None, n=6)[-2:] == ["sliding_attention", "full_attention"]
+
+
+def test_phi3_longrope_factors_and_partial_rotary(tmp_path: Path) -> None:
+    path = tmp_path / "phi3.gguf"
+    writer = gguf.GGUFWriter(path, "phi3")
+    sizes = {"block_count": 1, "context_length": 4096, "embedding_length": 64}
+    sizes |= {"feed_forward_length": 64, "head_count": 4, "head_count_kv": 4}
+    sizes |= {"rope_dimension_count": 12, "sliding_window": 2047}
+    for add, value in sizes.items():
+        getattr(writer, f"add_{add}")(value)
+    writer.add_rope_scaling_orig_ctx_len(1024)
+    writer.add_rope_scaling_attn_factors(1.19)
+    writer.add_tensor("token_embd.weight", np.zeros((8, 64), np.float32))
+    writer.add_tensor("rope_factors_long.weight", np.arange(1, 7, dtype=np.float32))
+    writer.add_tensor("rope_factors_short.weight", np.ones(6, np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    cfg = ModelConfig.from_dir(path)
+    assert cfg.rope.rope_type == "longrope" and cfg.rope.original_max_position_embeddings == 1024
+    assert cfg.rope.long_factor == (1.0, 2.0, 3.0, 4.0, 5.0, 6.0)
+    assert cfg.rope.short_factor == (1.0,) * 6
+    assert cfg.rope.attention_factor == pytest.approx(1.19)
+    assert cfg.extra["partial_rotary_factor"] == 0.75 and cfg.extra["sliding_window"] == 2047
+    assert set(tensor_plans(read_gguf(path))) == {"model.embed_tokens.weight"}
