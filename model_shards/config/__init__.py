@@ -1,5 +1,6 @@
 """What a replica serves, frozen and validated before any process is spawned: the checkpoint's
-``config.json`` and the replica's flags.
+``config.json`` (or a GGUF's metadata, read as one by ``model_shards/gguf/``) and the
+replica's flags.
 
 * ``model.py``: ``ModelConfig``, a decoder's shape; ``load_model_config`` (decoder or encoder);
 * ``replica.py``: ``ReplicaConfig``, a replica's flags checked against its model; sizes, devices;

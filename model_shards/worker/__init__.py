@@ -3,6 +3,9 @@
 * ``decoder_worker.py``: ``Worker``: a decoder rank's step executor; the plan's broadcast;
 * ``encoder_worker.py``: ``EncoderWorker``: the same for an encoder replica (embeddings);
 * ``checkpoint.py``: safetensors headers parsed here; each slice read with ``pread``;
+* ``gguf_checkpoint.py``: a GGUF checkpoint under HF names: slices un-permuted, dequantized
+  (``read``) or raw blocks (``read_blocks``), each read with ``pread``;
+* ``open_checkpoint.py``: a ``--model`` path's checkpoint, safetensors or GGUF; the pre-spawn check;
 * ``loader.py``: checkpoint to this rank's parameters, strictly, reading only its slices;
 * ``kv_cache.py``: the paged K/V pool and block tables (one per KV group and sequence);
 * ``gpu_memory.py``: the GPU KV budget: one forward's peak and the graph pool, measured;

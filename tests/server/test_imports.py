@@ -24,8 +24,13 @@ def _modules(package: str) -> list[str]:
     ]
 
 
-#: the frontend (DESIGN: no torch), and the checkpoint-config readers it imports
-TORCH_FREE = [*_modules("server"), *_modules("model_shards.config"), "model_shards.messages"]
+#: the frontend (DESIGN: no torch), and the checkpoint-config readers it imports (GGUF's too)
+TORCH_FREE = [
+    *_modules("server"),
+    *_modules("model_shards.config"),
+    *_modules("model_shards.gguf"),
+    "model_shards.messages",
+]
 
 
 def _run_clean(code: str) -> None:
@@ -37,6 +42,7 @@ def _run_clean(code: str) -> None:
 def test_the_torch_free_list_covers_the_packages() -> None:
     assert len(_modules("server")) > 40 and "server.api.chat" in TORCH_FREE
     assert "model_shards.config.replica" in TORCH_FREE
+    assert "model_shards.gguf.architectures" in TORCH_FREE
 
 
 @pytest.mark.timeout(60)

