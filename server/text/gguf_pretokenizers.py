@@ -65,7 +65,9 @@ _FAMILIES: tuple[tuple[tuple[str, ...], tuple[str, ...]], ...] = (
     (("tekken",), (TEKKEN_SPLIT,)),
     (("deepseek-v3",), DEEPSEEK3_SPLITS),
 )
-SPLITS: dict[str, tuple[str, ...]] = {name: regexes for names, regexes in _FAMILIES for name in names}
+SPLITS: dict[str, tuple[str, ...]] = {
+    name: regexes for names, regexes in _FAMILIES for name in names
+}
 """``tokenizer.ggml.pre`` -> the regexes that cut text into words, applied in order."""
 
 ADD_BOS_BY_DEFAULT = frozenset(

@@ -122,7 +122,9 @@ def _byte_level(metadata: dict[str, Any], tokens: list[str], types: list[int]) -
             return token
         return "".join(spelling[b] for b in token.encode("utf-8"))
 
-    vocab = {spelled(token, kind): i for i, (token, kind) in enumerate(zip(tokens, types))}
+    vocab = {
+        spelled(token, kind): i for i, (token, kind) in enumerate(zip(tokens, types, strict=True))
+    }
     merges = [_split_merge(m) for m in metadata.get("tokenizer.ggml.merges") or []]
     pre = metadata.get("tokenizer.ggml.pre")
     backend = _HFTokenizer(
@@ -163,9 +165,7 @@ def _bpe(
         raise ValueError(f"tokenizer.ggml.merges do not fit the vocabulary ({exc})") from exc
 
 
-def _sentencepiece(
-    metadata: dict[str, Any], tokens: list[str], unk_id: int | None
-) -> _HFTokenizer:
+def _sentencepiece(metadata: dict[str, Any], tokens: list[str], unk_id: int | None) -> _HFTokenizer:
     arch = metadata.get("general.architecture")
     if arch in GEMMA_ARCHS:  # runs of spaces are stored as spaces; Gemma looks them up as ▁
         tokens = ["▁" * len(t) if " " in t and not t.strip() else t for t in tokens]
@@ -205,7 +205,7 @@ def derive_merges(tokens: list[str], scores: list[float]) -> list[tuple[str, str
     shorter left piece; splits of one token in vocabulary order of their pieces."""
     ids = {token: i for i, token in enumerate(tokens)}
     ranked: list[tuple[float, int, int, str, str]] = []
-    for token, score in zip(tokens, scores):
+    for token, score in zip(tokens, scores, strict=True):
         pairs = sorted(
             (ids[token[:k]], ids[token[k:]], token[:k], token[k:])
             for k in range(1, len(token))
@@ -232,11 +232,16 @@ def _post_processor(
 ) -> processors.TemplateProcessing:
     """``[BOS] $A [EOS]`` as the flags say; ``ValueError`` if a flag's token id is missing."""
     ends: list[tuple[str, int]] = []
-    for flag, name, wanted in (("add_bos_token", "bos_token", add_bos), ("add_eos_token", "eos_token", add_eos)):
+    for flag, name, wanted in (
+        ("add_bos_token", "bos_token", add_bos),
+        ("add_eos_token", "eos_token", add_eos),
+    ):
         if not wanted:
             continue
         if name not in specials:
-            raise ValueError(f"tokenizer.ggml.{flag} is true but tokenizer.ggml.{name}_id is missing")
+            raise ValueError(
+                f"tokenizer.ggml.{flag} is true but tokenizer.ggml.{name}_id is missing"
+            )
         ends.append((tokens[specials[name]], specials[name]))
     bos = [f"{tokens[specials['bos_token']]}:0"] if add_bos else []
     eos = [f"{tokens[specials['eos_token']]}:0"] if add_eos else []
@@ -256,4 +261,3 @@ def _chat_template(metadata: dict[str, Any]) -> str | list[dict[str, str]] | Non
         return default if isinstance(default, str) else None
     templates = [{"name": "default", "template": default}] if isinstance(default, str) else []
     return templates + [{"name": name, "template": t} for name, t in sorted(named.items())]
-

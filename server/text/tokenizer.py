@@ -3,9 +3,9 @@
 Contract: :meth:`Tokenizer.encode` returns the ids
 ``transformers.AutoTokenizer.from_pretrained(dir)(text)["input_ids"]`` returns
 for the same directory (for a GGUF checkpoint without a ``tokenizer.json`` beside it, the
-ids its metadata describes: :mod:`server.text.gguf_tokenizer`). With ``tokenizer.json`` present, transformers >= 5
-takes special tokens from that file's post-processor (a BOS it adds is added
-once, here too) and drops ``add_bos_token``/``add_eos_token`` from
+ids its metadata describes: :mod:`server.text.gguf_tokenizer`). With ``tokenizer.json``
+present, transformers >= 5 takes special tokens from that file's post-processor (a BOS it
+adds is added once, here too) and drops ``add_bos_token``/``add_eos_token`` from
 ``tokenizer_config.json``; we do the same, so no BOS is ever doubled. From
 ``tokenizer_config.json`` we read the BOS/EOS token strings.
 
