@@ -24,6 +24,8 @@ from model_shards.config.hf_json import (
 )
 from model_shards.config.rope import RopeConfig, parse_rope
 from model_shards.config.vlm import flatten_text_config, is_vlm, vision_tp_problem
+from model_shards.gguf.architectures import load_hf_config
+from model_shards.gguf.files import is_gguf
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,9 @@ class ModelConfig(TransformerShape):
 
     @staticmethod
     def from_dir(model_dir: str | os.PathLike[str]) -> ModelConfig:
+        """A checkpoint directory's ``config.json``, or a GGUF checkpoint's metadata."""
+        if is_gguf(model_dir):
+            return ModelConfig.from_dict(load_hf_config(model_dir), source=str(model_dir))
         path = Path(model_dir) / "config.json"
         if not path.is_file():
             raise ValueError(f"--model {model_dir}: no config.json in that directory")
@@ -220,7 +225,10 @@ def _with_gpt2_names(raw: dict[str, Any]) -> dict[str, Any]:
 
 
 def load_model_config(model_dir: str | os.PathLike[str]) -> ModelConfig | EncoderConfig:
-    """The decoder or encoder config of a checkpoint directory, by its ``architectures``."""
+    """The decoder or encoder config of a checkpoint directory, by its ``architectures``
+    (a GGUF checkpoint, file or directory: always a decoder)."""
+    if is_gguf(model_dir):
+        return ModelConfig.from_dir(model_dir)
     path = Path(model_dir) / "config.json"
     if not path.is_file():
         raise ValueError(f"--model {model_dir}: no config.json in that directory")

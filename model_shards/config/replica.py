@@ -16,6 +16,7 @@ from model_shards.config.kv_layout import KVLayout, peak_blocks
 from model_shards.config.model import ModelConfig, load_model_config
 from model_shards.config.moe import check_expert_layout
 from model_shards.config.scheduler import check_step_limits
+from model_shards.gguf.files import is_gguf
 
 DTYPE_CHOICES: tuple[str, ...] = ("auto", *CHECKPOINT_DTYPES)
 
@@ -90,8 +91,8 @@ class ReplicaConfig:
         ``ValueError`` naming the flag, before any process is spawned.
         """
         self.check_flags()
-        if not Path(self.model_dir).is_dir():
-            raise ValueError(f"--model {self.model_dir}: not a directory")
+        if not Path(self.model_dir).is_dir() and not is_gguf(self.model_dir):
+            raise ValueError(f"--model {self.model_dir}: not a directory nor a .gguf file")
         model = load_model_config(self.model_dir)
         model.check_layout(self.tp, self.pp)
         if isinstance(model, ModelConfig):

@@ -31,7 +31,7 @@ from model_shards.config.model import ModelConfig
 from model_shards.config.replica import ReplicaConfig, ranks_use_gpus
 from model_shards.launch.cpu_budget import CpuBudget, ThreadPlan, detect_budget, plan_threads
 from model_shards.launch.rank_process import run_rank
-from model_shards.worker.checkpoint import verify_checkpoint
+from model_shards.worker.open_checkpoint import verify_checkpoint
 
 log = logging.getLogger(__name__)
 

@@ -15,6 +15,7 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import torch
 
@@ -153,6 +154,17 @@ class TensorSource:
         return torch.frombuffer(buf, dtype=self.dtype)
 
 
+class TensorStore(Protocol):
+    """What the loader reads: a checkpoint's tensor names and a source for each (this
+    module's :class:`Checkpoint`, or ``worker/gguf_checkpoint.py``'s ``GGUFCheckpoint``)."""
+
+    bytes_read: int
+
+    def names(self) -> Iterator[str] | list[str]: ...
+
+    def source(self, name: str) -> TensorSource: ...
+
+
 class Checkpoint:
     """All tensors of a checkpoint directory, by name, with lazy sliced reads."""
 
@@ -208,8 +220,3 @@ def checkpoint_files(model_dir: Path) -> list[Path]:
     if single.is_file():
         return [single]
     raise CheckpointError(f"{model_dir}: no {SINGLE_NAME} or {INDEX_NAME}")
-
-
-def verify_checkpoint(model_dir: str | os.PathLike[str]) -> None:
-    """Parse every header (cheap) so a corrupt checkpoint fails before any process starts."""
-    Checkpoint(model_dir).close()

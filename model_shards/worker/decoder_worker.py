@@ -45,11 +45,11 @@ from model_shards.parallel.comm import (
 )
 from model_shards.parallel.state import ParallelState
 from model_shards.worker import gpu_memory, layer_timer
-from model_shards.worker.checkpoint import Checkpoint
 from model_shards.worker.decode_graphs import DecodeGraphs
 from model_shards.worker.kv_cache import PagedKVCache
 from model_shards.worker.loader import load_weights
 from model_shards.worker.media_inputs import MediaInputs
+from model_shards.worker.open_checkpoint import open_checkpoint
 from model_shards.worker.sampler import SampleOutput, Sampler
 
 log = logging.getLogger(__name__)
@@ -203,7 +203,7 @@ class Worker:
         model_cls = MODEL_REGISTRY[cfg.architecture]
         with torch.device(ps.device):
             model = model_cls(cfg, ctx, max_model_len, replica.pp_layer_partition)
-        with Checkpoint(replica.model_dir) as checkpoint:
+        with open_checkpoint(replica.model_dir) as checkpoint:
             load_weights(model, checkpoint)
             bytes_read = checkpoint.bytes_read
         prepare_weights(model)

@@ -17,9 +17,9 @@ from model_shards.layers.linear import prepare_weights
 from model_shards.messages import StepPlan
 from model_shards.models.bert import BertModel
 from model_shards.parallel.comm import Comm, Pending
-from model_shards.worker.checkpoint import Checkpoint
 from model_shards.worker.decoder_worker import receive_plan, resolve_dtype
 from model_shards.worker.loader import load_weights
+from model_shards.worker.open_checkpoint import open_checkpoint
 
 
 class EncoderWorker:
@@ -37,7 +37,7 @@ class EncoderWorker:
         ctx = ShardContext(comm, select_backend(device, dtype), dtype)
         with torch.device(device):
             model = BertModel(cfg, ctx)
-        with Checkpoint(replica.model_dir) as checkpoint:
+        with open_checkpoint(replica.model_dir) as checkpoint:
             load_weights(model, checkpoint)
             prepare_weights(model)
             worker = EncoderWorker(model.eval(), comm)

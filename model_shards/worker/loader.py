@@ -19,7 +19,7 @@ from typing import ClassVar, Protocol
 
 from torch import nn
 
-from model_shards.worker.checkpoint import Checkpoint, CheckpointError
+from model_shards.worker.checkpoint import CheckpointError, TensorStore
 
 
 class LoadableModel(Protocol):
@@ -56,7 +56,7 @@ def _to_param_name(model: LoadableModel, name: str) -> tuple[str, ShardId | None
     return name, None
 
 
-def _names_in_checkpoint(model: LoadableModel, checkpoint: Checkpoint) -> dict[str, str]:
+def _names_in_checkpoint(model: LoadableModel, checkpoint: TensorStore) -> dict[str, str]:
     """Each checkpoint tensor by the model's name for it → its name in the checkpoint
     (the same, unless the checkpoint lacks the model's ``base_model_prefix`` throughout)."""
     names = list(checkpoint.names())
@@ -72,7 +72,7 @@ def _names_in_checkpoint(model: LoadableModel, checkpoint: Checkpoint) -> dict[s
     return mapped
 
 
-def load_weights(model: LoadableModel, checkpoint: Checkpoint) -> None:
+def load_weights(model: LoadableModel, checkpoint: TensorStore) -> None:
     """Fill every parameter of ``model`` (this stage, this TP rank) from ``checkpoint``."""
     expected = model.expected_checkpoint_names()
     stored = _names_in_checkpoint(model, checkpoint)

@@ -81,7 +81,8 @@ def test_missing_model_dir_subprocess(tmp_path: Path) -> None:
     )
     assert result.returncode == 2
     assert (
-        result.stderr.strip() == f"shardserve: error: --model {tmp_path / 'nope'}: not a directory"
+        result.stderr.strip()
+        == f"shardserve: error: --model {tmp_path / 'nope'}: not a directory nor a .gguf file"
     )
 
 
