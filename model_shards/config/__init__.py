@@ -4,7 +4,6 @@
 * ``model.py``: ``ModelConfig``, a decoder's shape; ``load_model_config`` (decoder or encoder);
 * ``replica.py``: ``ReplicaConfig``, a replica's flags checked against its model; sizes, devices;
 * ``hf_json.py``: what every ``config.json`` reader shares: errors naming the file, dtypes;
-* ``gguf_metadata.py``: which file of a GGUF ``--model`` holds the metadata; its keys, read fast;
 * ``architectures.py``: the ``architectures`` names served and their family, listed once;
 * ``rope.py``: rotary parameters (default, linear, llama3, longrope / su, yarn);
 * ``moe.py``: a MoE checkpoint's experts, and the TP / expert-parallel layouts that fit them;

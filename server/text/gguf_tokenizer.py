@@ -29,7 +29,7 @@ from typing import Any
 from tokenizers import AddedToken, decoders, models, normalizers, pre_tokenizers, processors
 from tokenizers import Tokenizer as _HFTokenizer
 
-from model_shards.config.gguf_metadata import read_gguf_metadata
+from model_shards.gguf.metadata import read_gguf_metadata
 from server.text.gguf_pretokenizers import (
     ADD_BOS_BY_DEFAULT,
     IGNORE_MERGES,

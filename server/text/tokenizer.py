@@ -28,7 +28,7 @@ from typing import Any
 
 from tokenizers import Tokenizer as _HFTokenizer
 
-from model_shards.config.gguf_metadata import find_gguf
+from model_shards.gguf.files import gguf_files, is_gguf
 from server.http import ttft_trace
 from server.text.gguf_tokenizer import tokenizer_from_gguf
 
@@ -99,10 +99,9 @@ class Tokenizer:
         directory = path.parent if path.is_file() else path
         if (directory / "tokenizer.json").is_file():
             return Tokenizer._from_tokenizer_json(directory)
-        gguf = find_gguf(path)
-        if gguf is None:
+        if not is_gguf(path):
             raise ValueError(f"{flag} {model}: no tokenizer.json in that directory, and no GGUF")
-        backend, config = tokenizer_from_gguf(gguf)
+        backend, config = tokenizer_from_gguf(gguf_files(path)[0])
         return Tokenizer(backend, config)
 
     @staticmethod

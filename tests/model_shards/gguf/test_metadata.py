@@ -1,4 +1,4 @@
-"""GGUF metadata: the values ``gguf.GGUFReader`` reads, and which file of a --model path."""
+"""GGUF metadata in full: the values ``gguf.GGUFReader`` reads, from the right file."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from pathlib import Path
 import gguf
 import pytest
 
-from model_shards.config.gguf_metadata import find_gguf, read_gguf_metadata
+from model_shards.gguf.files import gguf_files, is_gguf
+from model_shards.gguf.metadata import read_gguf_metadata
 from tests.server.text.gguf_vocab_files import smollm2_gguf
 
 
@@ -24,25 +25,22 @@ def test_same_values_as_gguf_reader() -> None:
     assert ours["tokenizer.ggml.add_bos_token"] is False
 
 
-def test_find_gguf_file_directory_and_split_shards(tmp_path: Path) -> None:
-    assert find_gguf(tmp_path) is None  # no GGUF: a Hugging Face directory
+def test_metadata_file_of_a_model_path(tmp_path: Path) -> None:
+    """What the tokenizer reads: shard 1 of the checkpoint a file or directory names."""
+    assert not is_gguf(tmp_path)  # empty; and a Hugging Face directory below
     (tmp_path / "config.json").write_text("{}")
-    assert find_gguf(tmp_path / "config.json") is None
     one = tmp_path / "m.gguf"
     one.write_bytes(b"GGUF")
-    assert find_gguf(tmp_path) == find_gguf(one) == one
+    assert not is_gguf(tmp_path) and is_gguf(one) and gguf_files(one)[0] == one
     split = tmp_path / "split"
     split.mkdir()
     for i in (1, 2, 3):
         (split / f"big-{i:05d}-of-00003.gguf").write_bytes(b"GGUF")
     first = split / "big-00001-of-00003.gguf"
-    assert find_gguf(split) == find_gguf(split / "big-00003-of-00003.gguf") == first
+    assert gguf_files(split)[0] == gguf_files(split / "big-00003-of-00003.gguf")[0] == first
     first.unlink()
-    with pytest.raises(ValueError, match=r"without its first shard big-00001-of-00003\.gguf"):
-        find_gguf(split)
-    (tmp_path / "other.gguf").write_bytes(b"GGUF")
-    with pytest.raises(ValueError, match=r"several GGUF checkpoints \(m\.gguf, other\.gguf\)"):
-        find_gguf(tmp_path)
+    with pytest.raises(ValueError, match=r"missing: big-00001-of-00003\.gguf"):
+        gguf_files(split)
 
 
 def test_broken_files_are_value_errors(tmp_path: Path) -> None:

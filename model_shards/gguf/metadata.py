@@ -1,10 +1,10 @@
-"""A GGUF checkpoint's metadata (its key/value section), read without touching tensor data.
+"""A GGUF file's metadata (its key/value section) in full, read without touching tensors.
 
-:func:`find_gguf` says which file of a ``--model`` path holds the metadata: the path itself if
-it is a ``.gguf`` file, the only GGUF in a directory, or the first shard
-(``NAME-00001-of-0000N.gguf``) of a split checkpoint. :func:`read_gguf_metadata` parses that
-file's header and key/value pairs (GGUF v2/v3, little-endian) and stops before the tensor
-table: strings are ``str``, numeric arrays and string arrays are lists, ``bool`` is ``bool``.
+:func:`read_gguf_metadata` parses the header and key/value pairs (GGUF v2/v3, little-endian)
+of one file (a split checkpoint's first shard holds them: ``files.gguf_files(path)[0]``) and
+stops before the tensor table: strings are ``str``, numeric and string arrays are lists,
+``bool`` is ``bool``. The tokenizer (``server/text/gguf_tokenizer.py``) needs the long arrays
+(vocabulary, merges) that :mod:`.reader` leaves out.
 
 Parsing is plain ``struct`` over a memory map: a 49k-token vocabulary with its merges reads
 in about 0.1 s (``gguf.GGUFReader`` builds numpy views of every string, ~20x slower). A file
@@ -14,7 +14,6 @@ that is not GGUF, is cut short or holds an unknown value type raises ``ValueErro
 from __future__ import annotations
 
 import mmap
-import re
 import struct
 from pathlib import Path
 from typing import Any
@@ -22,8 +21,6 @@ from typing import Any
 import numpy as np
 
 GGUF_MAGIC = b"GGUF"
-SPLIT_SHARD = re.compile(r"^(?P<stem>.+)-(?P<index>\d{5})-of-(?P<count>\d{5})\.gguf$")
-"""llama.cpp's split naming: ``NAME-00001-of-00003.gguf``; shard 1 holds the metadata."""
 
 _SCALARS: dict[int, str] = {  # GGUF value type -> struct format (little-endian)
     0: "<B",
@@ -42,36 +39,6 @@ _NUMPY: dict[int, str] = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "
 _NUMPY.update({7: "?", 10: "<u8", 11: "<i8", 12: "<f8"})
 _STRING = 8
 _ARRAY = 9
-
-
-def find_gguf(model: str | Path) -> Path | None:
-    """The GGUF file holding ``model``'s metadata, or ``None`` if ``model`` is no GGUF
-    checkpoint (a Hugging Face directory). ``ValueError`` if a directory holds several GGUF
-    checkpoints, or a split checkpoint lacks its first shard."""
-    path = Path(model)
-    if path.is_file():
-        return _first_shard(path) if path.suffix == ".gguf" else None
-    if not path.is_dir():
-        return None
-    files = sorted(p for p in path.iterdir() if p.suffix == ".gguf" and p.is_file())
-    if not files:
-        return None
-    firsts = {_first_shard(p) for p in files}
-    if len(firsts) > 1:
-        names = ", ".join(p.name for p in files)
-        raise ValueError(f"--model {model}: several GGUF checkpoints ({names}); pass the file")
-    return firsts.pop()
-
-
-def _first_shard(path: Path) -> Path:
-    match = SPLIT_SHARD.match(path.name)
-    if match is None:
-        return path
-    count = match["count"]
-    first = path.with_name(f"{match['stem']}-00001-of-{count}.gguf")
-    if not first.is_file():
-        raise ValueError(f"--model {path}: split GGUF without its first shard {first.name}")
-    return first
 
 
 class _Cursor:
