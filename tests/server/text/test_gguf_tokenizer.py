@@ -102,8 +102,18 @@ def test_smollm_split_isolates_digits_as_llama_cpp(tmp_path: Path) -> None:
     assert [tokens[i] for i in ours.encode(" 123x")] == ["Ġ", "1", "2", "3", "x"]
 
 
-def test_sentencepiece_vocabulary_matches_transformers(tmp_path: Path) -> None:
-    path = write_vocab_gguf(tmp_path / "spm.gguf", sentencepiece_vocab())
+def _gemma_vocab() -> dict[str, Any]:
+    """Gemma's shape: no space prefix, runs of spaces stored as spaces (looked up as ▁▁)."""
+    vocab = sentencepiece_vocab() | {"tokenizer.ggml.add_space_prefix": False}
+    for key, extra in (("tokens", ["  ", "   "]), ("scores", [-1e4] * 2), ("token_type", [1] * 2)):
+        vocab[f"tokenizer.ggml.{key}"] = vocab[f"tokenizer.ggml.{key}"] + extra
+    return vocab
+
+
+@pytest.mark.parametrize("arch", ["llama", "phi3", "gemma2"])
+def test_sentencepiece_vocabulary_matches_transformers(tmp_path: Path, arch: str) -> None:
+    vocab = _gemma_vocab() if arch == "gemma2" else sentencepiece_vocab()
+    path = write_vocab_gguf(tmp_path / "spm.gguf", vocab, arch)
     ours = Tokenizer.from_dir(path)
     _assert_same(ours, _reference(path), TEXTS)
     ids = ours.encode("héllo 😀")
