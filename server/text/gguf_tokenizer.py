@@ -62,6 +62,8 @@ def build_tokenizer(metadata: dict[str, Any]) -> tuple[_HFTokenizer, dict[str, A
     tokens = metadata.get("tokenizer.ggml.tokens")
     if kind is None or not isinstance(tokens, list) or not tokens:
         raise ValueError("no tokenizer in the GGUF metadata; pass --tokenizer DIR")
+    if not all(isinstance(t, str) for t in tokens):
+        raise ValueError("tokenizer.ggml.tokens is not a list of strings")
     types = metadata.get("tokenizer.ggml.token_type") or [1] * len(tokens)
     if len(types) != len(tokens):
         raise ValueError("tokenizer.ggml.token_type and tokenizer.ggml.tokens differ in length")
@@ -243,11 +245,14 @@ def _post_processor(
                 f"tokenizer.ggml.{flag} is true but tokenizer.ggml.{name}_id is missing"
             )
         ends.append((tokens[specials[name]], specials[name]))
-    bos = [f"{tokens[specials['bos_token']]}:0"] if add_bos else []
-    eos = [f"{tokens[specials['eos_token']]}:0"] if add_eos else []
-    single = [*bos, "$A:0", *eos]
+    bos = [tokens[specials["bos_token"]]] if add_bos else []
+    eos = [tokens[specials["eos_token"]]] if add_eos else []
+    single = [*bos, "$A", *eos]
     pair = [*single, *bos, "$B:1", *eos]
-    return processors.TemplateProcessing(single=single, pair=pair, special_tokens=ends)
+    try:
+        return processors.TemplateProcessing(single=single, pair=pair, special_tokens=ends)
+    except Exception as exc:  # a token the template syntax cannot hold (a ":" in it)
+        raise ValueError(f"cannot add BOS/EOS tokens {ends} ({exc})") from exc
 
 
 def _chat_template(metadata: dict[str, Any]) -> str | list[dict[str, str]] | None:

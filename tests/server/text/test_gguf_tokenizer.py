@@ -151,6 +151,7 @@ def test_sibling_tokenizer_json_wins(tmp_path: Path) -> None:
         ({"tokenizer.ggml.eos_token_id": 10**6}, r"eos_token_id = 1000000 is outside"),
         ({"tokenizer.ggml.merges": ["nospace"]}, r"holds 'nospace', not two pieces"),
         ({"tokenizer.ggml.merges": ["q@ #z"]}, r"merges do not fit the vocabulary"),
+        ({"tokenizer.ggml.tokens": [1, 2, 3]}, r"tokenizer\.ggml\.tokens is not a list of str"),
     ],
 )
 def test_bad_metadata_is_a_value_error(change: dict[str, Any], message: str) -> None:
