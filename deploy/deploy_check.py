@@ -40,6 +40,7 @@ import httpx
 from deploy.check import podman, scenarios
 from deploy.check.compose import Compose, compose_binary
 from deploy.check.steps import StepFailed, Steps
+from model_shards.launch.packaged_model import SERVED_NAME
 
 LOADTEST_REQUESTS = 16
 HEALTHY_TIMEOUT_S = 900.0
@@ -104,15 +105,15 @@ def write_model(models: Path) -> Path:
 
 
 def image_defaults(steps: Steps) -> None:
-    """The image as is: default command, no model mounted, the built-in model served by
-    user 10001, its own ``HEALTHCHECK`` passing."""
+    """The image as is: default command, no model mounted, the packaged SmolLM2 GGUF served
+    by user 10001, its own ``HEALTHCHECK`` passing."""
     port = free_port()
     with podman.plain_container(port) as name:
         seconds = podman.wait_own_healthcheck(name, HEALTHY_TIMEOUT_S)
         user = podman.run(["podman", "exec", name, "id", "-u"], quiet=True).strip()
         models = httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=30).json()
         served = [model["id"] for model in models["data"]]
-        if user != "10001" or served != ["shardserve-default"]:
+        if user != "10001" or served != [SERVED_NAME]:
             raise StepFailed(f"user {user}, models {served}")
         text = scenarios.completion(f"http://127.0.0.1:{port}")
         steps.say(f"healthy after {seconds:.0f}s as uid {user}, {served[0]}: {text!r}")

@@ -2,6 +2,8 @@
 
 * ``files.py``: which files a ``--model`` path names: one ``.gguf``, a directory holding one,
   or split shards ``NAME-0000i-of-0000N.gguf``;
+* ``metadata.py``: one file's metadata in full (vocabulary and merges too), fast, for the
+  frontend's tokenizer;
 * ``reader.py``: the header, parsed with ``gguf.GGUFReader`` and cached: metadata, tensor
   entries in torch order with absolute offsets; unsupported tensor types refused;
 * ``architectures.py``: each GGUF architecture served (llama, qwen2, qwen3, gemma2, gemma3,

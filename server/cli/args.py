@@ -18,6 +18,7 @@ import os
 from typing import Any
 
 from model_shards.config.replica import DTYPE_CHOICES, ReplicaConfig, parse_size
+from model_shards.launch import packaged_model
 from server.cli.flag_types import int_in as _int_in
 from server.cli.flag_types import non_negative_float as _non_negative_float
 from server.cli.flag_types import non_negative_int as _non_negative_int
@@ -38,7 +39,7 @@ def add_replica_flags(command: argparse.ArgumentParser) -> None:
     command.add_argument(
         "--model",
         default=os.environ.get(MODEL_ENV) or None,
-        help=f"checkpoint directory (default: ${MODEL_ENV}, else the built-in tiny Llama)",
+        help=f"checkpoint directory or GGUF file (default: ${MODEL_ENV}, else SmolLM2-135M)",
     )
     command.add_argument("--tensor-parallel-size", "-tp", type=int, default=1, metavar="N")
     command.add_argument("--pipeline-parallel-size", "-pp", type=int, default=1, metavar="M")
@@ -134,7 +135,17 @@ def _add_serve_parser(commands: Any) -> None:
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=_port, default=8000, help="0 picks a free port")
     serve.add_argument(
-        "--served-model-name", type=_non_empty, help="model name in the API (default: dir name)"
+        "--served-model-name",
+        type=_non_empty,
+        help="model name in the API (default: the --model directory's or GGUF file's name)",
+    )
+    serve.add_argument(
+        "--tokenizer",
+        type=_non_empty,
+        default=None,
+        metavar="DIR",
+        help="directory with the tokenizer.json (+ tokenizer_config.json) to use instead of "
+        "the --model checkpoint's (default: beside --model, else its GGUF metadata)",
     )
     serve.add_argument(
         "--batch-window-ms",
@@ -283,13 +294,9 @@ def _add_ping_parser(commands: Any) -> None:
 
 
 def replica_config(args: argparse.Namespace) -> ReplicaConfig:
-    """The replica the flags describe (not validated); the default model if no ``--model``."""
-    if args.model is None:
-        from model_shards.launch.default_model import ensure_default_model
-
-        model_dir = str(ensure_default_model())
-    else:
-        model_dir = args.model
+    """The replica the flags describe (not validated); the packaged default model if no
+    ``--model`` (``ValueError`` naming the pip command if it is not installed)."""
+    model_dir = args.model if args.model is not None else str(packaged_model.packaged_gguf())
     return ReplicaConfig(
         model_dir=model_dir,
         tp=args.tensor_parallel_size,

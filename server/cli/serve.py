@@ -29,10 +29,11 @@ this process started and ``handle.stop()`` reaps every rank in a ``finally``.
 A signal arriving while the ranks are being spawned is held until the
 handles exist.
 
-torch is never imported here: ``model_shards.launch.replicas`` and
-``model_shards.launch.default_model`` are imported only when a replica is started or
-the default model is needed. ``shardserve bench`` runs the load generator
-(``BENCH_MODULE``), imported by name only for that subcommand.
+torch is never imported here: ``model_shards.launch.replicas`` is imported only when a
+replica is started. Without ``--model`` the packaged SmolLM2 GGUF is served
+(:mod:`model_shards.launch.packaged_model`), named ``SmolLM2-135M-Instruct``.
+``shardserve bench`` runs the load generator (``BENCH_MODULE``), imported by name only for
+that subcommand.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from model_shards.config.replica import ReplicaConfig
+from model_shards.launch.packaged_model import SERVED_NAME
 from server.cli.args import build_parser, check_serve_flags, replica_config
 from server.cli.signals import ServeState, SignalGuard, Stop, raise_if_signalled
 from server.engine.supervisor import SpawnedReplica
@@ -67,7 +69,6 @@ logger = logging.getLogger("shardserve")
 READY_TIMEOUT_S = 300.0
 HEARTBEAT_S = 5.0  # how often a frontend pings an --engine it did not start
 HEARTBEAT_TIMEOUT_S = 60.0  # silence after which that engine counts as dead
-DEFAULT_SERVED_MODEL_NAME = "shardserve-default"
 GRACEFUL_SHUTDOWN_S = 5
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s [%(request_id)s]: %(message)s"
 BENCH_MODULE = "deploy.loadtest"  # what ``shardserve bench`` runs
@@ -169,14 +170,25 @@ def _check_start_up(args: argparse.Namespace) -> tuple[ReplicaConfig, Tokenizer,
         config.check_flags()
     else:
         config.validate()
-    tokenizer = Tokenizer.from_dir(config.model_dir)
+    if args.tokenizer is not None:
+        tokenizer = Tokenizer.from_dir(args.tokenizer, flag="--tokenizer")
+    else:
+        tokenizer = Tokenizer.from_dir(config.model_dir)
     args.image_model = ImageModel.from_dir(config.model_dir)  # or exit 2 before spawning
     if tokenizer.chat_template is not None:  # compiles, or exit 2 before spawning
         ChatTemplate(tokenizer.chat_template, tokenizer.special_tokens)
+    return config, tokenizer, served_name(args)
+
+
+def served_name(args: argparse.Namespace) -> str:
+    """``--served-model-name``, else the packaged model's name without ``--model``, else the
+    ``--model`` directory's name (a GGUF file's, less ``.gguf``)."""
     if args.served_model_name:
-        return config, tokenizer, args.served_model_name
-    default = DEFAULT_SERVED_MODEL_NAME if args.model is None else Path(args.model).resolve().name
-    return config, tokenizer, default
+        return str(args.served_model_name)
+    if args.model is None:
+        return SERVED_NAME
+    path = Path(args.model).resolve()
+    return path.stem if path.suffix == ".gguf" and path.is_file() else path.name
 
 
 def _start_replicas(config: ReplicaConfig, dp: int) -> Sequence[ReplicaHandle]:

@@ -2,9 +2,10 @@
 
 Contract: :meth:`Tokenizer.encode` returns the ids
 ``transformers.AutoTokenizer.from_pretrained(dir)(text)["input_ids"]`` returns
-for the same directory. With ``tokenizer.json`` present, transformers >= 5
-takes special tokens from that file's post-processor (a BOS it adds is added
-once, here too) and drops ``add_bos_token``/``add_eos_token`` from
+for the same directory (for a GGUF checkpoint without a ``tokenizer.json`` beside it, the
+ids its metadata describes: :mod:`server.text.gguf_tokenizer`). With ``tokenizer.json``
+present, transformers >= 5 takes special tokens from that file's post-processor (a BOS it
+adds is added once, here too) and drops ``add_bos_token``/``add_eos_token`` from
 ``tokenizer_config.json``; we do the same, so no BOS is ever doubled. From
 ``tokenizer_config.json`` we read the BOS/EOS token strings.
 
@@ -27,7 +28,9 @@ from typing import Any
 
 from tokenizers import Tokenizer as _HFTokenizer
 
+from model_shards.gguf.files import gguf_files, is_gguf
 from server.http import ttft_trace
+from server.text.gguf_tokenizer import tokenizer_from_gguf
 
 
 def _token_string(value: Any) -> str | None:
@@ -62,7 +65,8 @@ def _template_from_config(config: dict[str, Any]) -> str | None:
 
 
 class Tokenizer:
-    """A checkpoint's tokenizer: ``tokenizer.json`` plus ``tokenizer_config.json``."""
+    """A checkpoint's tokenizer: ``tokenizer.json`` plus ``tokenizer_config.json``, or the
+    same built from GGUF metadata."""
 
     def __init__(
         self,
@@ -87,23 +91,34 @@ class Tokenizer:
         self.vocab_size = backend.get_vocab_size(with_added_tokens=True)
 
     @staticmethod
-    def from_dir(model_dir: str | Path) -> Tokenizer:
-        """Load ``model_dir/tokenizer.json``; raise ``ValueError`` naming the file if unusable."""
-        path = Path(model_dir) / "tokenizer.json"
-        if not path.is_file():
-            raise ValueError(f"--model {model_dir}: no tokenizer.json in that directory")
+    def from_dir(model: str | Path, flag: str = "--model") -> Tokenizer:
+        """The tokenizer of checkpoint ``model`` (a directory, or a GGUF file): its
+        directory's ``tokenizer.json`` if there is one, else the GGUF metadata
+        (:mod:`server.text.gguf_tokenizer`); ``ValueError`` naming ``flag`` if neither works."""
+        path = Path(model)
+        directory = path.parent if path.is_file() else path
+        if (directory / "tokenizer.json").is_file():
+            return Tokenizer._from_tokenizer_json(directory)
+        if not is_gguf(path):
+            raise ValueError(f"{flag} {model}: no tokenizer.json in that directory, and no GGUF")
+        backend, config = tokenizer_from_gguf(gguf_files(path)[0])
+        return Tokenizer(backend, config)
+
+    @staticmethod
+    def _from_tokenizer_json(model_dir: Path) -> Tokenizer:
+        path = model_dir / "tokenizer.json"
         try:
             backend = _HFTokenizer.from_file(str(path))
         except Exception as exc:  # the Rust side raises a bare Exception
             raise ValueError(f"{path}: cannot load tokenizer ({exc})") from exc
-        config_path = Path(model_dir) / "tokenizer_config.json"
+        config_path = model_dir / "tokenizer_config.json"
         config: dict[str, Any] = {}
         if config_path.is_file():
             try:
                 config = json.loads(config_path.read_text())
             except (OSError, json.JSONDecodeError) as exc:
                 raise ValueError(f"{config_path}: not valid JSON ({exc})") from exc
-        template_path = Path(model_dir) / "chat_template.jinja"
+        template_path = model_dir / "chat_template.jinja"
         template = template_path.read_text() if template_path.is_file() else None
         return Tokenizer(backend, config, template)
 

@@ -3,7 +3,7 @@
 
 Used by test_cli.py as ``python -m tests.server.cli_runner serve ...``. Environment:
 
-* ``FAKE_MODEL_DIR``: what the fake ``ensure_default_model()`` returns;
+* ``FAKE_MODEL_DIR``: what the fake ``packaged_gguf()`` (the model without ``--model``) returns;
 * ``FAKE_REPLICA_MODE``: ``ready`` (default), ``never_ready`` or ``dies`` (rank 1 exits
   with code 3 shortly after start);
 * ``FAKE_REPLICA_RECORD``: a JSON file written by ``handle.stop()`` with what the
@@ -25,6 +25,7 @@ import types
 from pathlib import Path
 
 from model_shards.config.replica import ReplicaConfig
+from model_shards.launch import packaged_model
 from tests.server.fake_engine import FakeEngine
 
 SHUTDOWN_WAIT_S = 5.0  # how long stop() waits for the Shutdown the frontend sends first
@@ -103,7 +104,7 @@ def start_replicas(config: ReplicaConfig, dp: int = 1) -> list[FakeHandle]:
     return [FakeHandle(config) for _ in range(dp)]
 
 
-def ensure_default_model(cache_dir: Path | None = None) -> Path:
+def packaged_gguf() -> Path:
     return Path(os.environ["FAKE_MODEL_DIR"])
 
 
@@ -111,10 +112,8 @@ def install_fakes() -> None:
     launch = types.ModuleType("model_shards.launch.replicas")
     launch.start_replica = start_replica  # type: ignore[attr-defined]
     launch.start_replicas = start_replicas  # type: ignore[attr-defined]
-    default_model = types.ModuleType("model_shards.launch.default_model")
-    default_model.ensure_default_model = ensure_default_model  # type: ignore[attr-defined]
     sys.modules["model_shards.launch.replicas"] = launch
-    sys.modules["model_shards.launch.default_model"] = default_model
+    packaged_model.packaged_gguf = packaged_gguf
 
 
 if __name__ == "__main__":

@@ -22,7 +22,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from server.cli.serve import main
+from model_shards.launch.packaged_model import SERVED_NAME
+from server.cli.args import build_parser
+from server.cli.serve import main, served_name
 from tests.server.conftest import write_tiny_model_config, write_tiny_tokenizer
 
 REPO = Path(__file__).resolve().parents[3]
@@ -155,7 +157,7 @@ def test_serve_then_signal_stops_everything(launch: Callable[..., Server], signu
     server = launch("ready")
     match = server.wait_for_line(r"serving (\S+) on (http://127\.0\.0\.1:\d+)")
     name, url = match.group(1), match.group(2)
-    assert name == "shardserve-default"
+    assert name == SERVED_NAME  # no --model: the packaged model's name (its file faked here)
     with httpx.Client(base_url=url, timeout=10) as http:
         assert http.get("/health").status_code == 200
         assert http.get("/v1/models").json()["data"][0]["id"] == name
@@ -241,3 +243,17 @@ def test_a_signal_that_logging_swallowed_still_stops_start_up() -> None:
     finally:
         log.removeHandler(handler)
         guard.restore()
+
+
+def test_served_name_defaults(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SHARDSERVE_MODEL", raising=False)
+
+    def name(*flags: str) -> str:
+        return served_name(build_parser().parse_args(["serve", *flags]))
+
+    gguf = tmp_path / "Model.Q4_1.gguf"
+    gguf.write_bytes(b"GGUF")
+    assert name("--model", str(gguf)) == "Model.Q4_1"
+    assert name("--model", str(tmp_path)) == tmp_path.name
+    assert name("--model", str(gguf), "--served-model-name", "m") == "m"
+    assert name() == SERVED_NAME

@@ -1,4 +1,4 @@
-"""The real thing: ``shardserve serve`` on the built-in model, tp=2 on CPU, then SIGTERM.
+"""The real thing: ``shardserve serve`` on the built-in tiny model, tp=2 on CPU, then SIGTERM.
 
 Checks that the server answers, and (in :func:`tests.live_server.live_server`)
 that after SIGTERM the frontend exits 0 and no rank process is left behind.
@@ -14,12 +14,14 @@ import psutil
 import pytest
 
 from model_shards.launch import replicas as launch
+from model_shards.launch.default_model import ensure_default_model
 from tests.live_server import live_server
 
 
 @pytest.mark.timeout(240)
 def test_serve_real_replica_and_stop(tmp_path: Path) -> None:
-    with live_server(["-tp", "2"], tmp_path) as server:
+    toy = ensure_default_model(tmp_path / "cache")
+    with live_server(["--model", str(toy), "-tp", "2"], tmp_path) as server:
         children = psutil.Process(server.process.pid).children(recursive=True)
         ranks = [c for c in children if "spawn_main" in " ".join(c.cmdline())]
         assert len(ranks) == 2

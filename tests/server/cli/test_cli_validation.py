@@ -19,8 +19,10 @@ from typing import Any
 
 import pytest
 
+from model_shards.launch import packaged_model
 from tests.server.cli.spawn_guard import Spawned, error_line, run_cli
 from tests.server.conftest import write_tiny_model_config, write_tiny_tokenizer
+from tests.server.text.gguf_vocab_files import byte_level_vocab, write_vocab_gguf
 
 
 def _write_stub_checkpoint(directory: Path) -> None:
@@ -78,12 +80,41 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "llama-float64": _model(root / "llama-float64", torch_dtype="float64"),
         "bert": _model(root / "bert", BERT_CONFIG),
         "bert-int8": _model(root / "bert-int8", BERT_CONFIG, torch_dtype="int8"),
+        "gguf-bert-vocab": _bert_vocab_gguf(root / "gguf-bert-vocab"),
     }
     for family, (fields, refused) in FAMILIES.items():
         base = GPT2_CONFIG if family == "gpt2" else None
         found[family] = _model(root / family, base, **fields)
         found[f"{family}-refused"] = _model(root / f"{family}-refused", base, **fields, **refused)
     return found
+
+
+def _bert_vocab_gguf(directory: Path) -> Path:
+    """A directory holding a GGUF whose tokenizer (``bert``) is not supported."""
+    directory.mkdir()
+    vocab = byte_level_vocab("gpt-2", False) | {"tokenizer.ggml.model": "bert"}
+    write_vocab_gguf(directory / "vocab.gguf", vocab)
+    return directory
+
+
+@pytest.mark.timeout(60)
+def test_unsupported_gguf_tokenizer_exits_2(
+    models: dict[str, Path], no_spawning: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    tokenizer = str(models["gguf-bert-vocab"])
+    assert run_cli([*SERVE, "--model", str(models["llama"]), "--tokenizer", tokenizer]) == 2
+    line = error_line(capsys.readouterr().err)
+    assert "vocab.gguf: tokenizer.ggml.model 'bert' is not supported" in line
+
+
+@pytest.mark.timeout(60)
+def test_missing_default_model_exits_2_naming_pip(
+    no_spawning: None, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("SHARDSERVE_MODEL", raising=False)
+    monkeypatch.setattr(packaged_model, "PACKAGE", "no_such_package_here")
+    assert run_cli(SERVE) == 2
+    assert f"run `{packaged_model.PIP_INSTALL}`" in error_line(capsys.readouterr().err)
 
 
 @pytest.fixture(scope="module")
@@ -151,6 +182,8 @@ CASES: list[tuple[list[str], str | None, list[str], tuple[str, ...]]] = [
     (SERVE, "bert", ["--pp-layer-partition", "balanced"], ("--pp-layer-partition",)),
     (SERVE, "bert", ["-tp", "3"], ("--tensor-parallel-size 3",)),
     (SERVE, None, ["--model", "/nonexistent/model"], ("--model",)),
+    (SERVE, "llama", ["--tokenizer", "/nonexistent/tok"], ("--tokenizer /nonexistent/tok",)),
+    (SERVE, "llama", ["--tokenizer", ""], ("--tokenizer",)),
     (SERVE, "llama-float64", [], ("torch_dtype", "float64", "float32, bfloat16, float16")),
     (ENGINE, "bert-int8", [], ("torch_dtype", "int8", "float32, bfloat16, float16")),
     (SERVE, "llama", ["--dtype", "float64"], ("--dtype",)),
