@@ -42,7 +42,7 @@ async def assert_still_serving(http: httpx.AsyncClient) -> None:
         ({"model": "tiny", "prompt": "x", "logprobs": 21}, "logprobs"),
         ({"model": "tiny", "prompt": "x", "logprobs": -1}, "logprobs"),
         ({"model": "tiny", "prompt": "x", "seed": "abc"}, "seed"),
-        ({"model": "tiny", "prompt": "x", "echo": True}, "echo"),
+        ({"model": "tiny", "prompt": "x", "prompt_logprobs": 21}, "prompt_logprobs"),
         ({"model": "tiny", "prompt": "x", "suffix": "end"}, "suffix"),
         ({"model": "tiny", "prompt": ["x", ""]}, "prompt"),
         ({"model": "tiny", "prompt": "x", "stop": ["a", "b", "c", "d", "e"]}, "stop"),
