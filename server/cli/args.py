@@ -18,7 +18,7 @@ import os
 from typing import Any
 
 from model_shards.config.replica import DTYPE_CHOICES, ReplicaConfig, parse_size
-from server.cli.engine_token import add_engine_token_flag, check_engine_token
+from server.cli.engine_token import add_engine_token_flag
 from server.cli.flag_types import int_in as _int_in
 from server.cli.flag_types import non_negative_float as _non_negative_float
 from server.cli.flag_types import non_negative_int as _non_negative_int
