@@ -128,7 +128,7 @@ def test_fuzzed_frames_are_dropped_and_the_engine_keeps_serving(
     for i, message in enumerate(frames):
         (friend if i % 2 else stranger).send(*message)
     big.send(b"\x00" * (MAX_MESSAGE + 1))  # libzmq drops that connection unread
-    errors = [m for m in iter(lambda: friend.recv(2.0), None) if isinstance(m, EngineError)]
+    errors = [m for m in iter(lambda: friend.recv(5.0), None) if isinstance(m, EngineError)]
     assert len(errors) == 100 and all(e.request_id is None for e in errors)
     assert "refused the message" in errors[0].message
     assert friend.run(_request("fuzz-after")) == before  # greedy: the same tokens
@@ -176,7 +176,7 @@ def test_a_stranger_gets_nothing_done(
         peer.send(encode(Shutdown()))
     tokens, finish = friend.collect("mine")
     assert finish == "length" and len(first.outputs[0].new_token_ids) + len(tokens) == 40
-    answers = list(iter(lambda: stranger.recv(1.0), None))
+    answers = list(iter(lambda: stranger.recv(3.0), None))
     assert not [m for m in answers if isinstance(m, StepOutputs)]  # "theirs" never ran
     assert [("unauthenticated" in m.message) for m in answers] == [True] * 4, answers
     assert isinstance(assigned.recv(), EngineError)  # its Shutdown: refused too
