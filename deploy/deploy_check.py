@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import socket
 import subprocess
 import sys
@@ -194,6 +195,7 @@ def multinode(steps: Steps, docker_host: str, work: Path) -> None:
         "ENGINE_PORT": str(free_port()),
         "RDZV_PORT": str(free_port()),
         "RDZV_ID": f"deploy-check-{os.getpid()}",
+        "SHARDSERVE_ENGINE_TOKEN": secrets.token_hex(32),
     }
     files = ["docker-compose.multinode.yml", "docker-compose.multinode.cpu.yml"]
     compose = Compose("shardserve-check-multinode", files, docker_host, env)

@@ -13,6 +13,7 @@ No torch import, so the frontend can use it.
 
 from __future__ import annotations
 
+import secrets
 from typing import Literal
 
 import msgspec
@@ -134,8 +135,21 @@ class PromptLogprobs(msgspec.Struct, frozen=True, array_like=True):
 # ---- frontend → coordinator -------------------------------------------------
 
 
+#: The variable that carries the engine token to rank 0 (and to ``shardserve engine``/``ping``).
+ENGINE_TOKEN_ENV = "SHARDSERVE_ENGINE_TOKEN"
+
+
 class Hello(msgspec.Struct, tag="hello", frozen=True):
-    """First message on a new connection; rank 0 answers with ``EngineReady``."""
+    """First message on a new connection; rank 0 answers with ``EngineReady`` when ``token`` is
+    the engine's (else an ``EngineError``). Only a connection whose ``Hello`` was accepted is
+    served (:mod:`model_shards.engine.engine_port`); a client sets a random routing id."""
+
+    token: str = ""
+
+
+def random_routing_id() -> bytes:
+    """A client DEALER's routing id (``zmq.ROUTING_ID``) no other peer can guess."""
+    return b"f" + secrets.token_bytes(16)
 
 
 class SubmitBatch(msgspec.Struct, tag="submit", frozen=True):
@@ -198,6 +212,8 @@ class EngineStats(msgspec.Struct, frozen=True):
     # MoE: tokens routed to each expert since start-up, by decoder layer (the sparse layers
     # of rank 0's pipeline stage); at most once a second, else None
     moe_expert_tokens: dict[int, list[int]] | None = None
+    # frames rank 0's engine port dropped since start-up (undecodable, unauthenticated...)
+    rejected_messages: int = 0
 
 
 class StepOutputs(msgspec.Struct, tag="outputs", frozen=True):

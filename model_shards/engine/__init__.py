@@ -2,6 +2,7 @@
 
 * ``coordinator.py``: ``Coordinator``: schedule, broadcast the plan, run rank 0's stage, update;
 * ``zmq_loop.py``: rank 0's ROUTER loop (Hello, submits, aborts, keep-alives), for both engines;
+* ``engine_port.py``: the port's guard: frames decoded safely, the engine token checked;
 * ``request_checks.py``: every reason the engine refuses a generation request, in one place;
 * ``scheduler/``: continuous batching over the paged, prefix-cached KV pool (pure Python);
 * ``structured/``: grammar-constrained decoding: compiles, matchers, each step's token masks;

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import msgspec
 
+from model_shards.engine.engine_port import PortSettings
 from model_shards.engine.prompt_logprobs import PromptLogprobTracker
 from model_shards.engine.request_checks import content_problem
 from model_shards.engine.request_trace import RequestTraces
@@ -162,9 +163,12 @@ class Coordinator:
             if problem:
                 self._refused.append((ready.client, EngineError(problem, ready.request.request_id)))
 
-    def abort(self, request_ids: list[str]) -> list[SeqUpdate]:
+    def abort(self, request_ids: list[str], client: bytes | None = None) -> list[SeqUpdate]:
+        """Forget ``request_ids`` (with ``client``: only those that client submitted)."""
         updates = []
         for rid in request_ids:
+            if client is not None and self._client_of(rid) != client:
+                continue
             self.traces.drop(rid)
             seq = self.scheduler.abort(rid)
             if seq is None and self.constraints is not None:
@@ -181,6 +185,13 @@ class Coordinator:
                 self.constraints.drop(seq.seq_id)
             updates.append(SeqUpdate(seq, RequestOutput(rid, [], "abort")))
         return updates
+
+    def _client_of(self, request_id: str) -> bytes | None:
+        """The frontend that submitted a live request, or ``None``."""
+        client = self.scheduler.client_of(request_id)
+        if client is None and self.constraints is not None:
+            client = self.constraints.client_of(request_id)
+        return client
 
     def has_work(self) -> bool:
         waiting = self.constraints is not None and self.constraints.has_waiting()
@@ -304,11 +315,14 @@ class Coordinator:
                     self.add_request(req, client)
                 except ValueError as exc:
                     refused.append((client, EngineError(str(exc), req.request_id)))
+                except Exception:  # a check that broke: refuse this request, keep serving
+                    log.exception("request %r could not be checked", req.request_id)
+                    refused.append((client, EngineError("request refused", req.request_id)))
                 else:
                     self.traces.open(req, received)  # kept only if req.trace
             return refused
         if isinstance(message, AbortRequests):  # blocks are released now: report it
-            return self._with_stats(_by_client(self.abort(message.request_ids)))
+            return self._with_stats(_by_client(self.abort(message.request_ids, client)))
         return [(client, EngineError(f"this replica generates; cannot {type(message).__name__}"))]
 
     def work(self) -> list[Reply]:
@@ -346,9 +360,9 @@ class Coordinator:
             for client, m in replies
         ]
 
-    def serve(self, address: str) -> None:
+    def serve(self, address: str, settings: PortSettings) -> None:
         """Serve frontends on a ZMQ ROUTER at ``address`` until ``Shutdown``; then stop ranks."""
-        serve_frontends(self, address)
+        serve_frontends(self, address, settings)
 
 
 def _by_client(updates: list[SeqUpdate]) -> list[Reply]:

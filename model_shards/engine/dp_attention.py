@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 
 from model_shards.engine.coordinator import Coordinator
+from model_shards.engine.engine_port import PortSettings
 from model_shards.engine.scheduler.scheduler import SeqUpdate
 from model_shards.engine.zmq_loop import FrontendSocket
 from model_shards.layers.moe import SparseMoeBlock
@@ -68,12 +69,12 @@ class LockstepEngine:
         return updates
 
 
-def serve_lockstep(engine: LockstepEngine, address: str) -> None:
+def serve_lockstep(engine: LockstepEngine, address: str, settings: PortSettings) -> None:
     """This replica's ZMQ loop, in lockstep: each round reads the frontends, agrees with the
     group (work? stopping?), then every replica steps or none does. A ``Shutdown`` to any
     replica stops the group; the agreement's timeout makes a dead replica fail the others."""
     coord = engine.coordinator
-    frontends = FrontendSocket(address)
+    frontends = FrontendSocket(address, settings)
     log.info("data-parallel attention replica serving on %s", address)
     try:
         stopping, work = False, False

@@ -13,6 +13,7 @@ from collections import defaultdict, deque
 
 import torch
 
+from model_shards.engine.engine_port import PortSettings
 from model_shards.engine.zmq_loop import Reply, serve_frontends
 from model_shards.messages import (
     AbortRequests,
@@ -73,8 +74,10 @@ class EmbeddingCoordinator:
                     self.waiting.append((client, req))
             return refused
         if isinstance(message, AbortRequests):
-            gone = set(message.request_ids)
-            self.waiting = deque(item for item in self.waiting if item[1].request_id not in gone)
+            gone = {(client, rid) for rid in message.request_ids}  # only the sender's own
+            self.waiting = deque(
+                item for item in self.waiting if (item[0], item[1].request_id) not in gone
+            )
             return []
         return [(client, EngineError(f"this replica embeds; cannot {type(message).__name__}"))]
 
@@ -110,8 +113,8 @@ class EmbeddingCoordinator:
         )
         self.worker.pending.wait_all()
 
-    def serve(self, address: str) -> None:
-        serve_frontends(self, address)
+    def serve(self, address: str, settings: PortSettings) -> None:
+        serve_frontends(self, address, settings)
 
     def _run(self, inputs: list[list[int]]) -> torch.Tensor:
         plan = StepPlan(self._next_step_id(), encode=inputs)

@@ -1,10 +1,13 @@
 """Rank 0's ZMQ service loop, shared by the generation and embedding coordinators.
 
 Rank 0 binds a ROUTER; each frontend connects a DEALER (see
-:mod:`model_shards.messages`). The loop answers ``Hello`` with the engine's
-``EngineReady``, hands every other message to the engine, runs the engine
-while it has work and, while idle, lets it send keep-alive plans so the
-workers' collective timeouts only fire on a real failure.
+:mod:`model_shards.messages`). Every frame passes the port guard first
+(:mod:`model_shards.engine.engine_port`: decoded in a guard, the connection
+authenticated by the engine token on ``Hello``; a bad frame is dropped and its
+sender told). The loop answers ``Hello`` with the engine's ``EngineReady``,
+hands every other message to the engine, runs the engine while it has work
+and, while idle, lets it send keep-alive plans so the workers' collective
+timeouts only fire on a real failure.
 """
 
 from __future__ import annotations
@@ -12,8 +15,10 @@ from __future__ import annotations
 import logging
 from typing import Protocol
 
+import msgspec
 import zmq
 
+from model_shards.engine.engine_port import PortGuard, PortSettings
 from model_shards.messages import (
     EngineError,
     EngineMessage,
@@ -21,7 +26,7 @@ from model_shards.messages import (
     FrontendMessage,
     Hello,
     Shutdown,
-    decode_frontend_message,
+    StepOutputs,
     encode,
 )
 
@@ -47,33 +52,44 @@ class FrontendEngine(Protocol):
 
 
 class FrontendSocket:
-    """Rank 0's ROUTER: the frontends' messages in, replies out, every client remembered
-    (each is told when the engine fails)."""
+    """Rank 0's ROUTER: the frontends' messages in (through the port guard), replies out,
+    every authenticated client remembered (each is told when the engine fails)."""
 
-    def __init__(self, address: str) -> None:
+    def __init__(self, address: str, settings: PortSettings) -> None:
         self._ctx = zmq.Context()
         self._sock = self._ctx.socket(zmq.ROUTER)
         self._sock.setsockopt(zmq.LINGER, 1000)
+        self._sock.setsockopt(zmq.MAXMSGSIZE, settings.max_message_bytes)
         self._sock.bind(address)
-        self.clients: set[bytes] = set()
+        self.guard = PortGuard(settings.token)
+
+    @property
+    def clients(self) -> set[bytes]:
+        return self.guard.authenticated
 
     def send(self, replies: list[Reply]) -> None:
+        """Send each reply; a ``StepOutputs``' stats carry the port's rejected-frame count."""
+        rejected = self.guard.rejected_total
         for client, message in replies:
+            if isinstance(message, StepOutputs) and message.stats is not None:
+                stats = msgspec.structs.replace(message.stats, rejected_messages=rejected)
+                message = msgspec.structs.replace(message, stats=stats)
             self._sock.send_multipart([client, encode(message)])
 
     def answer_waiting(self, engine: FrontendEngine, timeout_ms: int) -> bool:
         """Answer the messages waiting (the first waited for up to ``timeout_ms``):
-        ``Hello`` with ``engine.ready()``, others by ``engine.handle``. ``False`` once a
-        ``Shutdown`` came (what follows it stays unread)."""
+        ``Hello`` with ``engine.ready()``, others by ``engine.handle``, refused frames with
+        the guard's ``EngineError``. ``False`` once an authenticated ``Shutdown`` came (what
+        follows it stays unread)."""
         while self._sock.poll(timeout_ms):
             timeout_ms = 0
-            client, payload = self._sock.recv_multipart()
-            self.clients.add(client)
-            message = decode_frontend_message(payload)
+            client, message = self.guard.admit(self._sock.recv_multipart())
             if isinstance(message, Shutdown):
                 return False
             if isinstance(message, Hello):
                 self.send([(client, engine.ready())])
+            elif isinstance(message, EngineError):
+                self.send([(client, message)])
             else:
                 self.send(engine.handle(message, client))
         return True
@@ -87,9 +103,9 @@ class FrontendSocket:
         self._ctx.term()
 
 
-def serve_frontends(engine: FrontendEngine, address: str) -> None:
-    """Serve until a ``Shutdown`` message, then stop every rank (``engine.shutdown()``)."""
-    frontends = FrontendSocket(address)
+def serve_frontends(engine: FrontendEngine, address: str, settings: PortSettings) -> None:
+    """Serve until an authenticated ``Shutdown``, then stop every rank (``engine.shutdown()``)."""
+    frontends = FrontendSocket(address, settings)
     log.info("rank 0 serving on %s", address)
     try:
         running = True

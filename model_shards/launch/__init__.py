@@ -7,6 +7,7 @@
 * ``rank_process.py``: inside a rank: die with the parent, join the world, load, serve;
 * ``cpu_governor.py``: inside a CPU rank: one thread fewer while other work takes its cores;
 * ``torchrun.py``: ``shardserve engine``'s torchrun command, and each torchrun worker's entry;
+* ``torchrun_agent.py``: torchrun itself plus a c10d rendezvous whose store binds its host;
 * ``dp_attention.py``: ``--dp-attention``: its checks, one world of D replicas restarted together.
 
 The CLI imports these only when it starts a replica. ``replicas.py`` initialises no CUDA, and

@@ -176,6 +176,10 @@ def run_dp_attention_rank(
     start_rank_process(rank)
     import torch
 
+    from model_shards.engine.engine_port import PortSettings
+
+    settings = PortSettings.from_environment(os.environ)  # before loading anything
+
     from model_shards.engine.coordinator import Coordinator
     from model_shards.engine.dp_attention import LockstepEngine, serve_lockstep
     from model_shards.parallel.comm import Comm
@@ -207,7 +211,7 @@ def run_dp_attention_rank(
             enable_prefix_caching=config.enable_prefix_caching,
             model_dir=str(config.model_dir),
         )
-        serve_lockstep(LockstepEngine(coordinator, ep), address)
+        serve_lockstep(LockstepEngine(coordinator, ep), address, settings)
         clean = True
     finally:
         destroy_parallel(ps if clean else None, ep.close)

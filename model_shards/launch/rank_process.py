@@ -6,8 +6,9 @@ Two entry points, one body (:func:`serve_rank`):
   spawns (``shardserve serve``). It dies with its parent (``PR_SET_PDEATHSIG``)
   and joins the world with ``tcp://127.0.0.1:<port>``.
 * :func:`run_torchrun_rank`: each ``torchrun`` worker (``shardserve engine``,
-  possibly over several nodes); it joins the world with ``env://`` from the
-  variables torchrun sets (:class:`TorchrunRank`).
+  possibly over several nodes); it joins the world at ``MASTER_ADDR``/``MASTER_PORT``
+  from the variables torchrun sets (:class:`TorchrunRank`), torchrun's rank 0 hosting
+  the store (bound to ``MASTER_ADDR``, :mod:`model_shards.launch.torchrun_agent`).
 
 Rank 0 runs the :class:`~model_shards.engine.coordinator.Coordinator` (and stage 0,
 TP slot 0) on a ZMQ ROUTER at the replica's address; every other rank runs
@@ -33,8 +34,10 @@ from model_shards.config.model import load_model_config
 from model_shards.config.replica import ReplicaConfig
 
 if TYPE_CHECKING:
+    from model_shards.engine.engine_port import PortSettings
     from model_shards.parallel.comm import Comm
     from model_shards.parallel.state import ParallelState
+    from model_shards.worker.decoder_worker import Worker
 
 log = logging.getLogger(__name__)
 
@@ -93,8 +96,8 @@ class TorchrunRank:
     which orders nodes by host name and process id, not by ``--node-rank``;
     re-deriving it from ``--node-rank`` puts rank 0 (the coordinator, which
     the frontend connects to) on node 0 every time. The world is the same
-    set of processes either way, so ``env://`` (``MASTER_ADDR``/``MASTER_PORT``
-    from torchrun) still joins it.
+    set of processes either way, so ``MASTER_ADDR``/``MASTER_PORT`` from torchrun still
+    join it (the store's server is torchrun's rank 0, on the node ``MASTER_ADDR`` names).
     """
 
     rank: int
@@ -129,7 +132,7 @@ class TorchrunRank:
 
 
 def run_torchrun_rank(config: ReplicaConfig, address: str, node_rank: int) -> None:
-    """Entry point of each torchrun worker: join the replica with ``env://`` and serve.
+    """Entry point of each torchrun worker: join the replica at ``MASTER_ADDR`` and serve.
 
     Rank 0 binds the ZMQ ROUTER at ``address`` (e.g. ``tcp://0.0.0.0:5555``).
     """
@@ -144,8 +147,9 @@ def run_torchrun_rank(config: ReplicaConfig, address: str, node_rank: int) -> No
         lambda: _join(
             me.rank,
             config,
-            master_addr=None,
-            master_port=None,
+            master_addr=os.environ["MASTER_ADDR"],
+            master_port=int(os.environ["MASTER_PORT"]),
+            hosts_store=me.torchrun_rank == 0,  # on the node MASTER_ADDR names
             cuda_index=me.rank % me.nproc_per_node,
             local_world_size=me.nproc_per_node,
         ),
@@ -178,12 +182,15 @@ def serve_rank(
     import torch
 
     from model_shards.engine.coordinator import Coordinator
+    from model_shards.engine.engine_port import PortSettings
     from model_shards.launch.cpu_budget import default_threads_per_rank
     from model_shards.launch.cpu_governor import govern_threads
     from model_shards.parallel.comm import Comm
     from model_shards.parallel.state import destroy_parallel
     from model_shards.worker.decoder_worker import Worker
 
+    # rank 0's engine token ($SHARDSERVE_ENGINE_TOKEN): a missing one fails before loading
+    settings = PortSettings.from_environment(os.environ) if rank == 0 else None
     threads = config.threads_per_rank or default_threads_per_rank(config.world_size)
     torch.set_num_threads(threads)
     model = load_model_config(config.model_dir)
@@ -193,39 +200,44 @@ def serve_rank(
     clean = False
     try:
         if isinstance(model, EncoderConfig):
-            _serve_encoder(rank, config, model, comm, address, max_len)
+            _serve_encoder(config, model, comm, address, max_len, settings)
             clean = True
             return
         worker = Worker.build(config, model, comm, max_len)
         govern_threads(worker, threads, ps.device.type)
-        log.info(
-            "loaded stage %d/%d tp %d/%d on %s (%s backend, %s): %.1f MiB read; KV cache %d "
-            "blocks x %d = %d tokens",
-            ps.pp_rank,
-            ps.pp_size,
-            ps.tp_rank,
-            ps.tp_size,
-            ps.device,
-            worker.ops.name,
-            str(worker.dtype).removeprefix("torch."),
-            worker.bytes_loaded / 2**20,
-            worker.kv.num_blocks,
-            worker.kv.block_size,
-            worker.kv.num_blocks * worker.kv.block_size,
-        )
-        if rank == 0:
+        _log_loaded(worker)
+        if settings is not None:
             Coordinator(
                 worker,
                 **_step_limits(config, max_len),
                 enable_prefix_caching=config.enable_prefix_caching,
                 pipeline_overlap=config.pipeline_overlap,
                 model_dir=str(config.model_dir),
-            ).serve(address)
+            ).serve(address, settings)
         else:
             worker.serve_forever()
         clean = True
     finally:
         destroy_parallel(ps if clean else None, comm.close)
+
+
+def _log_loaded(worker: Worker) -> None:
+    ps = worker.ps
+    log.info(
+        "loaded stage %d/%d tp %d/%d on %s (%s backend, %s): %.1f MiB read; KV cache %d "
+        "blocks x %d = %d tokens",
+        ps.pp_rank,
+        ps.pp_size,
+        ps.tp_rank,
+        ps.tp_size,
+        ps.device,
+        worker.ops.name,
+        str(worker.dtype).removeprefix("torch."),
+        worker.bytes_loaded / 2**20,
+        worker.kv.num_blocks,
+        worker.kv.block_size,
+        worker.kv.num_blocks * worker.kv.block_size,
+    )
 
 
 def _step_limits(config: ReplicaConfig, max_len: int) -> dict[str, int]:
@@ -238,14 +250,15 @@ def _step_limits(config: ReplicaConfig, max_len: int) -> dict[str, int]:
 
 
 def _serve_encoder(
-    rank: int,
     config: ReplicaConfig,
     model: EncoderConfig,
     comm: Comm,
     address: str,
     max_len: int,
+    settings: PortSettings | None,
 ) -> None:
-    """An embedding replica: rank 0 batches inputs, every rank runs its encoder shard."""
+    """An embedding replica: rank 0 (the one with the port's ``settings``) batches inputs,
+    every rank runs its encoder shard."""
     from model_shards.engine.embedding_coordinator import EmbeddingCoordinator
     from model_shards.worker.encoder_worker import EncoderWorker
 
@@ -256,7 +269,7 @@ def _serve_encoder(
         comm.ps.tp_size,
         worker.bytes_loaded / 2**20,
     )
-    if rank == 0:
-        EmbeddingCoordinator(worker, **_step_limits(config, max_len)).serve(address)
+    if settings is not None:
+        EmbeddingCoordinator(worker, **_step_limits(config, max_len)).serve(address, settings)
     else:
         worker.serve_forever()

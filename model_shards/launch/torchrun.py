@@ -3,14 +3,17 @@
 :func:`torchrun_command` builds the command ``shardserve engine`` runs on
 each node::
 
-    python -m torch.distributed.run --nnodes N --nproc-per-node tp*pp/N
-        --rdzv-backend c10d --rdzv-endpoint HOST:PORT --rdzv-id ID --max-restarts 0
+    python -m model_shards.launch.torchrun_agent --nnodes N --nproc-per-node tp*pp/N
+        --max-restarts 0 --rdzv-backend shardserve --rdzv-endpoint HOST:PORT --rdzv-id ID
+        --rdzv-conf is_host=0|1 --local-addr ADDR
         -m model_shards.launch.torchrun --config-json ... --address ... --node-rank R
 
-and each worker process torchrun starts runs :func:`main`, which calls
+(torchrun itself, its stores bound to the hosts they name: :mod:`.torchrun_agent`; node 0
+hosts the rendezvous; ``ADDR`` is this node's address towards the rendezvous host) and each
+worker process torchrun starts runs :func:`main`, which calls
 :func:`model_shards.launch.rank_process.run_torchrun_rank` (the same rank body as a
 replica spawned by ``shardserve serve``). A single node with no rendezvous
-endpoint uses ``--standalone``. torchrun ignores ``--node-rank`` under c10d
+endpoint hosts its own on ``127.0.0.1`` (a free port). torchrun ignores ``--node-rank`` under c10d
 (it orders nodes itself), so the node rank goes to the workers instead,
 which derive the replica rank from it (see
 :class:`model_shards.launch.rank_process.TorchrunRank`). The replica's configuration travels as the
@@ -23,6 +26,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import socket
 import sys
 
 from model_shards.config.replica import ReplicaConfig
@@ -37,6 +41,7 @@ class NodeLayout:
     node_rank: int = 0
     rdzv_endpoint: str | None = None  # HOST:PORT of the c10d rendezvous (node 0's address)
     rdzv_id: str = "shardserve"
+    local_addr: str | None = None  # this node's address for the others (its stores bind it)
 
     def nproc_per_node(self, world_size: int) -> int:
         """Ranks per node; ``ValueError`` naming the flags when they do not fit."""
@@ -62,25 +67,24 @@ def torchrun_command(
     command = [
         python,
         "-m",
-        "torch.distributed.run",
+        "model_shards.launch.torchrun_agent",
         "--nnodes",
         str(layout.nnodes),
         "--nproc-per-node",
         str(nproc),
         "--max-restarts",
         "0",
+        "--rdzv-backend",
+        "shardserve",
+        "--rdzv-endpoint",
+        layout.rdzv_endpoint or "127.0.0.1:0",  # one node: its own store, any free port
+        "--rdzv-id",
+        layout.rdzv_id,
+        "--rdzv-conf",
+        f"is_host={int(layout.node_rank == 0)}",
+        "--local-addr",
+        layout.local_addr or "127.0.0.1",
     ]
-    if layout.rdzv_endpoint:
-        command += [
-            "--rdzv-backend",
-            "c10d",
-            "--rdzv-endpoint",
-            layout.rdzv_endpoint,
-            "--rdzv-id",
-            layout.rdzv_id,
-        ]
-    else:
-        command += ["--standalone"]
     config_json = json.dumps(dataclasses.asdict(config))
     return [
         *command,
@@ -93,6 +97,21 @@ def torchrun_command(
         "--node-rank",
         str(layout.node_rank),
     ]
+
+
+def address_towards(endpoint: str) -> str:
+    """This machine's address on the route to ``HOST:PORT`` (no packet is sent); ``ValueError``
+    naming ``--rdzv-endpoint`` when the host does not resolve."""
+    host, _, port = endpoint.rpartition(":")
+    try:
+        family, _kind, _proto, _name, address = socket.getaddrinfo(
+            host.strip("[]"), int(port), type=socket.SOCK_DGRAM
+        )[0]
+        with socket.socket(family, socket.SOCK_DGRAM) as probe:
+            probe.connect(address)
+            return str(probe.getsockname()[0])
+    except OSError as exc:
+        raise ValueError(f"--rdzv-endpoint {endpoint}: {exc.strerror or exc}") from exc
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -2,6 +2,7 @@
 
 * ``state.py``: ``ParallelState``: who this rank is (global, TP, PP ranks) and its groups;
 * ``comm.py``: ``Comm`` and every collective and point-to-point send the replica uses;
+* ``store.py``: TCP stores whose server listens on the host given (torch's: every interface);
 * ``transports.py``: the same-host transports of a CPU replica, opened after the groups;
 * ``same_host.py``: what both fast paths share: the off switch, the host id, the agreement;
 * ``shm_all_reduce.py``: TP all-reduce through one ``/dev/shm`` segment instead of gloo;

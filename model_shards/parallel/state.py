@@ -29,6 +29,7 @@ import torch
 import torch.distributed as dist
 
 from model_shards.config.replica import ranks_use_gpus
+from model_shards.parallel.store import bound_store
 
 
 @dataclass(frozen=True)
@@ -102,17 +103,19 @@ def init_parallel(
     tp: int,
     pp: int,
     *,
-    master_addr: str | None,
-    master_port: int | None,
+    master_addr: str,
+    master_port: int,
     device: str,
     timeout_s: float,
     cuda_index: int | None = None,
     local_world_size: int | None = None,
+    hosts_store: bool | None = None,
 ) -> ParallelState:
     """Join the replica's world and build its groups (every rank calls this).
 
-    ``master_addr``/``master_port`` ``None``: join with ``init_method="env://"``
-    (``MASTER_ADDR``/``MASTER_PORT`` as torchrun sets them). The world is first
+    The world's store is at ``master_addr:master_port``: ``hosts_store`` (default: rank 0)
+    runs its server, listening on ``master_addr`` only (:func:`~model_shards.parallel.store.
+    bound_store`); under torchrun that is its own rank 0 (``MASTER_ADDR``). The world is first
     joined over gloo (the CPU group), and every rank, on every node, agrees there on
     one tensor backend before any NCCL group exists (:func:`agree_on_cuda`).
     ``cuda_index``: this rank's GPU among the visible ones, passed explicitly by the
@@ -122,12 +125,12 @@ def init_parallel(
     world = tp * pp
     backend = choose_backend(local_world_size or world, device)
     timeout = timedelta(seconds=timeout_s)
+    server = rank == 0 if hosts_store is None else hosts_store
+    store = bound_store(
+        master_addr, master_port, is_server=server, timeout=timeout, world_size=world
+    )
     dist.init_process_group(
-        backend="gloo",
-        init_method="env://" if master_addr is None else f"tcp://{master_addr}:{master_port}",
-        rank=rank,
-        world_size=world,
-        timeout=timeout,
+        backend="gloo", store=store, rank=rank, world_size=world, timeout=timeout
     )
     use_cuda = agree_on_cuda(backend == "nccl", rank)
     local_device = torch.device("cpu")

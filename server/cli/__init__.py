@@ -4,6 +4,7 @@
 * ``serve.py``: ``shardserve serve``: validate, start the replicas, serve HTTP until stopped;
 * ``args.py``: every subcommand's flags, their parsers and checks; the ``ReplicaConfig``;
 * ``flag_types.py``: argparse ``type=`` checks shared with the media flags (a leaf module);
+* ``engine_token.py``: ``--engine-token``: its flag, its check, ``serve``'s token per run (a leaf);
 * ``engine.py``: ``shardserve engine`` (a replica under torchrun, no frontend) and ``ping``;
 * ``signals.py``: SIGINT/SIGTERM during ``serve``: raised as ``Stop``, held while spawning.
 

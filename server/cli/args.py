@@ -19,6 +19,7 @@ from typing import Any
 
 from model_shards.config.replica import DTYPE_CHOICES, ReplicaConfig, parse_size
 from model_shards.launch import packaged_model
+from server.cli.engine_token import add_engine_token_flag
 from server.cli.flag_types import int_in as _int_in
 from server.cli.flag_types import non_negative_float as _non_negative_float
 from server.cli.flag_types import non_negative_int as _non_negative_int
@@ -211,6 +212,7 @@ def _add_replica_source_flags(serve: Any) -> None:
         help="serve a replica started by 'shardserve engine' instead of starting one "
         "(repeat for several replicas); the tokenizer still comes from --model",
     )
+    add_engine_token_flag(serve)
 
 
 #: ``--tool-call-parser`` values (vLLM's names; :mod:`server.text.tool_parsers`).
@@ -267,11 +269,12 @@ def _add_engine_parser(commands: Any) -> None:
     net.add_argument(
         "--engine-host",
         type=_non_empty,
-        default="0.0.0.0",
-        help="interface rank 0 binds (default 0.0.0.0: reachable from other hosts; the "
-        "protocol has no authentication, keep it on a private network)",
+        default="127.0.0.1",
+        help="interface rank 0 binds (default 127.0.0.1: this host only; 0.0.0.0 for "
+        "frontends on other hosts, on a private network)",
     )
     net.add_argument("--engine-port", type=_listen_port, default=DEFAULT_ENGINE_PORT)
+    add_engine_token_flag(net)
     nodes = engine.add_argument_group("several nodes (torchrun, c10d rendezvous)")
     nodes.add_argument("--nnodes", type=int, default=1, help="nodes this replica spans")
     nodes.add_argument("--node-rank", type=int, default=0, help="0 runs the coordinator")
@@ -290,6 +293,7 @@ def _add_ping_parser(commands: Any) -> None:
     ping = commands.add_parser("ping", help="exit 0 when the engine at ADDRESS is ready")
     ping.add_argument("address", metavar="ADDRESS", help=ENGINE_ADDRESS_FORMS)
     ping.add_argument("--timeout", type=_positive_float, default=5.0, help="seconds (default 5)")
+    add_engine_token_flag(ping)
     ping.add_argument("--log-level", choices=LOG_LEVELS, default="warning")
 
 

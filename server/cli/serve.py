@@ -1,7 +1,8 @@
 """``shardserve serve``: validate flags, start the replicas, serve HTTP until told to stop.
 
 ``shardserve serve`` spawns ``-dp`` replicas of ``-tp * -pp`` ranks itself,
-each on its own ``ipc://`` address, behind one router (:mod:`server.engine.router`);
+each on its own ``ipc://`` address, behind one router (:mod:`server.engine.router`), with a
+fresh engine token per run in the ranks' environment (:mod:`server.cli.engine_token`);
 ``shardserve serve --engine tcp://HOST:PORT`` (repeatable, one per replica)
 spawns nothing and serves replicas started elsewhere by ``shardserve engine``
 (:mod:`server.cli.engine`), which it never shuts down.
@@ -51,6 +52,7 @@ from typing import TYPE_CHECKING
 from model_shards.config.replica import ReplicaConfig
 from model_shards.launch.packaged_model import SERVED_NAME
 from server.cli.args import build_parser, check_serve_flags, replica_config
+from server.cli.engine_token import check_engine_token, export_engine_token, new_engine_token
 from server.cli.signals import ServeState, SignalGuard, Stop, raise_if_signalled
 from server.engine.supervisor import SpawnedReplica
 from server.http.request_context import RequestIdFilter
@@ -136,6 +138,8 @@ def serve(args: argparse.Namespace) -> int:
             return 2
         with sock:
             if not args.engine:
+                args.engine_token = new_engine_token()  # this run's; the ranks inherit it
+                export_engine_token(args.engine_token)
                 try:
                     with guard.held():
                         handles = _start_replicas(config, args.data_parallel_size)
@@ -168,6 +172,7 @@ def _check_start_up(args: argparse.Namespace) -> tuple[ReplicaConfig, Tokenizer,
     config = replica_config(args)
     if args.engine:  # that replica was validated by its own command; these flags go unused
         config.check_flags()
+        check_engine_token(args.engine_token, "with --engine (the engine's own)")
     else:
         config.validate()
     if args.tokenizer is not None:
@@ -266,6 +271,7 @@ def _replica_clients(
                 describe_death=handle.death,
                 batch_window_s=window_s,
                 on_stats=board.reporter(replica),
+                token=args.engine_token,
             )
 
         return make
@@ -289,6 +295,7 @@ def _replica_clients(
             heartbeat_s=HEARTBEAT_S,
             heartbeat_timeout_s=HEARTBEAT_TIMEOUT_S,
             on_stats=board.reporter(i),
+            token=args.engine_token,
         )
         for i, address in enumerate(args.engine)
     ]

@@ -1,6 +1,7 @@
 """The frontend's connection to one replica's rank 0 (asyncio ZMQ DEALER).
 
-:meth:`EngineClient.connect` sends ``Hello``, waits for ``EngineReady`` and starts three tasks:
+:meth:`EngineClient.connect` sends ``Hello`` (with the engine token, from a random routing id:
+rank 0 serves only connections it authenticated) and waits for ``EngineReady``; then three tasks:
 
 * a sender draining one outbound queue: frames leave in order (a ``SubmitBatch`` precedes the
   aborts of its requests) and an abort never awaits (safe in a cancelled task's ``finally``);
@@ -45,6 +46,7 @@ from model_shards.messages import (
     SubmitEmbeddings,
     decode_engine_message,
     encode,
+    random_routing_id,
 )
 from server.engine.batcher import Batcher
 from server.http import ttft_trace
@@ -102,8 +104,11 @@ class EngineClient:
         heartbeat_timeout_s: float = 60.0,
         describe_death: Callable[[], str | None] | None = None,
         on_stats: Callable[[EngineStats], None] | None = None,
+        token: str = "",
     ) -> None:
+        """``token``: the engine token rank 0 checks on ``Hello``."""
         self.address = address
+        self._hello = encode(Hello(token))
         self._describe_death = describe_death
         self._on_stats = on_stats
         self.info: EngineReady | None = None
@@ -115,6 +120,7 @@ class EngineClient:
         self._ctx = zmq.asyncio.Context()
         self._sock = self._ctx.socket(zmq.DEALER)
         self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.setsockopt(zmq.ROUTING_ID, random_routing_id())
         self._sock.connect(address)
         self._outbox: asyncio.Queue[bytes] = asyncio.Queue()
         self._streams: dict[str, asyncio.Queue[_Item]] = {}
@@ -163,7 +169,7 @@ class EngineClient:
         dies or reports a fatal error first, ``TimeoutError`` after ``timeout_s``."""
         if self.info is not None:
             return self.info
-        await self._sock.send(encode(Hello()))
+        await self._sock.send(self._hello)
         deadline = time.monotonic() + timeout_s
         while True:
             if self._is_alive is not None and not self._is_alive():
@@ -349,7 +355,7 @@ class EngineClient:
             if silent > self._heartbeat_timeout_s:
                 self._mark_dead(f"engine at {self.address} silent for {silent:.0f} s")
                 return
-            self._outbox.put_nowait(encode(Hello()))
+            self._outbox.put_nowait(self._hello)
 
     def _mark_dead(self, reason: str) -> None:
         if self._dead_reason is None:

@@ -3,7 +3,8 @@
 :class:`EngineStatsBoard` keeps each replica's latest :class:`~model_shards.messages.EngineStats`
 (sent with every ``StepOutputs``) and sets, over all replicas: KV cache usage (blocks used /
 total), the prefix-cache hit rate (hit tokens / (hit + computed prompt tokens)), the preemption
-total (:meth:`~server.http.metrics.Metrics.record_engine_stats` re-bases it when a replica
+total and the frames the engine ports dropped
+(:meth:`~server.http.metrics.Metrics.record_engine_stats` re-bases both when a replica
 restarts from 0) and, for MoE models, per-expert token counts (each replica's latest sample,
 summed). :meth:`EngineStatsBoard.forget` drops a replica that went away, with its KV blocks.
 """
@@ -65,4 +66,5 @@ class EngineStatsBoard:
                 sum(s.mm_encoder_cache_hits for s in all_stats),
                 sum(s.mm_encoder_cache_misses for s in all_stats),
             ),
+            rejected_messages_total=sum(s.rejected_messages for s in all_stats),
         )

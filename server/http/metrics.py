@@ -147,6 +147,11 @@ class Metrics:
             "Images run through the vision encoder (engine, first stage).",
             registry=r,
         )
+        self.engine_rejected = Counter(
+            f"{PREFIX}_engine_rejected_messages",
+            "Frames rank 0's engine port dropped: undecodable, unauthenticated (engine).",
+            registry=r,
+        )
         self.replica_requests = Counter(
             f"{PREFIX}_replica_requests",
             "Requests (sequences) routed to each replica.",
@@ -186,6 +191,7 @@ class Metrics:
         prefix_cache_hit_rate: float | None = None,
         preemptions_total: int | None = None,
         mm_encoder_cache: tuple[int, int] | None = None,
+        rejected_messages_total: int | None = None,
     ) -> None:
         """Engine-side numbers, for the engine client to call as they arrive.
 
@@ -193,7 +199,8 @@ class Metrics:
         ``preemptions_total`` is the engine's running count (the counter advances
         by the difference; a smaller value, e.g. after a restart, re-bases it).
         ``mm_encoder_cache`` is the engine's running (hits, misses) of images, counted
-        the same way. Arguments left ``None`` are not changed.
+        the same way, as is ``rejected_messages_total`` (frames the engine port dropped).
+        Arguments left ``None`` are not changed.
         """
         if kv_cache_usage is not None:
             self.kv_cache_usage.set(kv_cache_usage)
@@ -205,6 +212,8 @@ class Metrics:
             hits, misses = mm_encoder_cache
             self.mm_cache_hits.inc(self._advance("mm hits", hits))
             self.mm_cache_misses.inc(self._advance("mm misses", misses))
+        if rejected_messages_total is not None:
+            self.engine_rejected.inc(self._advance("rejected", rejected_messages_total))
 
     def _advance(self, key: object, total: int) -> int:
         """How far the counter of the engine's running ``total`` (named ``key``) advances

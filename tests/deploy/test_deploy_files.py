@@ -71,10 +71,13 @@ def test_dockerfile_contract() -> None:
         assert path in allowed
 
 
+TOKEN = {"SHARDSERVE_ENGINE_TOKEN": "t" * 32}  # the multinode file requires it
+
+
 @pytest.mark.parametrize("compose", COMPOSE_FILES, ids=lambda p: p.name)
 @pytest.mark.parametrize("profiles", [[], ["cpu"], ["loadtest"], ["cpu", "loadtest"]])
 def test_compose_config_is_valid(compose: Path, profiles: list[str]) -> None:
-    env = {**os.environ, "MODEL_PATH": "/models/checkpoint", "NODE0_HOST": "10.0.0.1"}
+    env = {**os.environ, "MODEL_PATH": "/models/checkpoint", "NODE0_HOST": "10.0.0.1", **TOKEN}
     command = [tool("docker-compose"), "-f", str(compose)]
     for profile in profiles:
         command += ["--profile", profile]
@@ -85,7 +88,8 @@ def test_compose_config_is_valid(compose: Path, profiles: list[str]) -> None:
 
 
 def _compose(compose: str, *overrides: str, **env_vars: str) -> dict[str, Any]:
-    env = {**os.environ, "MODEL_PATH": "/models/checkpoint", "TP": "2", "DP": "2", **env_vars}
+    env = {**os.environ, "MODEL_PATH": "/models/checkpoint", "TP": "2", "DP": "2", **TOKEN}
+    env.update(env_vars)
     files = [arg for name in (compose, *overrides) for arg in ("-f", str(DEPLOY / name))]
     result = subprocess.run(
         [
@@ -131,6 +135,11 @@ def test_multinode_compose_runs_two_engine_nodes_and_a_frontend() -> None:
         assert "--rdzv-endpoint" in command and "--nnodes" in command
     frontend = services["frontend"]
     assert "--engine" in frontend["command"]
+    for name in ("node0", "frontend"):  # rank 0 and its frontend share the engine token
+        assert (
+            services[name]["environment"]["SHARDSERVE_ENGINE_TOKEN"]
+            == TOKEN["SHARDSERVE_ENGINE_TOKEN"]
+        )
     assert frontend["depends_on"]["node0"]["condition"] == "service_healthy"
     # two nodes on one host: distinct pids for torchrun's c10d rendezvous
     assert services["node0"]["pid"] == services["node1"]["pid"] == "host"
@@ -170,5 +179,9 @@ def test_k8s_manifests_probe_health() -> None:
     )
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         assert frontend[probe]["httpGet"]["path"] == "/health"
+    leader = {c["name"]: c for c in template["leaderTemplate"]["spec"]["containers"]}
+    for name in ("engine", "frontend"):  # rank 0 and its frontend share the engine token
+        (token,) = [e for e in leader[name]["env"] if e["name"] == "SHARDSERVE_ENGINE_TOKEN"]
+        assert token["valueFrom"]["secretKeyRef"]["name"] == "shardserve-engine-token"
     worker_args = template["workerTemplate"]["spec"]["containers"][0]["args"]
     assert "--node-rank=$(LWS_WORKER_INDEX)" in worker_args

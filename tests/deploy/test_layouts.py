@@ -16,21 +16,23 @@ CONFIG = ReplicaConfig(model_dir="/models/m", tp=2, pp=2, device="cpu")
 
 
 def test_torchrun_command_for_two_nodes() -> None:
-    layout = NodeLayout(nnodes=2, node_rank=1, rdzv_endpoint="node0:29500", rdzv_id="r1")
+    layout = NodeLayout(2, 1, "node0:29500", "r1", local_addr="10.0.0.2")
     cmd = torchrun_command(CONFIG, "tcp://0.0.0.0:5555", layout, python="py")
-    assert cmd[:3] == ["py", "-m", "torch.distributed.run"]
+    assert cmd[:3] == ["py", "-m", "model_shards.launch.torchrun_agent"]
     joined = " ".join(cmd)
     assert "--nnodes 2 --nproc-per-node 2" in joined
-    assert "--rdzv-backend c10d --rdzv-endpoint node0:29500 --rdzv-id r1" in joined
+    assert "--rdzv-backend shardserve --rdzv-endpoint node0:29500 --rdzv-id r1" in joined
+    assert "--rdzv-conf is_host=0 --local-addr 10.0.0.2" in joined  # node 0 hosts it
     assert cmd[cmd.index("--address") + 1] == "tcp://0.0.0.0:5555"
     assert cmd[-2:] == ["--node-rank", "1"]
     assert ReplicaConfig(**json.loads(cmd[cmd.index("--config-json") + 1])) == CONFIG
 
 
-def test_one_node_is_standalone() -> None:
+def test_one_node_hosts_its_own_rendezvous_on_loopback() -> None:
     cmd = torchrun_command(CONFIG, "tcp://0.0.0.0:5555", NodeLayout())
-    assert "--standalone" in cmd and "--nproc-per-node" in cmd
     assert cmd[cmd.index("--nproc-per-node") + 1] == "4"
+    assert "--rdzv-endpoint 127.0.0.1:0 --rdzv-id shardserve --rdzv-conf is_host=1" in " ".join(cmd)
+    assert cmd[cmd.index("--local-addr") + 1] == "127.0.0.1"  # MASTER_ADDR: the world's store
 
 
 @pytest.mark.parametrize(

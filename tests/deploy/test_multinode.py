@@ -12,6 +12,7 @@ one-node run of tests/test_http_parity.py also equals). SIGTERM stops all.
 from __future__ import annotations
 
 import asyncio
+import secrets
 from pathlib import Path
 
 import httpx
@@ -77,8 +78,10 @@ def test_two_torchrun_nodes_serve_like_one(tmp_path: Path, tp: int, pp: int) -> 
         str(engine_port),
     ]
     nodes = [[*common, "--node-rank", str(r)] for r in range(2)]
-    with engine_nodes(nodes, tmp_path) as procs:
+    token = secrets.token_hex(16)  # node 0's rank 0 and the frontend share it
+    with engine_nodes(nodes, tmp_path, {"SHARDSERVE_ENGINE_TOKEN": token}) as procs:
         args = ["--model", str(model_dir), "--engine", f"tcp://127.0.0.1:{engine_port}"]
+        args += ["--engine-token", token]
         try:
             with live_server(args, tmp_path) as server:
                 assert psutil.Process(server.process.pid).children() == []  # no rank spawned

@@ -109,6 +109,11 @@ class Scheduler:
             seq.status = SeqStatus.FINISHED
         return seq
 
+    def client_of(self, request_id: str) -> bytes | None:
+        """The client that submitted a live request, or ``None``."""
+        seq = self._by_request.get(request_id)
+        return None if seq is None else seq.client
+
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 

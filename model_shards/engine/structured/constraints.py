@@ -75,6 +75,11 @@ class Constraints:
         waiting = self._waiting.pop(request_id, None)
         return None if waiting is None else (waiting.request, waiting.client)
 
+    def client_of(self, request_id: str) -> bytes | None:
+        """The client of a request still waiting for its grammar, or ``None``."""
+        waiting = self._waiting.get(request_id)
+        return None if waiting is None else waiting.client
+
     def has_waiting(self) -> bool:
         return bool(self._waiting)
 

@@ -138,7 +138,7 @@ def _gpus() -> int:
 
 
 SERVE = ["serve", "--port", "0", "--device", "cpu"]
-ENGINE = ["engine", "--device", "cpu", "--engine-host", "127.0.0.1"]
+ENGINE = ["engine", "--device", "cpu", "--engine-host", "127.0.0.1", "--engine-token", "t" * 32]
 
 # (command, model, extra flags, words the error line must hold); model None: no --model
 CASES: list[tuple[list[str], str | None, list[str], tuple[str, ...]]] = [
@@ -234,6 +234,9 @@ CASES: list[tuple[list[str], str | None, list[str], tuple[str, ...]]] = [
     (ENGINE, "llama", ["--rdzv-endpoint", "nohost"], ("--rdzv-endpoint",)),
     (ENGINE, "llama", ["--rdzv-endpoint", "h:99999"], ("--rdzv-endpoint",)),
     (ENGINE, "llama", ["--rdzv-id", ""], ("--rdzv-id",)),
+    (ENGINE, "llama", ["--engine-token", ""], ("--engine-token", "required on node 0")),
+    (ENGINE, "llama", ["--engine-token", "short"], ("--engine-token", "at least 16")),
+    (ENGINE, "llama", ["--engine-token", "t" * 15 + "\n"], ("--engine-token", "printable")),
     (ENGINE, "llama", ["-tp", "3"], ("--tensor-parallel-size 3",)),
     # ping
     (["ping", "localhost:5555"], None, [], ("ADDRESS", "tcp://")),
