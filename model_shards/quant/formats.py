@@ -134,8 +134,10 @@ class QuantizedWeight:
             raise ValueError(f"rows {start}:{end} are loaded twice")
         last = self.segments[-1] if self.segments else None
         if last is not None and last.end == start and last.tensor.qtype == tensor.qtype:
-            merged = torch.cat([last.tensor.data, tensor.data])
-            self.segments[-1] = Segment(last.start, QuantizedTensor(tensor.qtype, merged, tensor.cols))
+            merged = QuantizedTensor(
+                tensor.qtype, torch.cat([last.tensor.data, tensor.data]), tensor.cols
+            )
+            self.segments[-1] = Segment(last.start, merged)
             return
         self.segments.append(Segment(start, tensor))
         self.segments.sort(key=lambda s: s.start)

@@ -30,7 +30,7 @@ def _random_blocks(qtype: GGMLType, rows: int, cols: int, gen: np.random.Generat
             return gguf.quants.quantize(values, gguf.GGMLQuantizationType.BF16)
         return values.view(np.uint8)
     data = gen.integers(0, 256, (rows, row_bytes(qtype, cols)), dtype=np.uint8)
-    elems, nbytes = BLOCK_SIZES[qtype]
+    nbytes = BLOCK_SIZES[qtype][1]
     blocks = data.reshape(-1, nbytes)
     # the float16 scales' offsets in each block
     offsets = {GGMLType.Q6_K: (208,), GGMLType.Q4_1: (0, 2), GGMLType.Q5_1: (0, 2)}
