@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from model_shards.quant.formats import GGMLType, QuantizedWeight
+from model_shards.quant.formats import GGMLType
+from model_shards.quant.weights import QuantizedWeight
 from model_shards.worker.kv_cache import KVPool
 
 if TYPE_CHECKING:

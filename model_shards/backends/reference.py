@@ -13,7 +13,8 @@ from model_shards.backends.base import (
     PrefillMeta,
     RotaryStep,
 )
-from model_shards.quant.formats import BLOCK_TYPES, GGMLType, QuantizedWeight
+from model_shards.quant.formats import BLOCK_TYPES, GGMLType
+from model_shards.quant.weights import QuantizedWeight
 from model_shards.splitmix import FINAL_SHIFT, GOLDEN, MIX_ROUNDS
 
 

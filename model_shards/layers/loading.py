@@ -34,12 +34,11 @@ from model_shards.quant.formats import (
     BLOCK_TYPES,
     QUANTIZATION_METHODS,
     GGMLType,
-    QuantizedTensor,
-    QuantizedWeight,
     block_size,
     ggml_type,
 )
 from model_shards.quant.quantize import quantize
+from model_shards.quant.weights import QuantizedTensor, QuantizedWeight
 from model_shards.worker.checkpoint import CheckpointError, TensorSource
 
 log = logging.getLogger(__name__)

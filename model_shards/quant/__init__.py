@@ -2,8 +2,9 @@
 
 A leaf package (torch only): layers hold these tensors, backends compute with them.
 
-- ``formats``: the GGML type table, ``QuantizedTensor`` (one type's blocks) and
-  ``QuantizedWeight`` (a layer's ``[out, in]`` weight as row segments, possibly mixed types)
+- ``formats``: the GGML type table (codes, block sizes), the ``--quantization`` methods
+- ``weights``: ``QuantizedTensor`` (one type's blocks) and ``QuantizedWeight`` (a layer's
+  ``[out, in]`` weight as row segments, possibly of mixed types)
 - ``dequantize``: blocks → float32 for every type we serve, bit for bit ``gguf.quants``'
 - ``quantize``: float → Q8_0 / Q4_0 blocks (``--quantization``), bit for bit ``gguf.quants``'
 """

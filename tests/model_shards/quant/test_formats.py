@@ -9,14 +9,9 @@ import pytest
 import torch
 
 from model_shards.quant.dequantize import dequantize
-from model_shards.quant.formats import (
-    BLOCK_SIZES,
-    GGMLType,
-    QuantizedTensor,
-    QuantizedWeight,
-    row_bytes,
-)
+from model_shards.quant.formats import BLOCK_SIZES, GGMLType, row_bytes
 from model_shards.quant.quantize import quantize
+from model_shards.quant.weights import QuantizedTensor, QuantizedWeight
 
 ALL = sorted(BLOCK_SIZES)
 
@@ -103,3 +98,12 @@ def test_quantized_weight_segments_merge_mix_and_pad() -> None:
         w.add(5, QuantizedTensor(GGMLType.Q6_K, q6k[:1], 256))
     with pytest.raises(ValueError, match="do not fit"):
         w.add(11, QuantizedTensor(GGMLType.Q6_K, q6k, 256))
+
+
+def test_quantization_flag_choices_are_the_quantizers() -> None:
+    from model_shards.config.replica import QUANTIZATION_CHOICES
+    from model_shards.quant.formats import QUANTIZATION_METHODS
+    from model_shards.quant.quantize import QUANTIZERS
+
+    assert set(QUANTIZATION_CHOICES) == set(QUANTIZATION_METHODS)
+    assert set(QUANTIZATION_METHODS.values()) == set(QUANTIZERS)

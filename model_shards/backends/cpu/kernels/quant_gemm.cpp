@@ -1,0 +1,184 @@
+// The GEMM of linear layers whose weights stay GGML block-quantized:
+// torch.ops.shardserve_cpu.quant_gemm.
+//
+//   y [..., N] = x [..., K] W^T (+ bias),   W [N, K] given as its GGML blocks [N, row_bytes]
+//
+// for Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 (32-value blocks) and Q4_K, Q5_K, Q6_K (256-value blocks),
+// as llama.cpp's CPU backend computes them: each row of x is quantized per block to int8
+// (quant_dot.h: one float32 scale per 32 values for the 32-value types, per 256 for the
+// K-quants, plus the block sums the weight types' offsets and mins need), every block
+// product is an exact int32 dot product (AVX2: vpdpbusd with VNNI, else maddubs + madd;
+// quant_dot_avx2.h) scaled once in float32, and the blocks' terms are added in order of k.
+// No dense copy of W exists at any time.
+//
+// Work split: threads take chunks of 16 weight rows (ATen parallel_for); within a chunk, rows
+// of x four at a time against each weight row (a weight block is decoded once for the four),
+// so the chunk's blocks stay in L1 while x streams by. Activations are quantized once per
+// call.
+//
+// Choice for large M: measured against dequantizing into the dense bfloat16 packed GEMM
+// (gemm.cpp) with benchmarks/micro/quant_gemm.py on SmolLM2-135M's shapes; the integer path
+// wins or ties at every M we measured, see the table there, so it is the only path.
+//
+// Accuracy: y differs from x · dequantize(W)^T by the activation rounding alone (each x value
+// moves by at most d / 2 = max|x_block| / 254), a relative error of ~0.3-1% of a row's output
+// scale; tests/model_shards/backends/cpu/test_quant_gemm.py states the bound it checks.
+//
+// Contract: y[m, n] depends only on row m of x and row n of W: the quantization of a row of
+// x is the row's alone, and the sum for (m, n) runs the same steps whatever M, the tile of
+// four rows or the thread count (batch invariance). float32 and bfloat16 x; y in x's dtype,
+// rounded once (to nearest even) after + bias.
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <string>
+#include <vector>
+
+#include "kernel_common.h"
+#include "quant_dot.h"
+#include "quant_dot_avx2.h"
+
+namespace shardserve_cpu {
+namespace {
+
+using namespace quant;
+
+constexpr int64_t kChunk = 16;  // weight rows per work item
+constexpr int kTile = 4;        // rows of x per weight-row pass
+
+using DotFn = void (*)(const uint8_t*, const void* const*, int64_t, float*);
+
+template <int64_t T, int R, bool V>
+void dot_entry(const uint8_t* w, const void* const* a, int64_t nb, float* out) {
+  const auto* const* rows = reinterpret_cast<const Act<T>* const*>(a);
+#if defined(SHARDSERVE_QUANT_AVX2)
+  if constexpr (V) {
+    if constexpr (is_k(T)) avx2::dot_k<T, R>(w, rows, nb, out);
+    else avx2::dot32<T, R>(w, rows, nb, out);
+    return;
+  }
+#endif
+  dot_scalar<T, R>(w, rows, nb, out);
+}
+
+template <int64_t T>
+DotFn pick(int rows, bool vectorized) {
+  if (vectorized) return rows == kTile ? &dot_entry<T, kTile, true> : &dot_entry<T, 1, true>;
+  return rows == kTile ? &dot_entry<T, kTile, false> : &dot_entry<T, 1, false>;
+}
+
+DotFn dot_fn(int64_t t, int rows, bool vectorized) {
+  switch (t) {
+    case kQ4_0: return pick<kQ4_0>(rows, vectorized);
+    case kQ4_1: return pick<kQ4_1>(rows, vectorized);
+    case kQ5_0: return pick<kQ5_0>(rows, vectorized);
+    case kQ5_1: return pick<kQ5_1>(rows, vectorized);
+    case kQ8_0: return pick<kQ8_0>(rows, vectorized);
+    case kQ4_K: return pick<kQ4_K>(rows, vectorized);
+    case kQ5_K: return pick<kQ5_K>(rows, vectorized);
+    case kQ6_K: return pick<kQ6_K>(rows, vectorized);
+    default: TORCH_CHECK(false, "quant_gemm: unsupported GGML type ", t);
+  }
+  return nullptr;
+}
+
+std::string quant_gemm_isa() {
+#if defined(SHARDSERVE_QUANT_VNNI)
+  return "avx2-vnni";
+#elif defined(SHARDSERVE_QUANT_AVX2)
+  return "avx2";
+#else
+  return "scalar";
+#endif
+}
+
+// Rows of x [M, K] -> activation blocks, act_bytes per row.
+template <typename X, typename A>
+void quantize_rows(const X* x, int64_t M, int64_t K, uint8_t* act) {
+  const int64_t row_bytes = K / static_cast<int64_t>(sizeof(A::q)) * sizeof(A);
+  at::parallel_for(0, M, 16, [&](int64_t m0, int64_t m1) {
+    std::vector<float> buf(K);
+    for (int64_t m = m0; m < m1; ++m) {
+      for (int64_t k = 0; k < K; ++k) buf[k] = to_f<X>(x[m * K + k]);
+      quantize_row<A>(buf.data(), K, reinterpret_cast<A*>(act + m * row_bytes));
+    }
+  });
+}
+
+template <typename X>
+void run(const X* x, const uint8_t* w, int64_t qtype, const X* bias, X* y, int64_t M, int64_t N,
+         int64_t K, bool vectorized) {
+  const bool k_quant = is_k(qtype);
+  const int64_t nb = K / block_elems(qtype), w_row = nb * block_bytes(qtype);
+  const int64_t a_row = nb * (k_quant ? sizeof(ActA256) : sizeof(ActA32));
+  std::vector<uint8_t> act(M * a_row);
+  if (k_quant) quantize_rows<X, ActA256>(x, M, K, act.data());
+  else quantize_rows<X, ActA32>(x, M, K, act.data());
+  const DotFn one = dot_fn(qtype, 1, vectorized), tile = dot_fn(qtype, kTile, vectorized);
+  const int64_t chunks = (N + kChunk - 1) / kChunk;
+  at::parallel_for(0, chunks, 1, [&](int64_t c0, int64_t c1) {
+    for (int64_t n0 = c0 * kChunk; n0 < std::min(N, c1 * kChunk); n0 += kChunk) {
+      const int64_t n1 = std::min(N, n0 + kChunk);
+      for (int64_t m0 = 0; m0 < M; m0 += kTile) {
+        const int rows = static_cast<int>(std::min<int64_t>(kTile, M - m0));
+        const void* a[kTile];
+        for (int r = 0; r < rows; ++r) a[r] = act.data() + (m0 + r) * a_row;
+        for (int64_t n = n0; n < n1; ++n) {
+          float out[kTile];
+          if (rows == kTile) {
+            tile(w + n * w_row, a, nb, out);
+          } else {
+            for (int r = 0; r < rows; ++r) one(w + n * w_row, a + r, nb, out + r);
+          }
+          const float b = bias != nullptr ? to_f<X>(bias[n]) : 0.f;
+          for (int r = 0; r < rows; ++r) y[(m0 + r) * N + n] = from_f<X>(out[r] + b);
+        }
+      }
+    }
+  });
+}
+
+at::Tensor quant_gemm(const at::Tensor& input, const at::Tensor& blocks, int64_t qtype,
+                      const std::optional<at::Tensor>& bias, bool vectorized) {
+  const at::ScalarType dtype = input.scalar_type();
+  TORCH_CHECK(dtype == at::kFloat || dtype == at::kBFloat16,
+              "quant_gemm: input must be float32 or bfloat16, got ", dtype);
+  TORCH_CHECK(block_bytes(qtype) != 0, "quant_gemm: unsupported GGML type ", qtype);
+  const int64_t K = input.size(-1), N = blocks.size(0);
+  TORCH_CHECK(K % block_elems(qtype) == 0 && blocks.dim() == 2 &&
+                  blocks.scalar_type() == at::kByte && blocks.is_contiguous() &&
+                  blocks.size(1) == K / block_elems(qtype) * block_bytes(qtype),
+              "quant_gemm: blocks must be uint8 [N, row_bytes] of type ", qtype, " for K = ", K);
+  TORCH_CHECK(!bias.has_value() || (bias->dim() == 1 && bias->size(0) == N &&
+                                    bias->scalar_type() == dtype && bias->is_contiguous()),
+              "quant_gemm: bias must be [N] in the input's dtype");
+  const at::Tensor x = input.reshape({-1, K}).contiguous();
+  std::vector<int64_t> out_sizes = input.sizes().vec();
+  out_sizes.back() = N;
+  at::Tensor y = at::empty(out_sizes, x.options());
+  const int64_t M = x.size(0);
+  if (M == 0 || N == 0) return y;
+  const uint8_t* w = blocks.data_ptr<uint8_t>();
+  if (dtype == at::kFloat) {
+    const float* b = bias.has_value() ? bias->data_ptr<float>() : nullptr;
+    run<float>(x.data_ptr<float>(), w, qtype, b, y.data_ptr<float>(), M, N, K, vectorized);
+  } else {
+    using BF = c10::BFloat16;
+    const BF* b = bias.has_value() ? bias->data_ptr<BF>() : nullptr;
+    run<BF>(x.data_ptr<BF>(), w, qtype, b, y.data_ptr<BF>(), M, N, K, vectorized);
+  }
+  return y;
+}
+
+}  // namespace
+}  // namespace shardserve_cpu
+
+TORCH_LIBRARY_FRAGMENT(shardserve_cpu, m) {
+  m.def("quant_gemm_isa() -> str", &shardserve_cpu::quant_gemm_isa);
+  m.def("quant_gemm(Tensor input, Tensor blocks, int qtype, Tensor? bias=None, "
+        "bool vectorized=True) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(shardserve_cpu, CPU, m) { m.impl("quant_gemm", &shardserve_cpu::quant_gemm); }
