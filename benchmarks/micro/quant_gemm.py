@@ -32,21 +32,18 @@ SHAPES = {  # name -> (out_features, in_features), tp = 1
     "down": (576, 1536),
     "lm_head": (49152, 576),
 }
-MIN_SECONDS = 0.1
+MIN_SECONDS = 0.05
 REPEATS = 3
 
 
 def best_seconds(fn: Callable[[], object]) -> float:
-    """Best time of one call over ``REPEATS`` loops of at least ``MIN_SECONDS``."""
+    """Mean time of one call over a loop of at least ``MIN_SECONDS``."""
     fn()
-    best = float("inf")
-    for _ in range(REPEATS):
-        n, start = 0, time.perf_counter()
-        while (elapsed := time.perf_counter() - start) < MIN_SECONDS:
-            fn()
-            n += 1
-        best = min(best, elapsed / n)
-    return best
+    n, start = 0, time.perf_counter()
+    while (elapsed := time.perf_counter() - start) < MIN_SECONDS:
+        fn()
+        n += 1
+    return elapsed / n
 
 
 def measure(types: list[str], rows: list[int]) -> dict[tuple[str, str, int], float]:
@@ -74,8 +71,12 @@ def measure(types: list[str], rows: list[int]) -> dict[tuple[str, str, int], flo
                 blocks = torch.randint(0, 256, (n, k // elems * nbytes), dtype=torch.uint8)
             for m in rows:
                 x = torch.randn(m, k).bfloat16()
-                bf16 = best_seconds(functools.partial(backend.linear, x, w, dense, None))
-                quant = best_seconds(functools.partial(ops.quant_gemm, x, blocks, int(qtype)))
+                ours = functools.partial(ops.quant_gemm, x, blocks, int(qtype))
+                theirs = functools.partial(backend.linear, x, w, dense, None)
+                bf16, quant = float("inf"), float("inf")
+                for _ in range(REPEATS):  # interleaved, so both see the same load
+                    bf16 = min(bf16, best_seconds(theirs))
+                    quant = min(quant, best_seconds(ours))
                 ratios[(tname, name, m)] = bf16 / quant
     return ratios
 
@@ -84,13 +85,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--rows", default=",".join(map(str, ROWS)))
     parser.add_argument("--types", default=",".join(TYPES))
+    parser.add_argument("--threads", type=int, default=THREADS)
     args = parser.parse_args(argv)
-    torch.set_num_threads(THREADS)
+    torch.set_num_threads(args.threads)
     rows = [int(r) for r in args.rows.split(",")]
     types = args.types.split(",")
     ratios = measure(types, rows)
     isa = torch.ops.shardserve_cpu.quant_gemm_isa()
-    print(f"load average {os.getloadavg()[0]:.1f}, {THREADS} threads, quant_gemm {isa}")
+    print(f"load average {os.getloadavg()[0]:.1f}, {args.threads} threads, quant_gemm {isa}")
     print("bf16 packed GEMM time / quantized GEMM time (above 1: quantized faster)\n")
     print("| type | shape (n × K) | " + " | ".join(f"M={m}" for m in rows) + " |")
     print("|---|---|" + "---:|" * len(rows))

@@ -45,6 +45,7 @@ HEADERS = [
         "gemm_avx2.h",
         "quant_dot.h",
         "quant_dot_avx2.h",
+        "quant_panel_avx2.h",
     )
 ]
 KERNEL_DTYPES = (torch.float32, torch.bfloat16)  # the dtypes the kernels serve

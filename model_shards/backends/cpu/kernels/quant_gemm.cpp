@@ -39,6 +39,7 @@
 #include "kernel_common.h"
 #include "quant_dot.h"
 #include "quant_dot_avx2.h"
+#include "quant_panel_avx2.h"
 
 namespace shardserve_cpu {
 namespace {
@@ -47,6 +48,7 @@ using namespace quant;
 
 constexpr int64_t kChunk = 16;  // weight rows per work item
 constexpr int kTile = 4;        // rows of x per weight-row pass
+constexpr int64_t kPanelRows = 8;  // weight rows per pass (the 32-value types' panels)
 
 using DotFn = void (*)(const uint8_t*, const void* const*, int64_t, float*);
 
@@ -84,6 +86,37 @@ DotFn dot_fn(int64_t t, int rows, bool vectorized) {
   return nullptr;
 }
 
+// The 32-value types' eight-row panels (quant_panel_avx2.h); nullptr: none for this type/build.
+using PanelFn = void (*)(const uint8_t* const*, const void* const*, int64_t, float*);
+
+template <int64_t T, int R>
+void panel_entry(const uint8_t* const* w, const void* const* a, int64_t nb, float* out) {
+#if defined(SHARDSERVE_QUANT_AVX2)
+  avx2::panel32<T, R>(w, reinterpret_cast<const ActA32* const*>(a), nb, out);
+#endif
+}
+
+template <int64_t T>
+PanelFn pick_panel(int rows) {
+  return rows == kTile ? &panel_entry<T, kTile> : &panel_entry<T, 1>;
+}
+
+PanelFn panel_fn(int64_t t, int rows, bool vectorized) {
+#if defined(SHARDSERVE_QUANT_AVX2)
+  if (!vectorized) return nullptr;
+  switch (t) {
+    case kQ4_0: return pick_panel<kQ4_0>(rows);
+    case kQ4_1: return pick_panel<kQ4_1>(rows);
+    case kQ5_0: return pick_panel<kQ5_0>(rows);
+    case kQ5_1: return pick_panel<kQ5_1>(rows);
+    case kQ8_0: return pick_panel<kQ8_0>(rows);
+    default: return nullptr;
+  }
+#else
+  return nullptr;
+#endif
+}
+
 std::string quant_gemm_isa() {
 #if defined(SHARDSERVE_QUANT_VNNI)
   return "avx2-vnni";
@@ -117,24 +150,34 @@ void run(const X* x, const uint8_t* w, int64_t qtype, const X* bias, X* y, int64
   if (k_quant) quantize_rows<X, ActA256>(x, M, K, act.data());
   else quantize_rows<X, ActA32>(x, M, K, act.data());
   const DotFn one = dot_fn(qtype, 1, vectorized), tile = dot_fn(qtype, kTile, vectorized);
+  const PanelFn p_one = panel_fn(qtype, 1, vectorized), p_tile = panel_fn(qtype, kTile, vectorized);
   const int64_t chunks = (N + kChunk - 1) / kChunk;
+  auto store = [&](int64_t m, int64_t n, float v) {
+    y[m * N + n] = from_f<X>(v + (bias != nullptr ? to_f<X>(bias[n]) : 0.f));
+  };
   at::parallel_for(0, chunks, 1, [&](int64_t c0, int64_t c1) {
-    for (int64_t n0 = c0 * kChunk; n0 < std::min(N, c1 * kChunk); n0 += kChunk) {
-      const int64_t n1 = std::min(N, n0 + kChunk);
+    for (int64_t n0 = c0 * kChunk; n0 < std::min(N, c1 * kChunk); n0 += kPanelRows) {
+      const int64_t width = std::min<int64_t>(kPanelRows, N - n0);
+      const uint8_t* rows[kPanelRows];
+      for (int64_t i = 0; i < kPanelRows; ++i) rows[i] = w + std::min(n0 + i, N - 1) * w_row;
       for (int64_t m0 = 0; m0 < M; m0 += kTile) {
-        const int rows = static_cast<int>(std::min<int64_t>(kTile, M - m0));
+        const int r_count = static_cast<int>(std::min<int64_t>(kTile, M - m0));
         const void* a[kTile];
-        for (int r = 0; r < rows; ++r) a[r] = act.data() + (m0 + r) * a_row;
-        for (int64_t n = n0; n < n1; ++n) {
-          float out[kTile];
-          if (rows == kTile) {
-            tile(w + n * w_row, a, nb, out);
-          } else {
-            for (int r = 0; r < rows; ++r) one(w + n * w_row, a + r, nb, out + r);
+        for (int r = 0; r < r_count; ++r) a[r] = act.data() + (m0 + r) * a_row;
+        float out[kTile * kPanelRows];
+        if (p_one != nullptr) {  // eight weight rows at once; lane i of out[r * 8 ..] is row i
+          if (r_count == kTile) p_tile(rows, a, nb, out);
+          else for (int r = 0; r < r_count; ++r) p_one(rows, a + r, nb, out + r * kPanelRows);
+        } else {
+          for (int64_t i = 0; i < width; ++i) {
+            float o[kTile];
+            if (r_count == kTile) tile(rows[i], a, nb, o);
+            else for (int r = 0; r < r_count; ++r) one(rows[i], a + r, nb, o + r);
+            for (int r = 0; r < r_count; ++r) out[r * kPanelRows + i] = o[r];
           }
-          const float b = bias != nullptr ? to_f<X>(bias[n]) : 0.f;
-          for (int r = 0; r < rows; ++r) y[(m0 + r) * N + n] = from_f<X>(out[r] + b);
         }
+        for (int r = 0; r < r_count; ++r)
+          for (int64_t i = 0; i < width; ++i) store(m0 + r, n0 + i, out[r * kPanelRows + i]);
       }
     }
   });
