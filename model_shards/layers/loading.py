@@ -67,6 +67,12 @@ def check_dim(source: TensorSource, dim: int, expected: int) -> None:
         )
 
 
+def keep_dense(param: nn.Parameter) -> None:
+    """Mark ``param`` as always dense: its module reads the matrix itself (not through the
+    backend's GEMM), so quantized sources are dequantized into it at load."""
+    param.keep_dense = True  # type: ignore[attr-defined]
+
+
 def quant_of(param: torch.Tensor) -> QuantizedWeight | None:
     """The quantized weight ``param`` holds, or ``None`` (a dense parameter)."""
     return getattr(param, "quant", None)
@@ -119,6 +125,8 @@ def store_rows(
     ``param``): quantized with ``--quantization`` where the backend keeps that type and
     ``in`` is whole blocks, a float segment of a parameter held quantized, else copied."""
     method = QUANTIZATION_METHODS.get(ctx.quantization or "")
+    if getattr(param, "keep_dense", False):
+        method = None
     held = quant_of(param)
     if held is None and param.dim() == 2 and method is not None:
         if method in ctx.ops.quantized_types() and param.shape[1] % block_size(method) == 0:
@@ -159,7 +167,7 @@ def load_rows(
     qtype = ggml_type(getattr(source, "ggml_type", None) or 0)
     is_matrix = param.dim() == 2 or quant_of(param) is not None  # held: data is empty
     if qtype is not None and qtype in BLOCK_TYPES and is_matrix:
-        if qtype in ctx.ops.quantized_types():
+        if qtype in ctx.ops.quantized_types() and not getattr(param, "keep_dense", False):
             held = _held(param)
             _check_cols(held, source.shape[1] if dim == 0 else end - start, source.name)
             blocks = _read_blocks(source, qtype, dim, start, end).contiguous()

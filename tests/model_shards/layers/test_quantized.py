@@ -14,7 +14,7 @@ from model_shards.layers.linear import (
     ReplicatedLinear,
     RowParallelLinear,
 )
-from model_shards.layers.loading import quant_of
+from model_shards.layers.loading import keep_dense, quant_of
 from model_shards.layers.vocab import ParallelLMHead, VocabParallelEmbedding
 from model_shards.quant.formats import GGMLType
 from model_shards.quant.quantize import quantize
@@ -144,6 +144,15 @@ def test_quantization_flag_quantizes_dense_slices_at_load(method: str) -> None:
 def test_backend_without_block_types_dequantizes_at_load() -> None:
     src = _source("w", GGMLType.Q4_K, 16, 256, 9)
     layer = ReplicatedLinear(256, 16, bias=False, ctx=shard_context(0, 1, ops=DenseOnly()))
+    layer.weight_loader(layer.weight, src)
+    assert quant_of(layer.weight) is None
+    assert torch.equal(layer.weight.data, src.tensor)
+
+
+def test_keep_dense_parameters_take_no_blocks() -> None:
+    src = _source("kv_b", GGMLType.Q8_0, 16, 64, 10)
+    layer = ReplicatedLinear(64, 16, bias=False, ctx=shard_context(0, 1, quantization="q4_0"))
+    keep_dense(layer.weight)  # as DeepSeek's kv_b_proj, whose forward reads the matrix
     layer.weight_loader(layer.weight, src)
     assert quant_of(layer.weight) is None
     assert torch.equal(layer.weight.data, src.tensor)

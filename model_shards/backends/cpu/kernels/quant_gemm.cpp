@@ -40,6 +40,7 @@
 #include "quant_dot.h"
 #include "quant_dot_avx2.h"
 #include "quant_panel_avx2.h"
+#include "quant_panel_k_avx2.h"
 
 namespace shardserve_cpu {
 namespace {
@@ -92,7 +93,8 @@ using PanelFn = void (*)(const uint8_t* const*, const void* const*, int64_t, flo
 template <int64_t T, int R>
 void panel_entry(const uint8_t* const* w, const void* const* a, int64_t nb, float* out) {
 #if defined(SHARDSERVE_QUANT_AVX2)
-  avx2::panel32<T, R>(w, reinterpret_cast<const ActA32* const*>(a), nb, out);
+  if constexpr (is_k(T)) avx2::panel_k<T, R>(w, reinterpret_cast<const ActA256* const*>(a), nb, out);
+  else avx2::panel32<T, R>(w, reinterpret_cast<const ActA32* const*>(a), nb, out);
 #endif
 }
 
@@ -110,6 +112,9 @@ PanelFn panel_fn(int64_t t, int rows, bool vectorized) {
     case kQ5_0: return pick_panel<kQ5_0>(rows);
     case kQ5_1: return pick_panel<kQ5_1>(rows);
     case kQ8_0: return pick_panel<kQ8_0>(rows);
+    case kQ4_K: return pick_panel<kQ4_K>(rows);
+    case kQ5_K: return pick_panel<kQ5_K>(rows);
+    case kQ6_K: return pick_panel<kQ6_K>(rows);
     default: return nullptr;
   }
 #else
