@@ -25,7 +25,7 @@
 #include <cstdint>
 #include <cstring>
 
-#if defined(__AVX2__) && defined(__FMA__)
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
 #define SHARDSERVE_QUANT_AVX2 1
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)

@@ -28,6 +28,13 @@ inline __m256i reduce8(const __m256i* p) {
                           _mm256_permute2x128_si256(q0, q1, 0x31));
 }
 
+// The float16 at byte ``off`` of block b of each of the eight rows, as eight floats.
+inline __m256 gather_f16(const uint8_t* const* rows, int64_t offset) {
+  uint16_t h[8];
+  for (int i = 0; i < 8; ++i) std::memcpy(&h[i], rows[i] + offset, 2);
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h)));
+}
+
 constexpr bool kQ8Offset =
 #if defined(SHARDSERVE_QUANT_VNNI)
     true;
@@ -44,11 +51,8 @@ struct Panel {
   void load(const uint8_t* const* rows, int64_t b) {
     constexpr bool kFive = T == kQ5_0 || T == kQ5_1, kMin = T == kQ4_1 || T == kQ5_1;
     constexpr int kHead = kMin ? 4 : 2;
-    alignas(32) float d[8], m[8];
     for (int i = 0; i < 8; ++i) {
       const uint8_t* blk = rows[i] + b * block_bytes(T);
-      d[i] = fp16(blk);
-      m[i] = kMin ? fp16(blk + 2) : 0.f;
       if constexpr (T == kQ8_0) {
         const __m256i w8 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
         u[i] = kQ8Offset ? _mm256_xor_si256(w8, _mm256_set1_epi8(-128)) : w8;
@@ -61,9 +65,9 @@ struct Panel {
                                                         _mm256_set1_epi8(0x10)));
       }
     }
-    wd = _mm256_load_ps(d);
+    wd = gather_f16(rows, b * block_bytes(T));
     constexpr float kOff = T == kQ4_0 ? -8.f : T == kQ5_0 ? -16.f : T == kQ8_0 ? -128.f : 0.f;
-    if constexpr (kMin) c = _mm256_load_ps(m);
+    if constexpr (kMin) c = gather_f16(rows, b * block_bytes(T) + 2);
     else if constexpr (T == kQ8_0 && !kQ8Offset) c = _mm256_setzero_ps();
     else c = _mm256_mul_ps(wd, _mm256_set1_ps(kOff));
   }

@@ -3,7 +3,8 @@
 // and mins are unpacked once into vectors (lane i = row i); per 32-value sub-block the eight
 // rows' quants are decoded once, each activation row's sub-block is loaded once, and the
 // eight vpdpbusd sums are reduced to one register of row lanes, times the rows' sub-block
-// scales (Q6_K: each row's two 16-value group scales before the reduction). The mins (Q6_K:
+// scales (Q6_K: maddubs, then madd with each row's two 16-value group scales, before the
+// reduction). The mins (Q6_K:
 // the offset 32) are Σ over sub-blocks of the rows' mins times the activation's block sums.
 //
 //   Q4_K / Q5_K  y += d ad Σ_j sc_j Σ u q - dmin ad Σ_j m_j bsum_j
@@ -82,16 +83,18 @@ void panel_k(const uint8_t* const* rows, const ActA256* const* a, int64_t nb, fl
       __m256i u[8], scale[8];
       for (int i = 0; i < 8; ++i) {
         u[i] = panel.quants(i, j);
-        if constexpr (T == kQ6_K)  // lanes 0-3: group 2j, 4-7: group 2j + 1
-          scale[i] = _mm256_setr_m128i(_mm_set1_epi32(panel.sc[2 * j][i]),
-                                       _mm_set1_epi32(panel.sc[2 * j + 1][i]));
+        if constexpr (T == kQ6_K)  // 16-bit lanes 0-7: group 2j, 8-15: group 2j + 1
+          scale[i] = _mm256_setr_m128i(_mm_set1_epi16(static_cast<int16_t>(panel.sc[2 * j][i])),
+                                       _mm_set1_epi16(static_cast<int16_t>(panel.sc[2 * j + 1][i])));
       }
       for (int r = 0; r < R; ++r) {
         const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[r][b].q + 32 * j));
         __m256i p[8];
-        for (int i = 0; i < 8; ++i) {
-          p[i] = dot_u8s8(u[i], q);
-          if constexpr (T == kQ6_K) p[i] = _mm256_mullo_epi32(p[i], scale[i]);
+        for (int i = 0; i < 8; ++i) {  // Q6_K: u <= 63, so maddubs cannot saturate
+          if constexpr (T == kQ6_K)
+            p[i] = _mm256_madd_epi16(_mm256_maddubs_epi16(u[i], q), scale[i]);
+          else
+            p[i] = dot_u8s8(u[i], q);
         }
         __m256i v = reduce8(p);
         if constexpr (T != kQ6_K) v = _mm256_mullo_epi32(v, load_i32(panel.sc[j]));
