@@ -16,7 +16,9 @@ and loaded by ``backends/cpu/build.py``, called by ``backends/cpu/backend.py``.
 * ``quant_gemm.cpp``: the GEMM of GGML block-quantized weights (Q4_0 … Q8_0, Q4_K/Q5_K/Q6_K)
   with per-block int8 activations;
 * ``quant_dot.h``: its activation blocks, block decoding and portable dot products;
-* ``quant_dot_avx2.h``: its AVX2 dot products (vpdpbusd where VNNI is built);
+* ``quant_dot_avx2.h``: AVX2 int8 dot products (vpdpbusd where VNNI is built), block unpacking;
+* ``quant_panel_avx2.h``, ``quant_panel_k_avx2.h``: eight weight rows per pass (32-value
+  types, K-quants);
 * ``kernel_common.h``: what the others share (decode-attention operands, index checks,
   float32 <-> bfloat16 conversions, the exp polynomial); not needed by ``sampling_ops.cpp``.
 

@@ -12,10 +12,11 @@
 //   Q4_1 / Q5_1  wd ad Σ u q + wm ad sum
 //   Q4_K / Q5_K  d ad Σ_j sc_j Σ u q - dmin ad Σ_j m_j (bsums of sub-block j)
 //   Q6_K  d ad Σ_g sc_g (Σ u q - 32 bsums_g)
-// dot<T, R> computes R activation rows against one weight row: the weight block is decoded
-// once for the R rows, and each row's sums follow exactly the steps they would alone, so the
-// result never depends on R (batch invariance). The AVX2 code runs the int8 products on VNNI
-// (vpdpbusd) where the build has it (AVX-VNNI or AVX512-VNNI+VL), else maddubs + madd.
+// dot_scalar<T, R> computes R activation rows against one weight row: the weight block is
+// decoded once for the R rows, and each row's sums follow exactly the steps they would alone,
+// so the result never depends on R (batch invariance). The AVX2 panels (quant_panel*.h) run
+// the int8 products on VNNI (vpdpbusd) where the build has it (AVX-VNNI or AVX512-VNNI+VL),
+// else maddubs + madd.
 #pragma once
 
 #include <c10/util/Half.h>

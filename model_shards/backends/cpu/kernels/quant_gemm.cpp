@@ -8,17 +8,45 @@
 // (quant_dot.h: one float32 scale per 32 values for the 32-value types, per 256 for the
 // K-quants, plus the block sums the weight types' offsets and mins need), every block
 // product is an exact int32 dot product (AVX2: vpdpbusd with VNNI, else maddubs + madd;
-// quant_dot_avx2.h) scaled once in float32, and the blocks' terms are added in order of k.
+// quant_dot_avx2.h) scaled once in float32 per block, and the blocks' terms are added in
+// order of k.
 // No dense copy of W exists at any time.
 //
-// Work split: threads take chunks of 16 weight rows (ATen parallel_for); within a chunk, rows
-// of x four at a time against each weight row (a weight block is decoded once for the four),
-// so the chunk's blocks stay in L1 while x streams by. Activations are quantized once per
-// call.
+// Work split: threads take chunks of 16 weight rows (ATen parallel_for). Within a chunk, eight
+// weight rows at a time (quant_panel_avx2.h, quant_panel_k_avx2.h): each block of the eight is
+// decoded once and multiplied with each row of x, four rows of x per pass, the eight rows'
+// int32 sums reduced into one register whose lanes are the weight rows and scaled there as
+// vectors. Activations are quantized once per call. quant_dot.h's scalar kernels compute the
+// same sums one weight row at a time: the path of builds without AVX2 + F16C (and of
+// quant_gemm(..., vectorized=False), which the tests run too).
 //
-// Choice for large M: measured against dequantizing into the dense bfloat16 packed GEMM
-// (gemm.cpp) with benchmarks/micro/quant_gemm.py on SmolLM2-135M's shapes; the integer path
-// wins or ties at every M we measured, see the table there, so it is the only path.
+// Measured (benchmarks/micro/quant_gemm.py, one thread of a shared 2-core Intel Xeon with
+// AVX-512 VNNI, load average 5-7, so +-10%): time of the dense bfloat16 packed GEMM over ours,
+// SmolLM2-135M's shapes (qkv 960 x 576, o 576 x 576, gate/up 3072 x 576, down 576 x 1536,
+// LM head 49152 x 576; K-quants only on down, K = 576 not being a multiple of 256):
+//
+//   type   M = 1        M = 8        M = 32       M = 128      M = 512
+//   Q8_0   0.8 - 3.3    1.0 - 1.4    1.0 - 1.2    1.0 - 1.1    0.9 - 1.2
+//   Q4_0   0.8 - 3.9    0.9 - 2.0    0.8 - 1.3    0.9          0.9
+//   Q4_1   0.8 - 2.8    0.8 - 1.5    0.8 - 1.1    0.8 - 0.9    0.8 - 1.2
+//   Q5_0   0.6 - 3.0    0.8 - 1.5    0.8 - 0.9    0.8 - 1.0    0.8 - 0.9
+//   Q5_1   0.5 - 2.1    0.8 - 1.3    0.7 - 1.0    0.7 - 1.1    0.7 - 0.8
+//   Q4_K   0.5          0.8          0.8          0.8          0.9
+//   Q5_K   0.8          0.7          0.6          0.7          0.6
+//   Q6_K   0.8          0.6          0.6          0.5          0.5
+//
+// (the high ends at M = 1 are the large matrices, where reading 4-8 bits per weight instead
+// of 16 wins; the small ones sit in cache). End to end on the bench model (decode_step, one
+// thread, bfloat16 activations): q4_0 58 / 171 / 221 tok/s and q8_0 34 / 151 / 227 against
+// bfloat16 weights' 29 / 130 / 210 at concurrency 1 / 8 / 32.
+//
+// Choice for large M: dequantizing W into the bfloat16 panels and running gemm.cpp costs at
+// least that GEMM (ratio 1 above) plus the dequantization per call, so it could win only where
+// the ratio is below 1 at large M (the 5- and 6-bit types, by under 2x less the
+// dequantization); one path keeps the kernel simple and every row's arithmetic the same at
+// every M, so the integer path serves all M. Faster still would be weights repacked at load
+// so that rows sit in lanes (llama.cpp's interleaved Q4_0x8 layouts) with AVX-512 zmm, which
+// removes the per-block lane reduction.
 //
 // Accuracy: y differs from x · dequantize(W)^T by the activation rounding alone (each x value
 // moves by at most d / 2 = max|x_block| / 254), a relative error of ~0.3-1% of a row's output
@@ -53,35 +81,27 @@ constexpr int64_t kPanelRows = 8;  // weight rows per pass (the 32-value types' 
 
 using DotFn = void (*)(const uint8_t*, const void* const*, int64_t, float*);
 
-template <int64_t T, int R, bool V>
+// The scalar kernels (quant_dot.h): builds without AVX2 + F16C, and vectorized=False.
+template <int64_t T, int R>
 void dot_entry(const uint8_t* w, const void* const* a, int64_t nb, float* out) {
-  const auto* const* rows = reinterpret_cast<const Act<T>* const*>(a);
-#if defined(SHARDSERVE_QUANT_AVX2)
-  if constexpr (V) {
-    if constexpr (is_k(T)) avx2::dot_k<T, R>(w, rows, nb, out);
-    else avx2::dot32<T, R>(w, rows, nb, out);
-    return;
-  }
-#endif
-  dot_scalar<T, R>(w, rows, nb, out);
+  dot_scalar<T, R>(w, reinterpret_cast<const Act<T>* const*>(a), nb, out);
 }
 
 template <int64_t T>
-DotFn pick(int rows, bool vectorized) {
-  if (vectorized) return rows == kTile ? &dot_entry<T, kTile, true> : &dot_entry<T, 1, true>;
-  return rows == kTile ? &dot_entry<T, kTile, false> : &dot_entry<T, 1, false>;
+DotFn pick(int rows) {
+  return rows == kTile ? &dot_entry<T, kTile> : &dot_entry<T, 1>;
 }
 
-DotFn dot_fn(int64_t t, int rows, bool vectorized) {
+DotFn dot_fn(int64_t t, int rows) {
   switch (t) {
-    case kQ4_0: return pick<kQ4_0>(rows, vectorized);
-    case kQ4_1: return pick<kQ4_1>(rows, vectorized);
-    case kQ5_0: return pick<kQ5_0>(rows, vectorized);
-    case kQ5_1: return pick<kQ5_1>(rows, vectorized);
-    case kQ8_0: return pick<kQ8_0>(rows, vectorized);
-    case kQ4_K: return pick<kQ4_K>(rows, vectorized);
-    case kQ5_K: return pick<kQ5_K>(rows, vectorized);
-    case kQ6_K: return pick<kQ6_K>(rows, vectorized);
+    case kQ4_0: return pick<kQ4_0>(rows);
+    case kQ4_1: return pick<kQ4_1>(rows);
+    case kQ5_0: return pick<kQ5_0>(rows);
+    case kQ5_1: return pick<kQ5_1>(rows);
+    case kQ8_0: return pick<kQ8_0>(rows);
+    case kQ4_K: return pick<kQ4_K>(rows);
+    case kQ5_K: return pick<kQ5_K>(rows);
+    case kQ6_K: return pick<kQ6_K>(rows);
     default: TORCH_CHECK(false, "quant_gemm: unsupported GGML type ", t);
   }
   return nullptr;
@@ -154,7 +174,7 @@ void run(const X* x, const uint8_t* w, int64_t qtype, const X* bias, X* y, int64
   std::vector<uint8_t> act(M * a_row);
   if (k_quant) quantize_rows<X, ActA256>(x, M, K, act.data());
   else quantize_rows<X, ActA32>(x, M, K, act.data());
-  const DotFn one = dot_fn(qtype, 1, vectorized), tile = dot_fn(qtype, kTile, vectorized);
+  const DotFn one = dot_fn(qtype, 1), tile = dot_fn(qtype, kTile);
   const PanelFn p_one = panel_fn(qtype, 1, vectorized), p_tile = panel_fn(qtype, kTile, vectorized);
   const int64_t chunks = (N + kChunk - 1) / kChunk;
   auto store = [&](int64_t m, int64_t n, float v) {
