@@ -72,12 +72,16 @@ void quantize_row(const float* x, int64_t n, A* out) {
   constexpr int64_t kB = sizeof(A::q);
   for (int64_t b = 0; b < n / kB; ++b) {
     const float* xb = x + b * kB;
-    float amax = 0.f;
-    for (int64_t i = 0; i < kB; ++i) amax = std::max(amax, std::fabs(xb[i]));
-    const float d = amax / 127.f, id = d != 0.f ? 1.f / d : 0.f;
+    float amax = 0.f;  // NaN if the block holds one: its outputs are then NaN too
+    for (int64_t i = 0; i < kB; ++i) {
+      const float a = std::fabs(xb[i]);
+      amax = (a > amax || a != a) ? a : amax;
+    }
+    const float d = amax / 127.f, id = std::isfinite(d) && d != 0.f ? 1.f / d : 0.f;
     int32_t sum = 0;
     for (int64_t i = 0; i < kB; ++i) {
-      const int v = static_cast<int>(std::nearbyint(xb[i] * id));
+      const float scaled = xb[i] * id;  // inf * 0 in a non-finite block: NaN, taken as 0
+      const int v = scaled == scaled ? static_cast<int>(std::nearbyint(scaled)) : 0;
       out[b].q[i] = static_cast<int8_t>(std::clamp(v, -127, 127));
       sum += out[b].q[i];
     }

@@ -119,3 +119,16 @@ def test_tp2_row_split_at_a_block_boundary_sums_to_the_whole() -> None:
     whole.weight_loader(whole.weight, src)
     # activation blocks do not straddle ranks, so only the float summation order differs
     torch.testing.assert_close(parts[0] + parts[1], whole.gemm(x), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_a_non_finite_activation_spoils_its_own_row_only(bad: float) -> None:
+    qtype, k = GGMLType.Q4_1, 64
+    blocks = random_blocks(qtype, 9, k, seed=6)
+    x = torch.randn(5, k)
+    clean = OPS.quant_gemm(x, blocks, int(qtype))
+    x[2, 40] = bad
+    y = OPS.quant_gemm(x, blocks, int(qtype))
+    assert not y[2].isfinite().any()  # as x @ W^T would be
+    keep = [0, 1, 3, 4]
+    assert torch.equal(y[keep], clean[keep])
