@@ -34,16 +34,18 @@ class VocabParallelEmbedding(nn.Module):
         self.per_rank = -(-vocab_size // ps.tp_size)  # ceil
         self.start = ps.tp_rank * self.per_rank
         self.end = self.start + self.per_rank
-        self.weight = nn.Parameter(torch.zeros(self.per_rank, hidden_size, dtype=dtype), False)
+        # filled by weight_loader; never touched if the table is held quantized (loading.py)
+        self.weight = nn.Parameter(torch.empty(self.per_rank, hidden_size, dtype=dtype), False)
         set_weight_loader(self.weight, self.weight_loader)
 
     def weight_loader(self, param: nn.Parameter, source: TensorSource) -> None:
         check_dim(source, 0, self.vocab_size)
         stop = min(self.end, self.vocab_size)
         rows = max(0, stop - self.start)
-        param.data.zero_()
-        if rows:  # held quantized (loading.py): padding rows are no segment's, zero
+        if rows:  # held quantized: padding rows are no segment's, so zero
             load_rows(self.ctx, param, 0, source, 0, self.start, stop)
+        if quant_of(param) is None:
+            param.data[rows:].zero_()
 
     def lookup(self, ids: torch.Tensor) -> torch.Tensor:
         """Rows ``ids [T]`` (local, in range) of this rank's table → ``[T, H]``."""
