@@ -46,9 +46,15 @@ def _f16_bytes(d: torch.Tensor) -> torch.Tensor:
 QUANTIZERS = {GGMLType.Q8_0: _q8_0, GGMLType.Q4_0: _q4_0}
 
 
+CHUNK_VALUES = 1 << 20  # values quantized at a time: bounds the float32 temporaries (~4 MB each)
+
+
 def quantize(x: torch.Tensor, qtype: GGMLType) -> torch.Tensor:
     """``x [rows, cols]`` (any float dtype, taken as float32) → uint8 ``[rows, row_bytes]``."""
     rows, cols = x.shape
-    nbytes = row_bytes(qtype, cols)
-    blocks = x.detach().float().reshape(-1, 32)
-    return QUANTIZERS[qtype](blocks).reshape(rows, nbytes).contiguous()
+    out = torch.empty(rows, row_bytes(qtype, cols), dtype=torch.uint8, device=x.device)
+    step = max(1, CHUNK_VALUES // max(cols, 1))
+    for start in range(0, rows, step):
+        blocks = x[start : start + step].detach().float().reshape(-1, 32)
+        out[start : start + step] = QUANTIZERS[qtype](blocks).reshape(-1, out.shape[1])
+    return out
