@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from model_shards.backends import ReferenceBackend
+from model_shards.layers.fused_sources import FusedMergedColumnParallelLinear
 from model_shards.layers.linear import (
     MergedColumnParallelLinear,
     QKVParallelLinear,
@@ -156,3 +157,13 @@ def test_keep_dense_parameters_take_no_blocks() -> None:
     layer.weight_loader(layer.weight, src)
     assert quant_of(layer.weight) is None
     assert torch.equal(layer.weight.data, src.tensor)
+
+
+def test_fused_gguf_tensor_parts_keep_their_blocks() -> None:
+    gate_up = _source("gate_up", GGMLType.Q4_0, 128, 64, 11)  # [gate; up], 64 rows each
+    layer = FusedMergedColumnParallelLinear(64, [64, 64], bias=False, ctx=shard_context(1, 2))
+    layer.weight_loader(layer.weight, gate_up)
+    held = quant_of(layer.weight)
+    assert held is not None and held.segments[0].tensor.qtype == GGMLType.Q4_0
+    want = torch.cat([gate_up.tensor[32:64], gate_up.tensor[96:]])  # rank 1's half of each
+    assert torch.equal(held.dequantize(), want)
