@@ -30,6 +30,7 @@ COMMANDS: dict[str, tuple[str, ...]] = {
         "prefill_attention",
         "prefill_gemm",
         "prefill_profile",
+        "quant_gemm",
         "decode_step",
         "sched_share",
     ),

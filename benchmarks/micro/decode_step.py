@@ -10,7 +10,7 @@ every phase of the decode steps is summed by wall clock (the engine's own method
 for the run)::
 
     python -m benchmarks micro decode_step [--concurrency 8,32] [--dtype float32] [--waves 3] \\
-        [--threads 2]
+        [--threads 2] [--quantization q8_0|q4_0]
 
 Printed per wave: its output tok/s, the prefill step, the median decode step, and per decode
 step the ms of scheduling, the plan broadcast, the batch metadata, the layers' forward, the
@@ -54,7 +54,9 @@ class PhaseClock:
         setattr(owner, attribute, timed)
 
 
-def build(dtype: str, clock: PhaseClock, threads: int = THREADS) -> Any:
+def build(
+    dtype: str, clock: PhaseClock, threads: int = THREADS, quantization: str | None = None
+) -> Any:
     """A coordinator over one in-process rank, its phases wrapped into ``clock``."""
     import model_shards.engine.coordinator as coordinator_module
     import model_shards.worker.decoder_worker as worker_module
@@ -69,7 +71,8 @@ def build(dtype: str, clock: PhaseClock, threads: int = THREADS) -> Any:
         0, 1, 1, master_addr="127.0.0.1", master_port=free_port(), device="cpu", timeout_s=60
     )
     cfg = ModelConfig.from_dir(model)
-    worker = worker_module.Worker.build(ReplicaConfig(model, dtype=dtype), cfg, Comm.open(ps), 4096)
+    replica = ReplicaConfig(model, dtype=dtype, quantization=quantization)
+    worker = worker_module.Worker.build(replica, cfg, Comm.open(ps), 4096)
     coord = coordinator_module.Coordinator(
         worker, max_num_seqs=64, max_num_batched_tokens=2048, max_model_len=2048
     )
@@ -118,9 +121,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--waves", type=int, default=3)
     parser.add_argument("--threads", type=int, default=THREADS, help="the rank's op threads")
+    parser.add_argument("--quantization", choices=("q8_0", "q4_0"), default=None)
     args = parser.parse_args(argv)
     clock = PhaseClock()
-    coord = build(args.dtype, clock, args.threads)
+    coord = build(args.dtype, clock, args.threads, args.quantization)
     rng = random.Random(0)
     for c in [int(x) for x in args.concurrency.split(",")]:
         wave(coord, clock, c, rng, f"warm-{c}")

@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from model_shards.quant.formats import GGMLType
+from model_shards.quant.weights import QuantizedWeight
 from model_shards.worker.kv_cache import KVPool
 
 if TYPE_CHECKING:
@@ -169,6 +171,26 @@ class Backend(ABC):
         self, x: torch.Tensor, weight: torch.Tensor, packed: object, bias: torch.Tensor | None
     ) -> torch.Tensor:
         """``x [T, in]`` → ``x W^T + b: [T, out]``; ``packed``: ``pack_linear(weight)``."""
+
+    # ---- quantized weights (model_shards.quant) ---------------------------------------
+    def quantized_types(self) -> frozenset[GGMLType]:
+        """The GGML block types whose weights layers hold quantized for this backend's
+        :meth:`quantized_linear`; others are dequantized at load (none by default)."""
+        return frozenset()
+
+    def quantized_linear(
+        self, x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | None
+    ) -> torch.Tensor:
+        """``x [T, in]`` → ``x W^T + b: [T, out]`` in ``x.dtype``, ``W`` the quantized weight's
+        dequantized values (rows no segment covers: zero). A backend may quantize ``x`` per
+        block for integer dot products: its error bound is then the backend's to state."""
+        raise NotImplementedError(f"{self.name}: no quantized weights")
+
+    def quantized_embedding(
+        self, ids: torch.Tensor, weight: QuantizedWeight, dtype: torch.dtype
+    ) -> torch.Tensor:
+        """``ids [T]`` int64 (in range) → the dequantized rows ``[T, in]`` in ``dtype``."""
+        raise NotImplementedError(f"{self.name}: no quantized weights")
 
     # ---- mixture of experts ---------------------------------------------------------
     @abstractmethod

@@ -13,6 +13,8 @@ from model_shards.backends.base import (
     PrefillMeta,
     RotaryStep,
 )
+from model_shards.quant.formats import BLOCK_TYPES, GGMLType
+from model_shards.quant.weights import QuantizedWeight
 from model_shards.splitmix import FINAL_SHIFT, GOLDEN, MIX_ROUNDS
 
 
@@ -187,6 +189,21 @@ class ReferenceBackend(Backend):
         self, x: torch.Tensor, weight: torch.Tensor, packed: object, bias: torch.Tensor | None
     ) -> torch.Tensor:
         return F.linear(x, weight, bias)
+
+    def quantized_types(self) -> frozenset[GGMLType]:
+        return BLOCK_TYPES
+
+    def quantized_linear(
+        self, x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | None
+    ) -> torch.Tensor:
+        """Dequantize, then one float32 GEMM, rounded once to ``x.dtype``."""
+        b = None if bias is None else bias.float()
+        return F.linear(x.float(), weight.dequantize(), b).to(x.dtype)
+
+    def quantized_embedding(
+        self, ids: torch.Tensor, weight: QuantizedWeight, dtype: torch.dtype
+    ) -> torch.Tensor:
+        return weight.take_rows(ids).to(dtype)
 
     def fused_moe(
         self,

@@ -19,6 +19,8 @@ from model_shards.config.scheduler import check_step_limits
 from model_shards.gguf.files import is_gguf
 
 DTYPE_CHOICES: tuple[str, ...] = ("auto", *CHECKPOINT_DTYPES)
+# --quantization: weight-only GGML block types, quantized at load (model_shards.quant)
+QUANTIZATION_CHOICES: tuple[str, ...] = ("q8_0", "q4_0")
 
 
 def ranks_use_gpus(device: str, ranks: int, gpu_count: int, ranks_text: str) -> bool:
@@ -63,6 +65,7 @@ class ReplicaConfig:
     threads_per_rank: int | None = None  # CPU only; default: cores // world size, at least 1
     enable_expert_parallel: bool = False  # MoE: whole experts per TP rank (config/moe.py)
     dp_attention: bool = False  # -dp replicas share their experts (launch/dp_attention.py)
+    quantization: str | None = None  # --quantization: one of QUANTIZATION_CHOICES (CPU only)
 
     @property
     def world_size(self) -> int:
@@ -79,6 +82,16 @@ class ReplicaConfig:
             raise ValueError(f"--block-size must be in 1..1024, got {self.block_size}")
         if self.kv_cache_memory is not None and self.kv_cache_memory <= 0:
             raise ValueError(f"--kv-cache-memory must be positive, got {self.kv_cache_memory}")
+        if self.quantization is not None and self.quantization not in QUANTIZATION_CHOICES:
+            raise ValueError(
+                f"--quantization {self.quantization!r} invalid; choose one of "
+                f"{QUANTIZATION_CHOICES}"
+            )
+        if self.quantization is not None and self.device == "cuda":
+            raise ValueError(
+                f"--quantization {self.quantization}: quantized weights are served on CPU only; "
+                "drop the flag or use --device cpu"
+            )
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError(
                 f"--gpu-memory-utilization must be in (0, 1], got {self.gpu_memory_utilization}"
@@ -102,6 +115,11 @@ class ReplicaConfig:
             raise ValueError("--enable-expert-parallel: encoder (embedding) models have no experts")
         elif self.pp_layer_partition != "even":
             raise ValueError("--pp-layer-partition: encoder (embedding) models run with -pp 1")
+        elif self.quantization is not None:
+            raise ValueError(
+                f"--quantization {self.quantization}: encoder (embedding) models are not "
+                "quantized; drop the flag"
+            )
         if self.max_model_len is not None and not (
             1 <= self.max_model_len <= model.max_position_embeddings
         ):

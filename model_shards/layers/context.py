@@ -23,6 +23,9 @@ class ShardContext:
     # data-parallel attention: the group of every replica's rank whose MoE layers exchange
     # tokens (all-to-all); ``comm`` is then this replica's own (tp = 1)
     ep_comm: Comm | None = None
+    # --quantization (q8_0 | q4_0): linear and vocab weights quantized as they load
+    # (model_shards.layers.loading); None: dense checkpoints stay dense
+    quantization: str | None = None
 
     @property
     def ps(self) -> ParallelState:

@@ -24,6 +24,7 @@ from model_shards.layers.linear import (
     QKVParallelLinear,
     check_dim,
 )
+from model_shards.layers.loading import keep_dense
 from model_shards.worker.checkpoint import CheckpointError, TensorSource
 
 
@@ -55,6 +56,18 @@ class FusedPart(TensorSource):
             raise CheckpointError(f"tensor {self.name!r}: slice {start}:{end} of dim {dim}")
         return self.fused.read(0, self.offset + start, self.offset + end)
 
+    @property
+    def ggml_type(self) -> int | None:
+        """The fused tensor's GGML type (a GGUF source), else ``None``."""
+        return getattr(self.fused, "ggml_type", None)
+
+    def read_blocks(self, row_start: int, row_end: int) -> torch.Tensor:
+        """Raw blocks of rows ``row_start .. row_end - 1`` of this part (GGUF sources)."""
+        if not 0 <= row_start <= row_end <= self.rows:
+            raise CheckpointError(f"tensor {self.name!r}: rows {row_start}:{row_end}")
+        read = self.fused.read_blocks  # type: ignore[attr-defined]
+        return read(self.offset + row_start, self.offset + row_end)
+
 
 class FusedQKVParallelLinear(QKVParallelLinear):
     """:class:`QKVParallelLinear` loaded from one ``[(nh + 2 nkv) * D, in]`` tensor.
@@ -80,6 +93,8 @@ class FusedQKVParallelLinear(QKVParallelLinear):
         # class's weight_loader
         self.q_rows, self.kv_rows = num_heads * head_dim, num_kv_heads * head_dim
         self.head_order = head_order
+        if head_order is not None:
+            keep_dense(self.weight)  # the loader permutes the rows of the dense matrix
 
     def weight_loader(  # type: ignore[override]
         self, param: nn.Parameter, source: TensorSource

@@ -10,7 +10,9 @@ Weights are stored PyTorch-style, ``W: [out, in]``, ``Y = X W^T + b``.
 
 A column layer followed by a row layer (attention, MLP) needs one all-reduce.
 Each parameter carries ``weight_loader(param, source[, shard_id])``, which
-reads only this rank's slice from the checkpoint. The GEMM is the backend's
+reads only this rank's slice from the checkpoint, kept dense or quantized
+(:mod:`.loading`: GGUF blocks, ``--quantization``; the GEMM is then
+``ctx.ops.quantized_linear``). The GEMM is the backend's
 (``ctx.ops.linear``); after loading, :func:`prepare_weights` asks the backend for a
 faster layout of each weight (the CPU backend's packed panels), kept beside the
 parameter in ``packed``.
@@ -25,34 +27,15 @@ import torch
 from torch import nn
 
 from model_shards.layers.context import ShardContext
+from model_shards.layers.loading import check_dim, copy_checked, load_rows, quant_of
 from model_shards.parallel.comm import tp_all_reduce
-from model_shards.worker.checkpoint import CheckpointError, TensorSource
+from model_shards.worker.checkpoint import TensorSource
 
 WeightLoader = Callable[..., None]
 
 
 def set_weight_loader(param: nn.Parameter, loader: WeightLoader) -> None:
     param.weight_loader = loader  # type: ignore[attr-defined]
-
-
-def copy_checked(dst: torch.Tensor, src: torch.Tensor, name: str) -> None:
-    """Copy ``src`` into ``dst``, raising with the tensor's name on a shape or dtype mismatch."""
-    if dst.shape != src.shape:
-        raise CheckpointError(
-            f"tensor {name!r}: checkpoint slice has shape {list(src.shape)}, "
-            f"expected {list(dst.shape)}"
-        )
-    if not src.is_floating_point():
-        raise CheckpointError(f"tensor {name!r}: dtype {src.dtype} is not a floating-point dtype")
-    dst.copy_(src)
-
-
-def check_dim(source: TensorSource, dim: int, expected: int) -> None:
-    """``CheckpointError`` naming the tensor unless ``source.shape[dim] == expected``."""
-    if len(source.shape) <= dim or source.shape[dim] != expected:
-        raise CheckpointError(
-            f"tensor {source.name!r}: shape {list(source.shape)}, expected dim {dim} == {expected}"
-        )
 
 
 class LinearBase(nn.Module):
@@ -63,12 +46,18 @@ class LinearBase(nn.Module):
     packed: object | None = None  # the backend's layout of ``weight``, set by prepare()
 
     def prepare(self) -> bool:
-        """After loading: let the backend lay ``weight`` out for its GEMM; ``True`` if it did."""
+        """After loading: let the backend lay ``weight`` out for its GEMM; ``True`` if it did.
+        A weight held quantized (:mod:`.loading`) keeps its blocks as they are."""
+        if quant_of(self.weight) is not None:
+            return False
         self.packed = self.ctx.ops.pack_linear(self.weight)
         return self.packed is not None
 
     def gemm(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """``x [T, in]`` → ``[T, out]``."""
+        quant = quant_of(self.weight)
+        if quant is not None:
+            return self.ctx.ops.quantized_linear(x, quant, bias)
         return self.ctx.ops.linear(x, self.weight, self.packed, bias)
 
 
@@ -107,7 +96,7 @@ class ReplicatedLinear(LinearBase):
             set_weight_loader(self.bias, self.weight_loader)
 
     def weight_loader(self, param: nn.Parameter, source: TensorSource) -> None:
-        copy_checked(param.data, source.read(), source.name)
+        load_rows(self.ctx, param, 0, source)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.gemm(x, self.bias)
@@ -133,7 +122,7 @@ class ColumnParallelLinear(LinearBase):
     def weight_loader(self, param: nn.Parameter, source: TensorSource) -> None:
         start = self.ps.tp_rank * self.out_local
         check_dim(source, 0, self.out_local * self.ps.tp_size)
-        copy_checked(param.data, source.read(0, start, start + self.out_local), source.name)
+        load_rows(self.ctx, param, 0, source, 0, start, start + self.out_local)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.gemm(x, self.bias)  # [T, out / tp]
@@ -161,9 +150,7 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         offset = sum(self.out_sizes[:shard_id]) // tp
         check_dim(source, 0, size)
         start = self.ps.tp_rank * local
-        copy_checked(
-            param.data.narrow(0, offset, local), source.read(0, start, start + local), source.name
-        )
+        load_rows(self.ctx, param, offset, source, 0, start, start + local)
 
 
 class QKVParallelLinear(ColumnParallelLinear):
@@ -207,9 +194,7 @@ class QKVParallelLinear(ColumnParallelLinear):
             size, start = kv_size, (tp_rank // self.kv_replicas) * kv_size
             total = kv_size * self.ps.tp_size // self.kv_replicas
         check_dim(source, 0, total)
-        copy_checked(
-            param.data.narrow(0, offset, size), source.read(0, start, start + size), source.name
-        )
+        load_rows(self.ctx, param, offset, source, 0, start, start + size)
 
 
 class RowParallelLinear(LinearBase):
@@ -232,7 +217,7 @@ class RowParallelLinear(LinearBase):
     def weight_loader(self, param: nn.Parameter, source: TensorSource) -> None:
         start = self.ps.tp_rank * self.in_local
         check_dim(source, 1, self.in_local * self.ps.tp_size)
-        copy_checked(param.data, source.read(1, start, start + self.in_local), source.name)
+        load_rows(self.ctx, param, 0, source, 1, start, start + self.in_local)
 
     def bias_loader(self, param: nn.Parameter, source: TensorSource) -> None:
         copy_checked(param.data, source.read(), source.name)

@@ -19,6 +19,7 @@ from torch import nn
 
 from model_shards.layers.context import ShardContext
 from model_shards.layers.linear import LinearBase, check_dim, copy_checked, set_weight_loader
+from model_shards.layers.loading import load_rows, quant_of
 from model_shards.parallel.comm import tp_all_gather_last_dim, tp_all_reduce
 from model_shards.worker.checkpoint import TensorSource
 
@@ -33,23 +34,32 @@ class VocabParallelEmbedding(nn.Module):
         self.per_rank = -(-vocab_size // ps.tp_size)  # ceil
         self.start = ps.tp_rank * self.per_rank
         self.end = self.start + self.per_rank
-        self.weight = nn.Parameter(torch.zeros(self.per_rank, hidden_size, dtype=dtype), False)
+        # filled by weight_loader; never touched if the table is held quantized (loading.py)
+        self.weight = nn.Parameter(torch.empty(self.per_rank, hidden_size, dtype=dtype), False)
         set_weight_loader(self.weight, self.weight_loader)
 
     def weight_loader(self, param: nn.Parameter, source: TensorSource) -> None:
         check_dim(source, 0, self.vocab_size)
         stop = min(self.end, self.vocab_size)
         rows = max(0, stop - self.start)
-        param.data.zero_()
-        if rows:
-            copy_checked(param.data[:rows], source.read(0, self.start, stop), source.name)
+        if rows:  # held quantized: padding rows are no segment's, so zero
+            load_rows(self.ctx, param, 0, source, 0, self.start, stop)
+        if quant_of(param) is None:
+            param.data[rows:].zero_()
+
+    def lookup(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows ``ids [T]`` (local, in range) of this rank's table → ``[T, H]``."""
+        quant = quant_of(self.weight)
+        if quant is not None:
+            return self.ctx.ops.quantized_embedding(ids, quant, self.ctx.dtype)
+        return F.embedding(ids, self.weight)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         if self.ps.tp_size == 1:
-            return F.embedding(input_ids, self.weight)  # [T, H]
+            return self.lookup(input_ids)  # [T, H]
         owned = (input_ids >= self.start) & (input_ids < self.end)
         local_ids = torch.where(owned, input_ids - self.start, 0)
-        out = F.embedding(local_ids, self.weight) * owned.unsqueeze(-1).to(self.weight.dtype)
+        out = self.lookup(local_ids) * owned.unsqueeze(-1).to(self.ctx.dtype)
         return tp_all_reduce(out, self.ctx.comm)  # [T, H]
 
 

@@ -42,6 +42,7 @@ from model_shards.config.rope import yarn_mscale
 from model_shards.layers.attention import ForwardBatch, paged_attention
 from model_shards.layers.context import ShardContext
 from model_shards.layers.linear import ColumnParallelLinear, ReplicatedLinear, RowParallelLinear
+from model_shards.layers.loading import keep_dense
 from model_shards.layers.norm import RMSNorm
 from model_shards.layers.rotary import RotaryEmbedding
 from model_shards.models.causal_lm import DecoderLM
@@ -82,6 +83,7 @@ class DeepseekV2Attention(nn.Module):
         self.kv_a_layernorm = RMSNorm(self.latent, LATENT_NORM_EPS, ctx)
         up = cfg.num_heads * (self.nope + self.v_dim)
         self.kv_b_proj = ColumnParallelLinear(self.latent, up, bias=False, ctx=ctx)
+        keep_dense(self.kv_b_proj.weight)  # forward reads W_UK / W_UV themselves
         self.o_proj = RowParallelLinear(cfg.num_heads * self.v_dim, h, bias=bias, ctx=ctx)
         self.layer_idx, self.ops, self.scale = layer_idx, ctx.ops, qk**-0.5
         if cfg.rope.rope_type != "default" and cfg.rope.mscale_all_dim:  # YaRN's, squared

@@ -194,8 +194,10 @@ class Worker:
         dtype = resolve_dtype(replica.dtype, cfg, ps.device)
         if ops is None:
             ops = select_backend(ps.device, dtype, batch_invariant=replica.batch_invariant)
-        ep = replica.enable_expert_parallel
-        ctx = ShardContext(comm, ops, dtype, expert_parallel=ep, ep_comm=ep_comm)
+        ep, quantization = replica.enable_expert_parallel, replica.quantization
+        if quantization is not None and ps.device.type != "cpu":
+            raise ValueError(f"--quantization {quantization}: CPU only, not on {ps.device}")
+        ctx = ShardContext(comm, ops, dtype, ep, ep_comm, quantization)
         model_cls = MODEL_REGISTRY[cfg.architecture]
         with torch.device(ps.device):
             model = model_cls(cfg, ctx, max_model_len, replica.pp_layer_partition)

@@ -17,7 +17,12 @@ import argparse
 import os
 from typing import Any
 
-from model_shards.config.replica import DTYPE_CHOICES, ReplicaConfig, parse_size
+from model_shards.config.replica import (
+    DTYPE_CHOICES,
+    QUANTIZATION_CHOICES,
+    ReplicaConfig,
+    parse_size,
+)
 from model_shards.launch import packaged_model
 from server.cli.engine_token import add_engine_token_flag
 from server.cli.flag_types import int_in as _int_in
@@ -83,10 +88,22 @@ def add_replica_flags(command: argparse.ArgumentParser) -> None:
         help="CUDA: GEMM, attention and RMSNorm with a fixed reduction order, so a row's "
         "output does not depend on its batch (CPU backends always are)",
     )
+    _add_weight_flags(engine)
+
+
+def _add_weight_flags(engine: Any) -> None:
+    """How the replica holds and splits its weights: experts, stages, quantization."""
     engine.add_argument(
         "--enable-expert-parallel",
         action="store_true",
         help="MoE models: each TP rank holds experts/tp whole experts, not a slice of each",
+    )
+    engine.add_argument(
+        "--quantization",
+        choices=QUANTIZATION_CHOICES,
+        default=None,
+        help="CPU, decoder models: quantize every linear and vocab weight of a dense checkpoint "
+        "per block as it loads (weight-only, GGML's Q8_0 or Q4_0); GGUF weights stay as stored",
     )
     engine.add_argument(
         "--pp-layer-partition",
@@ -319,6 +336,7 @@ def replica_config(args: argparse.Namespace) -> ReplicaConfig:
         pipeline_overlap=args.pipeline_overlap,
         pp_layer_partition=args.pp_layer_partition,
         enable_expert_parallel=args.enable_expert_parallel,
+        quantization=args.quantization,
         threads_per_rank=args.cpu_threads_per_rank,
         dp_attention=getattr(args, "dp_attention", False),
     )

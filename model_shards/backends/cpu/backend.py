@@ -7,6 +7,10 @@ GEMM: F.linear hands MKL a row-major ``W`` on every call, which for the short, w
 decoding runs at a third to a half of matmul peak; :meth:`CpuBackend.pack_linear` reorders each
 ``W`` once after loading, for our own GEMM (``kernels/gemm.cpp``) or oneDNN's blocked layout.
 
+Quantized weights (:meth:`CpuBackend.quantized_linear`): every GGML block type stays in its
+blocks; ``kernels/quant_gemm.cpp`` multiplies them with per-block int8 activations, one call per
+segment of the weight (a fused layer's parts may differ in type) into its output columns.
+
 MoE (:meth:`CpuBackend.fused_moe`): the (token, expert) pairs sorted by expert, one packed GEMM
 per expert for gate/up and for down, one SiLU-and-mul over all rows, one weighted scatter-add.
 """
@@ -16,9 +20,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from model_shards.backends.base import DecodeMeta, ExpertWeights, KVPool, PrefillMeta, RotaryStep
 from model_shards.backends.reference import ReferenceBackend
+from model_shards.quant.formats import BLOCK_TYPES, FLOAT_TYPES, GGMLType
+from model_shards.quant.weights import QuantizedTensor, QuantizedWeight
 
 
 @dataclass(frozen=True)
@@ -122,6 +129,36 @@ class CpuBackend(ReferenceBackend):
         if packed.out_features:
             return self._ops.gemm(x, packed.data, packed.out_features, bias)
         return torch.ops.mkldnn._linear_pointwise(x, packed.data, bias, "none", [], "")
+
+    def quantized_types(self) -> frozenset[GGMLType]:
+        return BLOCK_TYPES
+
+    def quantized_linear(
+        self, x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | None
+    ) -> torch.Tensor:
+        """One ``quant_gemm`` per segment (float segments: F.linear), each into its columns."""
+        segments = weight.segments
+        if len(segments) == 1 and weight.covers_all:
+            return self._segment(x, segments[0].tensor, bias)
+        out = x.new_zeros(*x.shape[:-1], weight.out_features)  # [T, out]
+        for seg in segments:
+            b = None if bias is None else bias[seg.start : seg.end]
+            out[..., seg.start : seg.end] = self._segment(x, seg.tensor, b)
+        if bias is not None and not weight.covers_all:
+            covered = torch.zeros(weight.out_features, dtype=torch.bool)
+            for seg in segments:
+                covered[seg.start : seg.end] = True
+            out[..., ~covered] += bias[~covered]
+        return out
+
+    def _segment(
+        self, x: torch.Tensor, tensor: QuantizedTensor, bias: torch.Tensor | None
+    ) -> torch.Tensor:
+        if tensor.qtype in FLOAT_TYPES:
+            return F.linear(x, tensor.dequantize().to(x.dtype), bias)
+        x = x if x.stride(-1) == 1 else x.contiguous()
+        b = None if bias is None else bias.contiguous()
+        return self._ops.quant_gemm(x, tensor.data, int(tensor.qtype), b)
 
     def fused_moe(
         self,

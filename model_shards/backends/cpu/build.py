@@ -34,9 +34,21 @@ SOURCES = [
         "prefill_attention_avx512.cpp",
         "sampling_ops.cpp",
         "gemm.cpp",
+        "quant_gemm.cpp",
     )
 ]
-HEADERS = [KERNELS_DIR / name for name in ("kernel_common.h", "prefill_attention.h", "gemm_avx2.h")]
+HEADERS = [
+    KERNELS_DIR / name
+    for name in (
+        "kernel_common.h",
+        "prefill_attention.h",
+        "gemm_avx2.h",
+        "quant_dot.h",
+        "quant_dot_avx2.h",
+        "quant_panel_avx2.h",
+        "quant_panel_k_avx2.h",
+    )
+]
 KERNEL_DTYPES = (torch.float32, torch.bfloat16)  # the dtypes the kernels serve
 
 

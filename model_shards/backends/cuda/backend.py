@@ -6,6 +6,8 @@ F.linear), and the draw of sampling on the device.
   step over the paged pool, RoPE fused with the K/V write; sliding windows (a windowed
   row reads only its window) and soft-capped scores (Gemma) in the same kernels;
 * RMSNorm with the residual add; SiLU-and-mul; the position-seeded exponential race;
+* GGUF block-quantized weights: no kernel yet: :meth:`CudaBackend.quantized_types` keeps
+  none, so layers dequantize them to the model dtype at load (logged once per type);
 * MoE experts: not a kernel yet: :meth:`CudaBackend.fused_moe` runs the reference's math
   densely (every local expert over every row, weight 0 where not routed), which has no
   data-dependent shapes, so decode graphs capture it; ``E / k`` times the routed FLOPs.
@@ -34,6 +36,7 @@ from model_shards.backends.cuda.triton_ops import (
     sampling,
 )
 from model_shards.backends.reference import ReferenceBackend
+from model_shards.quant.formats import GGMLType
 
 
 class CudaBackend(ReferenceBackend):
@@ -90,6 +93,9 @@ class CudaBackend(ReferenceBackend):
         softcap: float | None = None,
     ) -> None:
         attention_prefill.prefill_attention(q, pool.k, pool.v, meta, scale, out, softcap)
+
+    def quantized_types(self) -> frozenset[GGMLType]:
+        return frozenset()  # dequantized to the model dtype at load until a GPU kernel exists
 
     def linear(
         self, x: torch.Tensor, weight: torch.Tensor, packed: object, bias: torch.Tensor | None

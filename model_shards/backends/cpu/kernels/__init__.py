@@ -13,10 +13,16 @@ and loaded by ``backends/cpu/build.py``, called by ``backends/cpu/backend.py``.
 * ``gemm.cpp``: the float32 and bfloat16 GEMM over packed weight panels (its AVX-512 tiles;
   ``gemm_isa`` says which tiles run);
 * ``gemm_avx2.h``: the GEMM's AVX2 + FMA tiles, for CPUs without AVX-512;
+* ``quant_gemm.cpp``: the GEMM of GGML block-quantized weights (Q4_0 … Q8_0, Q4_K/Q5_K/Q6_K)
+  with per-block int8 activations;
+* ``quant_dot.h``: its activation blocks, block decoding and portable dot products;
+* ``quant_dot_avx2.h``: AVX2 int8 dot products (vpdpbusd where VNNI is built), block unpacking;
+* ``quant_panel_avx2.h``, ``quant_panel_k_avx2.h``: eight weight rows per pass (32-value
+  types, K-quants);
 * ``kernel_common.h``: what the others share (decode-attention operands, index checks,
   float32 <-> bfloat16 conversions, the exp polynomial); not needed by ``sampling_ops.cpp``.
 
 Each op computes every row on its own in a fixed order, so no output depends on the batch.
 torch re-builds when a source or a flag changes, not a header: ``build.py`` puts a hash of the
-three headers into the flags.
+headers into the flags.
 """

@@ -1,0 +1,10 @@
+"""GGML block-quantized weights: the formats, their reference (de)quantization in torch.
+
+A leaf package (torch only): layers hold these tensors, backends compute with them.
+
+- ``formats``: the GGML type table (codes, block sizes), the ``--quantization`` methods
+- ``weights``: ``QuantizedTensor`` (one type's blocks) and ``QuantizedWeight`` (a layer's
+  ``[out, in]`` weight as row segments, possibly of mixed types)
+- ``dequantize``: blocks → float32 for every type we serve, bit for bit ``gguf.quants``'
+- ``quantize``: float → Q8_0 / Q4_0 blocks (``--quantization``), bit for bit ``gguf.quants``'
+"""
