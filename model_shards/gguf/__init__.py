@@ -8,7 +8,10 @@
   entries in torch order with absolute offsets; unsupported tensor types refused;
 * ``architectures.py``: each GGUF architecture served (llama, qwen2, qwen3, gemma2, gemma3,
   phi3) as a Hugging Face one: metadata → ``config.json`` dict, tensor names → HF names,
-  and the converter's changes to undo (llama's q/k row permutation, Gemma's norm ``+ 1``).
+  and the converter's changes to undo (llama's q/k row permutation, Gemma's norm ``+ 1``);
+* ``tokenizer.py``: the ``tokenizers`` tokenizer and chat template of ``tokenizer.ggml.*``
+  (the frontend's, and rank 0's vocabulary for grammars);
+* ``pretokenizers.py``: ``tokenizer.ggml.pre`` names to the regex splits of their vocabularies.
 
 The tensors are read by ``model_shards/worker/gguf_checkpoint.py``; the config by
 ``model_shards/config/model.py``. Everything here is a leaf beside ``config/``: no torch, and

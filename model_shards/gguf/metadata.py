@@ -3,7 +3,7 @@
 :func:`read_gguf_metadata` parses the header and key/value pairs (GGUF v2/v3, little-endian)
 of one file (a split checkpoint's first shard holds them: ``files.gguf_files(path)[0]``) and
 stops before the tensor table: strings are ``str``, numeric and string arrays are lists,
-``bool`` is ``bool``. The tokenizer (``server/text/gguf_tokenizer.py``) needs the long arrays
+``bool`` is ``bool``. The tokenizer (``model_shards/gguf/tokenizer.py``) needs the long arrays
 (vocabulary, merges) that :mod:`.reader` leaves out.
 
 Parsing is plain ``struct`` over a memory map: a 49k-token vocabulary with its merges reads

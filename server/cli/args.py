@@ -21,15 +21,18 @@ from model_shards.config.replica import (
     DTYPE_CHOICES,
     QUANTIZATION_CHOICES,
     ReplicaConfig,
-    parse_size,
 )
 from model_shards.launch import packaged_model
 from server.cli.engine_token import add_engine_token_flag
-from server.cli.flag_types import int_in as _int_in
+from server.cli.flag_types import host_port as _host_port
+from server.cli.flag_types import listen_port as _listen_port
+from server.cli.flag_types import non_empty as _non_empty
 from server.cli.flag_types import non_negative_float as _non_negative_float
 from server.cli.flag_types import non_negative_int as _non_negative_int
+from server.cli.flag_types import port as _port
 from server.cli.flag_types import positive_float as _positive_float
 from server.cli.flag_types import positive_int as _positive_int
+from server.cli.flag_types import size as _size
 from server.http.middleware import DEFAULT_MAX_REQUEST_BYTES
 from server.media.multimodal import add_media_flags
 
@@ -370,33 +373,3 @@ def check_serve_flags(args: argparse.Namespace) -> None:
         from model_shards.launch.dp_attention import check_dp_attention_args
 
         check_dp_attention_args(args)
-
-
-def _port(text: str) -> int:
-    """A TCP port to listen on; 0 picks a free one."""
-    return _int_in(0, 65535, text)
-
-
-def _listen_port(text: str) -> int:
-    """A TCP port others must know in advance (0 would pick one nobody knows)."""
-    return _int_in(1, 65535, text)
-
-
-def _host_port(text: str) -> str:
-    host, colon, port = text.rpartition(":")
-    if not (host and colon and port.isdigit() and 1 <= int(port) <= 65535):
-        raise argparse.ArgumentTypeError(f"expected HOST:PORT with PORT in 1..65535, got {text!r}")
-    return text
-
-
-def _non_empty(text: str) -> str:
-    if not text.strip():
-        raise argparse.ArgumentTypeError("must not be empty")
-    return text
-
-
-def _size(text: str) -> int:
-    try:
-        return parse_size(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from exc

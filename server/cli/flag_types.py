@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 import math
 
+from model_shards.config.replica import parse_size
+
 
 def int_in(minimum: int, maximum: float, text: str) -> int:
     """``text`` as an integer in ``minimum..maximum`` (``math.inf``: no upper bound)."""
@@ -48,3 +50,33 @@ def positive_float(text: str) -> float:
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
     return value
+
+
+def port(text: str) -> int:
+    """A TCP port to listen on; 0 picks a free one."""
+    return int_in(0, 65535, text)
+
+
+def listen_port(text: str) -> int:
+    """A TCP port others must know in advance (0 would pick one nobody knows)."""
+    return int_in(1, 65535, text)
+
+
+def host_port(text: str) -> str:
+    host, colon, port = text.rpartition(":")
+    if not (host and colon and port.isdigit() and 1 <= int(port) <= 65535):
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT with PORT in 1..65535, got {text!r}")
+    return text
+
+
+def non_empty(text: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError("must not be empty")
+    return text
+
+
+def size(text: str) -> int:
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc

@@ -1,8 +1,6 @@
 """Text in the frontend: prompts to token ids, and a token stream back to the client's text.
 
 * ``tokenizer.py``: text to ids and back for one checkpoint, with ``tokenizers`` only;
-* ``gguf_tokenizer.py``: a GGUF checkpoint's tokenizer and chat template from its metadata;
-* ``gguf_pretokenizers.py``: ``tokenizer.ggml.pre`` names to the regex splits of their vocabularies;
 * ``chat_template.py``: chat templates rendered as ``transformers`` renders them (sandboxed);
 * ``detokenizer.py``: incremental detokenization: token ids in, text deltas out;
 * ``stop.py``: stop strings matched on streamed text, never emitted in part;

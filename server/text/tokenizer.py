@@ -3,7 +3,7 @@
 Contract: :meth:`Tokenizer.encode` returns the ids
 ``transformers.AutoTokenizer.from_pretrained(dir)(text)["input_ids"]`` returns
 for the same directory (for a GGUF checkpoint without a ``tokenizer.json`` beside it, the
-ids its metadata describes: :mod:`server.text.gguf_tokenizer`). With ``tokenizer.json``
+ids its metadata describes: :mod:`model_shards.gguf.tokenizer`). With ``tokenizer.json``
 present, transformers >= 5 takes special tokens from that file's post-processor (a BOS it
 adds is added once, here too) and drops ``add_bos_token``/``add_eos_token`` from
 ``tokenizer_config.json``; we do the same, so no BOS is ever doubled. From
@@ -29,8 +29,8 @@ from typing import Any
 from tokenizers import Tokenizer as _HFTokenizer
 
 from model_shards.gguf.files import gguf_files, is_gguf
+from model_shards.gguf.tokenizer import tokenizer_from_gguf
 from server.http import ttft_trace
-from server.text.gguf_tokenizer import tokenizer_from_gguf
 
 
 def _token_string(value: Any) -> str | None:
@@ -94,7 +94,7 @@ class Tokenizer:
     def from_dir(model: str | Path, flag: str = "--model") -> Tokenizer:
         """The tokenizer of checkpoint ``model`` (a directory, or a GGUF file): its
         directory's ``tokenizer.json`` if there is one, else the GGUF metadata
-        (:mod:`server.text.gguf_tokenizer`); ``ValueError`` naming ``flag`` if neither works."""
+        (:mod:`model_shards.gguf.tokenizer`); ``ValueError`` naming ``flag`` if neither works."""
         path = Path(model)
         directory = path.parent if path.is_file() else path
         if (directory / "tokenizer.json").is_file():

@@ -6,10 +6,10 @@ keeps the last ``capacity`` compiled grammars (an LRU keyed by ``(kind, spec)``;
 spec's text is canonical, see :mod:`server.api.structured`). Asking for a grammar being
 compiled returns the same future, so sixteen requests with one schema compile it once.
 
-The vocabulary comes from ``model_dir/tokenizer.json`` (read in the compile thread
-when the first grammar is asked for), sized to the model's logits (``vocab_size``,
-which may be padded past the tokenizer); added special tokens are given empty text so
-no grammar can ever produce them; the model's EOS ids are the grammar's stop tokens.
+The vocabulary comes from ``model_dir/tokenizer.json`` or a GGUF's metadata (read in the
+compile thread when the first grammar is asked for), sized to the model's logits
+(``vocab_size``, which may be padded past the tokenizer); added special tokens are given
+empty text so no grammar can ever produce them; the model's EOS ids are the grammar's stop tokens.
 JSON is generated compact (no free whitespace): a weak model cannot stall in spaces.
 """
 
@@ -32,13 +32,21 @@ DEFAULT_CAPACITY = 256
 def tokenizer_info(
     model_dir: str | Path, vocab_size: int, eos_token_ids: list[int]
 ) -> xgrammar.TokenizerInfo:
-    """xgrammar's view of ``model_dir/tokenizer.json``; ``ValueError`` naming the file."""
+    """xgrammar's view of ``model_dir/tokenizer.json`` (a GGUF checkpoint without one: its
+    metadata's vocabulary, :mod:`model_shards.gguf.tokenizer`); ``ValueError`` naming the file."""
     import xgrammar
     from tokenizers import Tokenizer
 
+    from model_shards.gguf.files import gguf_files, is_gguf
+    from model_shards.gguf.tokenizer import tokenizer_from_gguf
+
     path = Path(model_dir) / "tokenizer.json"
+    if is_gguf(model_dir):  # a tokenizer.json beside the GGUF wins, as in the frontend
+        first = gguf_files(model_dir)[0]
+        beside = first.parent / "tokenizer.json"
+        path = beside if beside.is_file() else first
     try:
-        tok = Tokenizer.from_file(str(path))
+        tok = tokenizer_from_gguf(path)[0] if is_gguf(path) else Tokenizer.from_file(str(path))
     except Exception as exc:  # the Rust side raises a bare Exception
         raise ValueError(
             f"{path}: cannot load the tokenizer for structured outputs ({exc})"

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from transformers import AutoTokenizer
 
+from model_shards.gguf.tokenizer import build_tokenizer
 from server.text.chat_template import ChatTemplate
-from server.text.gguf_tokenizer import build_tokenizer
 from server.text.tokenizer import Tokenizer
 from tests.server.conftest import write_tiny_tokenizer
 from tests.server.text.gguf_vocab_files import (

@@ -4,7 +4,7 @@ Contract: :func:`tokenizer_from_gguf` gives the ids llama.cpp gives for the file
 ``transformers.AutoTokenizer.from_pretrained(dir, gguf_file=name)``, where the two agree):
 
 * ``tokenizer.ggml.model = gpt2``: byte-level BPE over ``tokens`` and ``merges``, text split
-  into words as ``tokenizer.ggml.pre`` names (:mod:`.gguf_pretokenizers`);
+  into words as ``tokenizer.ggml.pre`` names (:mod:`.pretokenizers`);
 * ``tokenizer.ggml.model = llama``: SentencePiece BPE with byte fallback (``<0x0A>``); the
   merges are the file's, or derived from ``scores`` (a pair merges in the order of the score of
   the token it makes: llama.cpp's SPM); ``add_space_prefix`` (default true) puts ``▁`` before
@@ -30,7 +30,7 @@ from tokenizers import AddedToken, decoders, models, normalizers, pre_tokenizers
 from tokenizers import Tokenizer as _HFTokenizer
 
 from model_shards.gguf.metadata import read_gguf_metadata
-from server.text.gguf_pretokenizers import (
+from model_shards.gguf.pretokenizers import (
     ADD_BOS_BY_DEFAULT,
     IGNORE_MERGES,
     byte_level_pre_tokenizer,
