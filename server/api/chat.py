@@ -109,6 +109,7 @@ def prepare(
         )
     except ChatTemplateError as exc:
         raise APIError.bad_request(f"'messages': {exc}", param="messages") from exc
+    serving.check_prompt_chars(text, "messages")
     stop_token_ids = list(body.stop_token_ids or [])
     check_ids(stop_token_ids, vocab_size, "stop_token_ids")
     check_ids(list(body.logit_bias_ids), vocab_size, "logit_bias")

@@ -68,6 +68,7 @@ def prepare(serving: ServedModel, body: CompletionRequest, response_id: str) -> 
     prompts = []
     for prompt in body.prompts:
         if isinstance(prompt, str):
+            serving.check_prompt_chars(prompt, "prompt")
             prompts.append(serving.tokenizer.encode(prompt))
         else:
             check_ids(prompt, vocab_size, "prompt")
