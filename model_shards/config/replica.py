@@ -63,6 +63,7 @@ class ReplicaConfig:
     threads_per_rank: int | None = None  # CPU only; default: cores // world size, at least 1
     enable_expert_parallel: bool = False  # MoE: whole experts per TP rank (config/moe.py)
     dp_attention: bool = False  # -dp replicas share their experts (launch/dp_attention.py)
+    grammar_compile_timeout_s: float = 10.0  # a structured-output grammar compiling longer: 400
 
     @property
     def world_size(self) -> int:

@@ -145,6 +145,19 @@ class SamplingFields(BaseModel):
         return structured.grammar_of(self.response_format, self.structured_outputs, guided)
 
     @property
+    def grammar_param(self) -> str | None:
+        """The field :meth:`grammar`'s constraint comes from (``None``: no grammar)."""
+        from server.api import structured
+
+        guided = {
+            "json": self.guided_json,
+            "regex": self.guided_regex,
+            "choice": self.guided_choice,
+            "grammar": self.guided_grammar,
+        }
+        return structured.grammar_param(self.response_format, self.structured_outputs, guided)
+
+    @property
     def stop_strings(self) -> list[str]:
         """``stop`` after validation (always a list)."""
         return self.stop if isinstance(self.stop, list) else []

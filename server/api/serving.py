@@ -101,7 +101,7 @@ class ServedModel:
         try:
             return await choices.collect(work, self.engine, self.tokenizer, stop, self.metrics)
         except ENGINE_ERRORS as exc:
-            raise engine_api_error(exc) from exc
+            raise engine_api_error(exc, work.grammar_param) from exc
 
     def merge(
         self, work: choices.ChoiceRequests, stop: list[str]
@@ -135,8 +135,13 @@ def check_ids(ids: list[int], vocab_size: int, param: str) -> None:
         )
 
 
-def engine_api_error(exc: Exception) -> APIError:
-    """Map an engine-side failure to the HTTP error the client sees."""
+def engine_api_error(exc: Exception, grammar_param: str | None = None) -> APIError:
+    """Map an engine-side failure to the HTTP error the client sees; a refusal of the
+    request's grammar (it did not compile, or not in time, or its masks were too slow)
+    names ``grammar_param``, the field it came from."""
+    if isinstance(exc, EngineRequestError) and (exc.code or "").startswith("grammar_"):
+        prefix = f"'{grammar_param}': " if grammar_param else ""
+        return APIError.bad_request(f"{prefix}{exc}", param=grammar_param, code=exc.code)
     if isinstance(exc, EngineRequestError):
         return APIError.bad_request(f"the engine refused the request: {exc}", code="engine_refused")
     if isinstance(exc, EngineDeadError):

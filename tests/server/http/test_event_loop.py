@@ -26,7 +26,21 @@ from tests.server.error_body import assert_error
 
 pytestmark = pytest.mark.timeout(120)
 
-WORDS = "quick brown fox jumps lazy dog hello world emoji text one two three".split()
+WORDS = [
+    "quick",
+    "brown",
+    "fox",
+    "jumps",
+    "lazy",
+    "dog",
+    "hello",
+    "world",
+    "emoji",
+    "text",
+    "one",
+    "two",
+    "three",
+]
 
 
 def _text(chars: int, seed: int) -> str:
