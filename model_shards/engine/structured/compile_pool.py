@@ -111,6 +111,7 @@ class CompilePool:
         self._live: set[_Worker] = set()
         self._lock = threading.Lock()
         self._closed = False
+        self._broken: str | None = None  # why a worker cannot start (no tokenizer.json, ...)
 
     def submit(self, spec: GrammarSpec) -> Future[str]:
         future: Future[str] = Future()
@@ -134,8 +135,8 @@ class CompilePool:
 
     def _start(self) -> _Worker:
         with self._lock:
-            if self._closed:
-                raise GrammarError("the engine is shutting down")
+            if self._closed or self._broken is not None:
+                raise GrammarError(self._broken or "the engine is shutting down")
             worker = _Worker(self._argv)
             self._live.add(worker)
         try:
@@ -145,6 +146,7 @@ class CompilePool:
             raise GrammarError(f"the grammar compile worker did not start ({exc!r})") from exc
         if ready.error is not None:
             self._kill(worker)
+            self._broken = ready.error  # the same for every worker: answer at once from now
             raise GrammarError(ready.error)
         return worker
 
