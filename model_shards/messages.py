@@ -7,6 +7,8 @@
 * coordinator → ranks: one :class:`StepPlan` per iteration, over the Unix-socket links of
   :mod:`model_shards.parallel.local_links` when every rank is a CPU process of one host, else
   broadcast over the gloo group as a length-prefixed byte tensor.
+* rank 0 ↔ its grammar compile workers (pipes): a :class:`GrammarSpec` in, a
+  :class:`CompiledGrammar` out, each frame length-prefixed.
 
 No torch import, so the frontend can use it.
 """
@@ -239,10 +241,13 @@ class EngineReady(msgspec.Struct, tag="ready", frozen=True):
 
 
 class EngineError(msgspec.Struct, tag="error", frozen=True):
-    """A request the engine refused (``request_id``) or a fatal engine error (``None``)."""
+    """A request the engine refused or ended (``request_id``) or a fatal engine error (``None``).
+    ``code``: what kind of refusal, where the frontend answers it differently (``grammar_*``:
+    the request's grammar, a 400 naming its field)."""
 
     message: str
     request_id: str | None = None
+    code: str | None = None
 
 
 EngineMessage = EngineReady | StepOutputs | EmbeddingOutputs | EngineError
@@ -306,6 +311,18 @@ class StepPlan(msgspec.Struct, frozen=True):
     token_masks: list[TokenMask] = []  # grammar masks of this step's constrained sampled chunks
 
 
+# ---- rank 0 ↔ its grammar compile workers (model_shards.engine.structured) ----------
+
+
+class CompiledGrammar(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """A compile worker's answer to a :class:`GrammarSpec`: ``xgrammar``'s serialized
+    compiled grammar (JSON), or the ``error`` that stopped it (``""`` for the worker's
+    ready message)."""
+
+    serialized: str = ""
+    error: str | None = None
+
+
 _frontend_encoder = msgspec.msgpack.Encoder()
 _frontend_decoder = msgspec.msgpack.Decoder(FrontendMessage)
 _engine_decoder = msgspec.msgpack.Decoder(EngineMessage)
@@ -327,3 +344,15 @@ def decode_engine_message(data: bytes) -> EngineMessage:
 
 def decode_plan(data: bytes) -> StepPlan:
     return _plan_decoder.decode(data)
+
+
+_grammar_spec_decoder = msgspec.msgpack.Decoder(GrammarSpec)
+_compiled_grammar_decoder = msgspec.msgpack.Decoder(CompiledGrammar)
+
+
+def decode_grammar_spec(data: bytes) -> GrammarSpec:
+    return _grammar_spec_decoder.decode(data)
+
+
+def decode_compiled_grammar(data: bytes) -> CompiledGrammar:
+    return _compiled_grammar_decoder.decode(data)

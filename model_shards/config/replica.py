@@ -66,6 +66,7 @@ class ReplicaConfig:
     enable_expert_parallel: bool = False  # MoE: whole experts per TP rank (config/moe.py)
     dp_attention: bool = False  # -dp replicas share their experts (launch/dp_attention.py)
     quantization: str | None = None  # --quantization: one of QUANTIZATION_CHOICES (CPU only)
+    grammar_compile_timeout_s: float = 10.0  # a structured-output grammar compiling longer: 400
 
     @property
     def world_size(self) -> int:

@@ -7,7 +7,9 @@ The engine step is three verbs — schedule, run, update::
     scheduler.update(step, tokens)       # tokens back to the frontends
 
 A request with a grammar waits in :mod:`model_shards.engine.structured` until it compiles (off
-this loop); each plan then carries the token masks of its constrained sequences.
+this loop, with a deadline); each plan then carries the token masks of its constrained
+sequences, computed in mask threads while the loop runs (a sequence is held out of steps until
+its mask is ready; one whose mask is overdue ends with an ``EngineError``).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from model_shards.engine.scheduler.scheduler import (
     Sequence,
     SeqUpdate,
 )
+from model_shards.engine.structured.compile_pool import COMPILE_TIMEOUT_S, GrammarError
 from model_shards.engine.structured.constraints import Constraints
 from model_shards.engine.structured.grammars import GrammarCache
 from model_shards.engine.zmq_loop import Reply, serve_frontends
@@ -78,8 +81,10 @@ class Coordinator:
         pipeline_overlap: bool = True,
         keepalive_s: float = 10.0,
         model_dir: str | None = None,
+        grammar_compile_timeout_s: float = COMPILE_TIMEOUT_S,
     ) -> None:
-        """``model_dir``: where grammars find ``tokenizer.json`` (``None``: grammars refused)."""
+        """``model_dir``: where grammars find ``tokenizer.json`` (``None``: grammars refused);
+        ``grammar_compile_timeout_s``: a grammar compiling longer is refused."""
         self.worker = worker
         self.ps = worker.ps
         cfg = worker.model.config
@@ -108,7 +113,13 @@ class Coordinator:
             None
             if model_dir is None
             else Constraints(
-                GrammarCache(model_dir, cfg.vocab_size, list(cfg.eos_token_ids)), cfg.vocab_size
+                GrammarCache(
+                    model_dir,
+                    cfg.vocab_size,
+                    list(cfg.eos_token_ids),
+                    compile_timeout_s=grammar_compile_timeout_s,
+                ),
+                cfg.vocab_size,
             )
         )
         self._refused: list[Reply] = []  # constrained requests refused once their grammar was known
@@ -142,26 +153,45 @@ class Coordinator:
         self.constraints.submit(req, client)  # the scheduler's checks once it is compiled
 
     def _admit_compiled(self) -> None:
-        """Queue constrained requests whose grammar is ready, refuse failed ones (idle: wait
-        a few ms for a compile first)."""
+        """Queue constrained requests whose grammar and first mask are ready, refuse failed
+        ones; release sequences whose next mask is ready, end those whose mask is past its
+        deadline (idle: wait a few ms for a compile or mask first)."""
         c = self.constraints
         if c is None or not c.has_waiting():
             return
-        if not self.scheduler.has_work() and not self._in_flight:
+        if not self.scheduler.has_schedulable() and not self._in_flight:
             c.wait(0.005)
         for ready in c.ready():
-            problem = ready.error
-            if problem is None:
+            error = ready.error
+            if ready.lane is not None:
                 try:
                     seq = self.scheduler.add(ready.request, ready.client)
                 except ValueError as exc:
-                    problem = str(exc)
+                    self._refused.append(
+                        (ready.client, EngineError(str(exc), ready.request.request_id))
+                    )
                 else:
-                    problem = c.start(seq, ready.compiled)
-                    if problem:
-                        self.scheduler.abort(seq.request_id)
-            if problem:
-                self._refused.append((ready.client, EngineError(problem, ready.request.request_id)))
+                    c.attach(seq, ready.lane)
+            elif error is not None:
+                self._refuse(ready.client, ready.request.request_id, error)
+        released, overdue = c.settle()
+        for seq_id in released:
+            self.scheduler.release(seq_id)
+        for seq_id, error in overdue:
+            self._end_too_slow(seq_id, error)
+
+    def _refuse(self, client: bytes, request_id: str, error: GrammarError) -> None:
+        self._refused.append((client, EngineError(str(error), request_id, error.code)))
+
+    def _end_too_slow(self, seq_id: int, error: GrammarError) -> None:
+        """End the request of held sequence ``seq_id``: its grammar's mask is overdue."""
+        self.scheduler.release(seq_id)
+        seq = next((s for s in self.scheduler.running if s.seq_id == seq_id), None)
+        if seq is None:
+            return
+        log.warning("%s", error)
+        self.abort([seq.request_id])
+        self._refuse(seq.client, seq.request_id, error)
 
     def abort(self, request_ids: list[str], client: bytes | None = None) -> list[SeqUpdate]:
         """Forget ``request_ids`` (with ``client``: only those that client submitted)."""
@@ -181,6 +211,7 @@ class Coordinator:
             if seq is None:
                 continue
             self.prompt_scores.drop(seq.seq_id)
+            self.scheduler.release(seq.seq_id)
             if self.constraints is not None:
                 self.constraints.drop(seq.seq_id)
             updates.append(SeqUpdate(seq, RequestOutput(rid, [], "abort")))
@@ -245,7 +276,8 @@ class Coordinator:
         result = step.result if step.result is not None else self.worker.collect(step.plan)
         updates = self.scheduler.update(step.scheduled, result.tokens)
         if self.constraints is not None:
-            self.constraints.advance(step.sampled, result.tokens)
+            for seq_id in self.constraints.advance(step.sampled, result.tokens):
+                self.scheduler.hold(seq_id)  # until its next mask is ready
         self.prompt_scores.record(
             step.plan.chunks, step.scheduled.sequences, result.prompt_logprobs
         )
@@ -295,7 +327,7 @@ class Coordinator:
         )
         self.worker.pending.wait_all()
         if self.constraints is not None:
-            self.constraints.cache.close()
+            self.constraints.close()
 
     def _next_step_id(self) -> int:
         self._step_id += 1

@@ -210,6 +210,7 @@ def run_dp_attention_rank(
             max_model_len=max_len,
             enable_prefix_caching=config.enable_prefix_caching,
             model_dir=str(config.model_dir),
+            grammar_compile_timeout_s=config.grammar_compile_timeout_s,
         )
         serve_lockstep(LockstepEngine(coordinator, ep), address, settings)
         clean = True

@@ -213,6 +213,7 @@ def serve_rank(
                 enable_prefix_caching=config.enable_prefix_caching,
                 pipeline_overlap=config.pipeline_overlap,
                 model_dir=str(config.model_dir),
+                grammar_compile_timeout_s=config.grammar_compile_timeout_s,
             ).serve(address, settings)
         else:
             worker.serve_forever()

@@ -109,6 +109,7 @@ def prepare(
         )
     except ChatTemplateError as exc:
         raise APIError.bad_request(f"'messages': {exc}", param="messages") from exc
+    serving.check_prompt_chars(text, "messages")
     stop_token_ids = list(body.stop_token_ids or [])
     check_ids(stop_token_ids, vocab_size, "stop_token_ids")
     check_ids(list(body.logit_bias_ids), vocab_size, "logit_bias")
@@ -128,8 +129,10 @@ def prepare(
         stop_token_ids=stop_token_ids,
         ignore_eos=body.ignore_eos,
         grammar=grammar or tool_grammar,
+        grammar_param="tool_choice" if tool_grammar is not None else body.grammar_param,
     )
-    return ChatPlan(work.response_id, work.n, with_media(work.requests, media), tools)
+    requests = with_media(work.requests, media)
+    return ChatPlan(work.response_id, work.n, requests, work.grammar_param, tools)
 
 
 async def complete(
@@ -196,8 +199,8 @@ async def stream(
                 )
         except ENGINE_ERRORS as exc:
             if not started:
-                raise engine_api_error(exc) from exc
-            yield sse(json.dumps(engine_api_error(exc).body()))
+                raise engine_api_error(exc, work.grammar_param) from exc
+            yield sse(json.dumps(engine_api_error(exc, work.grammar_param).body()))
         else:
             if body.include_usage:
                 yield chunk(usage=Usage.of(work.prompt_tokens, sum(tokens.values())))

@@ -60,6 +60,7 @@ class ChoiceRequests:
     response_id: str
     n: int
     requests: list[GenerateRequest]
+    grammar_param: str | None = None  # the field the requests' grammar comes from
 
     @property
     def prompt_tokens(self) -> int:
@@ -80,10 +81,12 @@ def fan_out(
     ignore_eos: bool,
     grammar: GrammarSpec | None = None,
     prompt_logprobs: int | None = None,
+    grammar_param: str | None = None,
 ) -> ChoiceRequests:
     """One request per (prompt, sample); ``max_tokens=None`` means the rest of the context.
-    ``grammar``: every choice's output is constrained to it; ``prompt_logprobs``: every
-    choice's prompt is scored with that many top alternatives."""
+    ``grammar``: every choice's output is constrained to it (it comes from field
+    ``grammar_param``); ``prompt_logprobs``: every choice's prompt is scored with that many
+    top alternatives."""
     requests = []
     single = len(prompts) * n == 1
     for i, prompt_ids in enumerate(prompts):
@@ -109,7 +112,7 @@ def fan_out(
                     prompt_logprobs=prompt_logprobs,
                 )
             )
-    return ChoiceRequests(response_id, n, requests)
+    return ChoiceRequests(response_id, n, requests, grammar_param if grammar else None)
 
 
 def _check_context(prompt_ids: list[int], max_tokens: int | None, param: str, limit: int) -> int:

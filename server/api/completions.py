@@ -68,6 +68,7 @@ def prepare(serving: ServedModel, body: CompletionRequest, response_id: str) -> 
     prompts = []
     for prompt in body.prompts:
         if isinstance(prompt, str):
+            serving.check_prompt_chars(prompt, "prompt")
             prompts.append(serving.tokenizer.encode(prompt))
         else:
             check_ids(prompt, vocab_size, "prompt")
@@ -92,6 +93,7 @@ def prepare(serving: ServedModel, body: CompletionRequest, response_id: str) -> 
         ignore_eos=body.ignore_eos,
         grammar=grammar,
         prompt_logprobs=body.engine_prompt_logprobs,
+        grammar_param=body.grammar_param,
     )
 
 
@@ -211,8 +213,8 @@ async def stream(
                 yield sse(chunk.model_dump_json())
         except ENGINE_ERRORS as exc:
             if first:
-                raise engine_api_error(exc) from exc
-            yield sse(json.dumps(engine_api_error(exc).body()))
+                raise engine_api_error(exc, work.grammar_param) from exc
+            yield sse(json.dumps(engine_api_error(exc, work.grammar_param).body()))
         else:
             if body.include_usage:
                 usage = Usage.of(work.prompt_tokens, sum(tokens.values()))

@@ -21,6 +21,12 @@ from pydantic_core import PydanticCustomError
 from model_shards.messages import GrammarSpec, SamplingParams
 
 MAX_STOP_STRINGS = 4
+#: Longest stop string (characters): each is matched against every streamed text delta.
+MAX_STOP_CHARS = 1024
+#: Most ``bad_words``, and the longest one (characters); each is tokenized twice and checked
+#: by the engine at every step.
+MAX_BAD_WORDS = 512
+MAX_BAD_WORD_CHARS = 256
 #: Most choices one request may ask for (``n``); vLLM has no cap, OpenAI 128.
 MAX_N = 16
 #: Most top alternatives per token (the engine's limit).
@@ -77,7 +83,13 @@ class SamplingFields(BaseModel):
     guided_regex: str | None = None
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
-    bad_words: list[Annotated[str, Field(min_length=1)]] | None = None
+    bad_words: (
+        Annotated[
+            list[Annotated[str, Field(min_length=1, max_length=MAX_BAD_WORD_CHARS)]],
+            Field(max_length=MAX_BAD_WORDS),
+        ]
+        | None
+    ) = None
     user: str | None = None  # accepted and ignored
 
     @field_validator("top_k", mode="after")
@@ -97,6 +109,12 @@ class SamplingFields(BaseModel):
             )
         if any(not s for s in stops):
             raise PydanticCustomError("empty", "stop strings must not be empty")
+        if any(len(s) > MAX_STOP_CHARS for s in stops):
+            raise PydanticCustomError(
+                "too_long",
+                "stop strings may have at most {limit} characters",
+                {"limit": MAX_STOP_CHARS},
+            )
         return stops
 
     @field_validator("logit_bias", mode="after")
@@ -125,6 +143,19 @@ class SamplingFields(BaseModel):
         from server.api import structured
 
         return structured.grammar_of(self.response_format, self.structured_outputs, guided)
+
+    @property
+    def grammar_param(self) -> str | None:
+        """The field :meth:`grammar`'s constraint comes from (``None``: no grammar)."""
+        from server.api import structured
+
+        guided = {
+            "json": self.guided_json,
+            "regex": self.guided_regex,
+            "choice": self.guided_choice,
+            "grammar": self.guided_grammar,
+        }
+        return structured.grammar_param(self.response_format, self.structured_outputs, guided)
 
     @property
     def stop_strings(self) -> list[str]:

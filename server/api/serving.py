@@ -4,7 +4,10 @@
 length and metrics that a route needs. :meth:`ServedModel.check` makes the checks
 only the frontend can make, in order: model name (404) → engine serviceable,
 i.e. healthy or recovering (503) → the route's task is the model's (400).
-:func:`check_ids` names the field of a token id outside the vocabulary (400).
+:func:`check_ids` names the field of a token id outside the vocabulary (400);
+:meth:`ServedModel.check_prompt_chars` refuses a text prompt too long to fit the context before
+it is tokenized (400). The routes run their preparation (tokenizing, templates, ``bad_words``)
+through :attr:`ServedModel.offload`, off the event loop.
 The engine checks every request again, whoever sends it
 (:mod:`model_shards.engine.request_checks`: ids, sampling ranges, context, KV pool);
 a refusal there reaches the client as a 400 (``engine_refused``).
@@ -24,12 +27,16 @@ from server.api import choices
 from server.engine.client import Engine, EngineDeadError, EngineRequestError
 from server.http.errors import APIError
 from server.http.metrics import Metrics
+from server.http.offload import Offload
 from server.media.fetch import MediaOptions
 from server.text.generation import TextDelta
 from server.text.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
     from server.media.multimodal import ImageModel
+
+#: The fewest characters per token :attr:`ServedModel.max_prompt_chars` assumes.
+MIN_CHARS_PER_TOKEN = 64
 
 
 @dataclass(frozen=True)
@@ -42,6 +49,27 @@ class ServedModel:
     tool_parser: str | None = None  # the --tool-call-parser (or the template's) name
     image_model: ImageModel | None = None  # a vision-language model's image intake
     media_options: MediaOptions = field(default_factory=MediaOptions)  # the media flags
+    offload: Offload = field(default_factory=Offload)  # the threads requests are prepared in
+
+    @property
+    def max_prompt_chars(self) -> int:
+        """Characters beyond which a text prompt cannot fit ``max_model_len`` tokens: no token
+        covers more than twice the longest vocabulary entry (at least
+        :data:`MIN_CHARS_PER_TOKEN`; an unknown-word token or a normalizer may cover more
+        than its own text)."""
+        per_token = max(MIN_CHARS_PER_TOKEN, 2 * self.tokenizer.max_token_chars)
+        return self.max_model_len * per_token
+
+    def check_prompt_chars(self, text: str, param: str) -> None:
+        """400 naming ``param`` if ``text`` is longer than :attr:`max_prompt_chars`."""
+        limit = self.max_prompt_chars
+        if len(text) > limit:
+            raise APIError.bad_request(
+                f"'{param}' has {len(text)} characters; this model's context of "
+                f"{self.max_model_len} tokens takes at most {limit}",
+                param=param,
+                code="context_length_exceeded",
+            )
 
     def check(self, model: str | None, task: str = "generate") -> int:
         """Raise the 404 (unknown ``model``), 503 (engine not serviceable) or 400 (``task``
@@ -73,7 +101,7 @@ class ServedModel:
         try:
             return await choices.collect(work, self.engine, self.tokenizer, stop, self.metrics)
         except ENGINE_ERRORS as exc:
-            raise engine_api_error(exc) from exc
+            raise engine_api_error(exc, work.grammar_param) from exc
 
     def merge(
         self, work: choices.ChoiceRequests, stop: list[str]
@@ -83,13 +111,16 @@ class ServedModel:
 
 
 def bad_words_ids(tokenizer: Tokenizer, words: list[str] | None) -> list[list[int]]:
-    """Each bad word's ids as written and after a space (vLLM's two spellings), once each."""
+    """Each bad word's ids as written and after a space (vLLM's two spellings), once each
+    (first seen first; linear in the words' length)."""
+    texts = [text for word in words or [] for text in (word.lstrip(), " " + word.lstrip())]
+    seen: set[tuple[int, ...]] = set()
     out: list[list[int]] = []
-    for word in words or []:
-        for text in (word.lstrip(), " " + word.lstrip()):
-            ids = tokenizer.encode(text, add_special_tokens=False)
-            if ids and ids not in out:
-                out.append(ids)
+    for ids in tokenizer.encode_many(texts, add_special_tokens=False) if texts else []:
+        key = tuple(ids)
+        if ids and key not in seen:
+            seen.add(key)
+            out.append(ids)
     return out
 
 
@@ -104,8 +135,13 @@ def check_ids(ids: list[int], vocab_size: int, param: str) -> None:
         )
 
 
-def engine_api_error(exc: Exception) -> APIError:
-    """Map an engine-side failure to the HTTP error the client sees."""
+def engine_api_error(exc: Exception, grammar_param: str | None = None) -> APIError:
+    """Map an engine-side failure to the HTTP error the client sees; a refusal of the
+    request's grammar (it did not compile, or not in time, or its masks were too slow)
+    names ``grammar_param``, the field it came from."""
+    if isinstance(exc, EngineRequestError) and (exc.code or "").startswith("grammar_"):
+        prefix = f"'{grammar_param}': " if grammar_param else ""
+        return APIError.bad_request(f"{prefix}{exc}", param=grammar_param, code=exc.code)
     if isinstance(exc, EngineRequestError):
         return APIError.bad_request(f"the engine refused the request: {exc}", code="engine_refused")
     if isinstance(exc, EngineDeadError):

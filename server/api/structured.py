@@ -125,6 +125,27 @@ def from_structured_outputs(value: dict[str, Any], prefix: str) -> GrammarSpec |
     return _text(value[key], "regex" if key == "regex" else "ebnf", param)
 
 
+def grammar_param(
+    response_format: dict[str, Any] | None,
+    structured_outputs: dict[str, Any] | None,
+    guided: dict[str, Any],
+) -> str | None:
+    """The field the one grammar :func:`grammar_of` accepted comes from (what a 400 about
+    it, e.g. a compile past the engine's deadline, names), or ``None``."""
+    kind = (response_format or {}).get("type")
+    if kind == "json_schema":
+        return "response_format.json_schema.schema"
+    if kind == "json_object":
+        return "response_format"
+    for value, prefix in ((structured_outputs or {}, "structured_outputs."), (guided, "guided_")):
+        key = next(
+            (k for k in ("json", "regex", "choice", "grammar") if value.get(k) is not None), None
+        )
+        if key is not None:
+            return prefix + key
+    return None
+
+
 def grammar_of(
     response_format: dict[str, Any] | None,
     structured_outputs: dict[str, Any] | None,

@@ -128,6 +128,14 @@ def _engine_group(command: argparse.ArgumentParser) -> Any:
         help="CPU: torch threads in each rank, fixed (default: the usable cores, from the "
         "affinity mask and cgroup quota, less the frontend's share, split among the ranks)",
     )
+    engine.add_argument(
+        "--grammar-compile-timeout",
+        type=_positive_float,
+        default=10.0,
+        metavar="SECONDS",
+        help="a structured-output grammar that takes longer to compile is refused with a 400 "
+        "naming its field, and its compile killed (default 10)",
+    )
     return engine
 
 
@@ -342,6 +350,7 @@ def replica_config(args: argparse.Namespace) -> ReplicaConfig:
         quantization=args.quantization,
         threads_per_rank=args.cpu_threads_per_rank,
         dp_attention=getattr(args, "dp_attention", False),
+        grammar_compile_timeout_s=args.grammar_compile_timeout,
     )
 
 

@@ -62,7 +62,12 @@ class EngineDeadError(RuntimeError):
 
 
 class EngineRequestError(RuntimeError):
-    """The engine refused one request; the engine itself is fine."""
+    """The engine refused (or ended) one request; the engine itself is fine. ``code``: the
+    ``EngineError``'s (``grammar_*``: the request's grammar)."""
+
+    def __init__(self, message: str, code: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 class Engine(Protocol):
@@ -337,7 +342,7 @@ class EngineClient:
                 if self.check_liveness():
                     self._mark_dead(f"engine error: {message.message}")
             elif (queue := self._streams.get(message.request_id)) is not None:
-                queue.put_nowait(EngineRequestError(message.message))
+                queue.put_nowait(EngineRequestError(message.message, message.code))
         elif isinstance(message, EngineReady):
             self.info = message
 

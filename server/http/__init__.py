@@ -5,6 +5,8 @@
 * ``request_context.py``: the current request's id for headers and logs; POSTs in flight;
 * ``errors.py``: one OpenAI-style error type and body, handlers for everything else;
 * ``openapi.py``: request bodies in ``/openapi.json`` for routes that parse their own body;
+* ``offload.py``: ``Offload``: the threads a request is prepared in (tokenizing, templates), off
+  the event loop;
 * ``limits.py``: load shedding (429 + ``Retry-After``) and deadlines (504) of the work routes;
 * ``metrics.py``: ``Metrics``: the Prometheus metrics of ``GET /metrics``, ``shardserve_*``;
 * ``lifecycle.py``: the draining state of a graceful shutdown, and requests in flight;

@@ -8,7 +8,8 @@ alive; ``GET /v1/models`` and ``GET /metrics`` (Prometheus) complete the set.
 
 Every request first passes the front door (:mod:`server.http.middleware`). A generation is then
 checked in order: body (400) → model name (404) → engine serviceable (503) → vocabulary/context
-(400) → load shedding (429 + ``Retry-After``, :mod:`server.http.limits`), and ended by
+(400; the tokenizing and templating run off the event loop, :class:`~server.http.offload.Offload`)
+→ load shedding (429 + ``Retry-After``, :mod:`server.http.limits`), and ended by
 ``request_timeout_s`` (504, or an SSE error event once streaming). A chat request with
 images or videos passes the model, engine and request-count checks before anything is
 fetched or decoded (:func:`_admit_media`), then its tokens are counted. An embedding checks its task
@@ -310,7 +311,9 @@ def _add_completion_route(
     @app.post("/v1/completions", response_model=None, openapi_extra=schemas.body(CompletionRequest))
     async def create_completion(request: Request) -> Response:
         body = await _parse(request, CompletionRequest)
-        work: ChoiceRequests = completions.prepare(serving, body, new_id("cmpl"))
+        work: ChoiceRequests = await serving.offload.run(
+            completions.prepare, serving, body, new_id("cmpl")
+        )
         return await _respond(
             request,
             body.stream,
@@ -329,7 +332,7 @@ def _add_embedding_route(
     @app.post("/v1/embeddings", response_model=None, openapi_extra=schemas.body(EmbeddingRequest))
     async def create_embedding(request: Request) -> Response:
         body = await _parse(request, EmbeddingRequest)
-        work = embeddings.prepare(serving, body)
+        work = await serving.offload.run(embeddings.prepare, serving, body)
         return await _respond_json(
             request,
             lambda: embeddings.embed(serving, work, body),
@@ -358,7 +361,9 @@ def _add_chat_route(
         try:
             media = serving.image_model, serving.media_options
             images = await multimodal.load_chat_images(body, *media)
-            work = chat.prepare(serving, template, body, new_id("chatcmpl"), images)
+            work = await serving.offload.run(
+                chat.prepare, serving, template, body, new_id("chatcmpl"), images
+            )
             tokens = _work_tokens(work)
             ticket = limits.admission.admit(tokens) if ticket is None else ticket.grow(tokens)
         except BaseException:

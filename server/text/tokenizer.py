@@ -22,6 +22,7 @@ strings a template may use (``bos_token``, ``eos_token``, ...).
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 from typing import Any
@@ -130,9 +131,22 @@ class Tokenizer:
         """Prompt ids, special tokens added exactly as transformers adds them.
 
         A rendered chat template already holds its special tokens: encode it with
-        ``add_special_tokens=False``, as ``apply_chat_template`` does.
+        ``add_special_tokens=False``, as ``apply_chat_template`` does. Releases the GIL while
+        it works (``encode_batch``; ``encode`` would hold it), so a long text tokenized in a
+        thread leaves the event loop running.
         """
-        return list(self._backend.encode(text, add_special_tokens=add_special_tokens).ids)
+        return self.encode_many([text], add_special_tokens=add_special_tokens)[0]
+
+    def encode_many(self, texts: list[str], *, add_special_tokens: bool = True) -> list[list[int]]:
+        """:meth:`encode` of each of ``texts``, in one call that releases the GIL."""
+        encodings = self._backend.encode_batch(texts, add_special_tokens=add_special_tokens)
+        return [list(e.ids) for e in encodings]
+
+    @functools.cached_property
+    def max_token_chars(self) -> int:
+        """Characters of the longest vocabulary entry (a token never covers more text, but
+        an unknown-word token and normalizers can: see :mod:`server.api.input_limits`)."""
+        return max((len(t) for t in self._backend.get_vocab(with_added_tokens=True)), default=1)
 
     def encode_truncated(self, text: str, max_tokens: int) -> list[int]:
         """Ids with special tokens, the text cut so the whole fits ``max_tokens`` (as
@@ -142,7 +156,7 @@ class Tokenizer:
             backend.no_padding()
             backend.enable_truncation(max_tokens)
             self._truncating = (max_tokens, backend)
-        return list(self._truncating[1].encode(text).ids)
+        return list(self._truncating[1].encode_batch([text])[0].ids)
 
     def token_text(self, token_id: int) -> str:
         """One token's own text, special tokens included (for logprobs); ``""`` if unknown.

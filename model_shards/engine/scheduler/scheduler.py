@@ -117,6 +117,15 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
+    def hold(self, seq_id: int) -> None:
+        """Keep running sequence ``seq_id`` out of steps (and unpreempted) until
+        :meth:`release`, as if it were in flight (its grammar mask is being computed)."""
+        self._state.in_flight.add(seq_id)
+
+    def release(self, seq_id: int) -> None:
+        """Undo :meth:`hold` (a no-op for an id not held)."""
+        self._state.in_flight.discard(seq_id)
+
     def has_pending_frees(self) -> bool:
         """Finished or aborted sequences whose ids the ranks have not been told yet."""
         return bool(self._state.to_free)

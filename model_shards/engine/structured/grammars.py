@@ -1,15 +1,18 @@
 """Rank 0's grammar compiler: one compile per distinct grammar, never on the step loop.
 
 :class:`GrammarCache` compiles :class:`~model_shards.messages.GrammarSpec` values with
-``xgrammar`` against the served checkpoint's vocabulary, in one background thread, and
-keeps the last ``capacity`` compiled grammars (an LRU keyed by ``(kind, spec)``; a
-spec's text is canonical, see :mod:`server.api.structured`). Asking for a grammar being
-compiled returns the same future, so sixteen requests with one schema compile it once.
+``xgrammar`` against the served checkpoint's vocabulary, in worker processes with a
+deadline (:mod:`.compile_pool`), loads each result in rank 0, and keeps the last
+``capacity`` compiled grammars, or their errors (an LRU keyed by ``(kind, spec)``; a spec's
+text is canonical, see :mod:`server.api.structured`). Asking for a grammar being compiled
+returns the same future, so sixteen requests with one schema compile it once, and a grammar
+that timed out fails again at once.
 
-The vocabulary comes from ``model_dir/tokenizer.json`` or a GGUF's metadata (read in the
-compile thread when the first grammar is asked for), sized to the model's logits
+The vocabulary comes from ``model_dir/tokenizer.json`` or a GGUF's metadata (read by each
+worker, and by rank 0 when the first compiled grammar is loaded), sized to the model's logits
 (``vocab_size``, which may be padded past the tokenizer); added special tokens are given
-empty text so no grammar can ever produce them; the model's EOS ids are the grammar's stop tokens.
+empty text so no grammar can ever produce them; the model's EOS ids are the grammar's stop
+tokens.
 JSON is generated compact (no free whitespace): a weak model cannot stall in spaces.
 """
 
@@ -17,10 +20,11 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from model_shards.engine.structured.compile_pool import COMPILE_TIMEOUT_S, CompilePool, GrammarError
 from model_shards.messages import GrammarSpec
 
 if TYPE_CHECKING:
@@ -69,7 +73,7 @@ def tokenizer_info(
 
 
 class GrammarCache:
-    """Compiled grammars by spec, compiled in one background thread (module docstring)."""
+    """Compiled grammars by spec, compiled in worker processes (module docstring)."""
 
     def __init__(
         self,
@@ -77,55 +81,51 @@ class GrammarCache:
         vocab_size: int,
         eos_token_ids: list[int],
         capacity: int = DEFAULT_CAPACITY,
+        compile_timeout_s: float = COMPILE_TIMEOUT_S,
     ) -> None:
         self._model_dir = model_dir
         self._vocab_size = vocab_size
         self._eos = list(eos_token_ids)
         self._capacity = capacity
         self._futures: OrderedDict[tuple[str, str], Future[Any]] = OrderedDict()
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="grammar-compile")
-        self._compiler: Any = None
+        self._pool = CompilePool(model_dir, vocab_size, self._eos, timeout_s=compile_timeout_s)
+        self._info: Any = None  # xgrammar.TokenizerInfo, to load compiled grammars with
         self._lock = threading.Lock()
         self.num_compiled = 0
 
     def get(self, spec: GrammarSpec) -> Future[Any]:
         """The future of ``spec``'s compiled grammar (an ``xgrammar.CompiledGrammar``);
-        it raises ``ValueError`` when the grammar does not compile."""
+        it raises :class:`GrammarError` when the grammar does not compile (in time)."""
         key = (spec.kind, spec.spec)
         future = self._futures.get(key)
         if future is not None:
             self._futures.move_to_end(key)
             return future
-        future = self._pool.submit(self._compile, spec)
+        future = Future()
+        self._pool.submit(spec).add_done_callback(lambda done: self._load(done, future))
         self._futures[key] = future
         while len(self._futures) > self._capacity:
             self._futures.popitem(last=False)
         return future
 
-    def _compile(self, spec: GrammarSpec) -> Any:
-        with self._lock:
-            if self._compiler is None:
-                import xgrammar
-
-                info = tokenizer_info(self._model_dir, self._vocab_size, self._eos)
-                self._compiler = xgrammar.GrammarCompiler(info, max_threads=1, cache_enabled=False)
+    def _load(self, compiled: Future[str], future: Future[Any]) -> None:
+        """``future`` gets the grammar ``compiled`` (serialized) holds, or its error."""
+        exc = compiled.exception()
+        if exc is not None:
+            future.set_exception(exc)
+            return
         try:
-            compiled = _compile(self._compiler, spec)
-        except Exception as exc:  # xgrammar raises RuntimeError with C++ context
-            raise ValueError(f"the {spec.kind} grammar does not compile: {exc}") from exc
+            import xgrammar
+
+            with self._lock:
+                if self._info is None:
+                    self._info = tokenizer_info(self._model_dir, self._vocab_size, self._eos)
+            grammar = xgrammar.CompiledGrammar.deserialize_json(compiled.result(), self._info)
+        except Exception as exc:
+            future.set_exception(GrammarError(f"cannot load the compiled grammar: {exc}"))
+            return
         self.num_compiled += 1
-        return compiled
+        future.set_result(grammar)
 
     def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
-
-
-def _compile(compiler: Any, spec: GrammarSpec) -> Any:
-    if spec.kind == "json_schema":
-        return compiler.compile_json_schema(spec.spec, any_whitespace=False)
-    if spec.kind == "json_object":
-        schema = {"type": "object"}
-        return compiler.compile_json_schema(schema, any_whitespace=False, strict_mode=False)
-    if spec.kind == "regex":
-        return compiler.compile_regex(spec.spec)
-    return compiler.compile_grammar(spec.spec)
+        self._pool.close()

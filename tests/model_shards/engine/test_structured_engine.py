@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import re
 import threading
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -82,13 +83,13 @@ def _slow_compile(coord: Coordinator) -> dict[str, object]:
     assert coord.constraints is not None
     cache = coord.constraints.cache
     release = threading.Event()
-    compile_one = cache._compile
+    load_one = cache._load
 
-    def held(spec: GrammarSpec) -> Any:
+    def held(compiled: Future[str], future: Future[Any]) -> None:
         release.wait(60)
-        return compile_one(spec)
+        load_one(compiled, future)
 
-    cache._compile = held  # type: ignore[method-assign]
+    cache._load = held  # type: ignore[method-assign]
     spec = GrammarSpec("regex", SLOW_REGEX)  # compiled by nobody before
     slow = GenerateRequest("slow", [9, 9, 9], 20, SamplingParams(0.0), grammar=spec)
     free = _free()[0]
@@ -102,7 +103,7 @@ def _slow_compile(coord: Coordinator) -> dict[str, object]:
             if update.output.finish_reason and update.output.request_id == free.request_id:
                 free_done_while_held = not release.is_set() and not out["slow"]
                 release.set()
-    cache._compile = compile_one  # type: ignore[method-assign]
+    cache._load = load_one  # type: ignore[method-assign]
     return {"free_done_while_held": free_done_while_held, **out}
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -47,7 +48,7 @@ def tokenizer(model_dir: Path) -> Tokenizer:
 
 @pytest.fixture(scope="module")
 def client(model_dir: Path) -> Iterator[openai.OpenAI]:
-    args = ["--model", str(model_dir), "--served-model-name", "m"]
+    args = ["--model", str(model_dir), "--served-model-name", "m", "--grammar-compile-timeout", "3"]
     with live_server(args, model_dir.parent) as server:
         sdk = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0, timeout=120)
         yield sdk
@@ -283,3 +284,74 @@ def test_free_request_unchanged_by_constrained_neighbours(client: openai.OpenAI)
 
     results = _parallel([free, *(constrained(i) for i in range(7))])
     assert results[0] == alone
+
+
+# ---- isolation: one request's grammar never holds up the others (issue #41) ---------------
+
+
+def _seconds(job: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    job()
+    return time.perf_counter() - start
+
+
+def _free(client: openai.OpenAI) -> Callable[[], object]:
+    return lambda: client.completions.create(
+        model="m", prompt="The server listens", max_tokens=8, temperature=0
+    )
+
+
+def test_a_runaway_grammar_ends_itself_and_stalls_nobody(client: openai.OpenAI) -> None:
+    """``(.{0,500}){0,500}``: each mask takes longer than the one before, past a second after
+    ~120 characters (nested repetitions). Another request, sent once it is under way, runs
+    as fast as alone (within an order of magnitude); the runaway one is ended."""
+    alone = _seconds(_free(client))
+    stream = client.completions.create(
+        model="m",
+        prompt="x",
+        max_tokens=400,
+        temperature=0,
+        stream=True,
+        extra_body={"min_tokens": 400, "structured_outputs": {"regex": "(.{0,500}){0,500}"}},
+    )
+    text = ""
+    for chunk in stream:
+        text += chunk.choices[0].text
+        if len(text) >= 90:  # its masks are about to explode
+            break
+    busy = _seconds(_free(client))
+    assert busy < 10 * alone, (busy, alone)
+    with pytest.raises(openai.APIError, match="could not keep up"):
+        for _ in stream:
+            pass
+
+
+def test_a_huge_choice_times_out_as_a_400_and_delays_no_other_compile(
+    client: openai.OpenAI,
+) -> None:
+    """A 50,000-option choice compiles for longer than the server's 3 s deadline: a 400
+    naming the field; a small grammar sent meanwhile compiles and runs as fast as alone."""
+
+    def small(i: int) -> Callable[[], object]:
+        return lambda: client.completions.create(
+            model="m", prompt="hi", max_tokens=4, extra_body={"guided_choice": [f"y{i}", f"n{i}"]}
+        )
+
+    small(0)()  # the compile workers are up
+    alone = _seconds(small(1))
+    options = [f"option {i} of many" for i in range(50_000)]
+    with ThreadPoolExecutor(1) as pool:
+        big = pool.submit(
+            client.completions.create,
+            model="m",
+            prompt="hi",
+            max_tokens=4,
+            extra_body={"guided_choice": options},
+        )
+        time.sleep(1.5)  # it has reached the engine's compile workers
+        busy = _seconds(small(2))
+        with pytest.raises(openai.BadRequestError) as info:
+            big.result()
+    assert busy < 10 * alone, (busy, alone)
+    assert info.value.status_code == 400 and "within 3 s" in str(info.value)
+    assert isinstance(info.value.body, dict) and info.value.body["param"] == "guided_choice"
