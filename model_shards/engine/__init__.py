@@ -2,6 +2,7 @@
 
 * ``coordinator.py``: ``Coordinator``: schedule, broadcast the plan, run rank 0's stage, update;
 * ``zmq_loop.py``: rank 0's ROUTER loop (Hello, submits, aborts, keep-alives), for both engines;
+* ``replies.py``: a step's outputs grouped per frontend, with the engine's counters attached;
 * ``engine_port.py``: the port's guard: frames decoded safely, the engine token checked;
 * ``request_checks.py``: every reason the engine refuses a generation request, in one place;
 * ``scheduler/``: continuous batching over the paged, prefix-cached KV pool (pure Python);

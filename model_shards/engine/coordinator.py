@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import defaultdict, deque
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -24,6 +24,7 @@ import msgspec
 
 from model_shards.engine.engine_port import PortSettings
 from model_shards.engine.prompt_logprobs import PromptLogprobTracker
+from model_shards.engine.replies import by_client, engine_stats, with_stats
 from model_shards.engine.request_checks import content_problem
 from model_shards.engine.request_trace import RequestTraces
 from model_shards.engine.scheduler.scheduler import (
@@ -43,13 +44,11 @@ from model_shards.messages import (
     AbortRequests,
     EngineError,
     EngineReady,
-    EngineStats,
     FrontendMessage,
     GenerateRequest,
     MediaInput,
     NewSequence,
     RequestOutput,
-    StepOutputs,
     StepPlan,
     SubmitBatch,
 )
@@ -354,7 +353,7 @@ class Coordinator:
                     self.traces.open(req, received)  # kept only if req.trace
             return refused
         if isinstance(message, AbortRequests):  # blocks are released now: report it
-            return self._with_stats(_by_client(self.abort(message.request_ids, client)))
+            return self._with_stats(by_client(self.abort(message.request_ids, client)))
         return [(client, EngineError(f"this replica generates; cannot {type(message).__name__}"))]
 
     def work(self) -> list[Reply]:
@@ -366,7 +365,7 @@ class Coordinator:
     def replies(self, updates: list[SeqUpdate]) -> list[Reply]:
         """What the frontends get for a step's ``updates`` (with the engine's counters),
         after the constrained requests refused since the last call."""
-        replies = self._with_stats(_by_client(updates))
+        replies = self._with_stats(by_client(updates))
         refused, self._refused = self._refused, []
         return refused + replies
 
@@ -374,32 +373,10 @@ class Coordinator:
         """Attach the current engine counters to every ``StepOutputs`` in ``replies``."""
         if not replies:
             return replies
-        s, media = self.stats, self.worker.media
-        stats = EngineStats(
-            num_running=s.num_running,
-            num_waiting=s.num_waiting,
-            kv_blocks_used=s.num_blocks - s.num_free_blocks,
-            kv_blocks_total=s.num_blocks,
-            prefix_cache_hit_tokens=s.prefix_cache_hit_tokens,
-            prefill_tokens_computed=s.prefill_tokens_computed,
-            num_preemptions=s.num_preemptions,
-            mm_encoder_cache_hits=media.stats.hits if media else 0,
-            mm_encoder_cache_misses=media.stats.misses if media else 0,
-            moe_expert_tokens=self._expert_tokens.sample(),
-        )
-        return [
-            (client, msgspec.structs.replace(m, stats=stats) if isinstance(m, StepOutputs) else m)
-            for client, m in replies
-        ]
+        media = self.worker.media
+        cache = (media.stats.hits, media.stats.misses) if media else (0, 0)
+        return with_stats(replies, engine_stats(self.stats, cache, self._expert_tokens.sample()))
 
     def serve(self, address: str, settings: PortSettings) -> None:
         """Serve frontends on a ZMQ ROUTER at ``address`` until ``Shutdown``; then stop ranks."""
         serve_frontends(self, address, settings)
-
-
-def _by_client(updates: list[SeqUpdate]) -> list[Reply]:
-    """One ``StepOutputs`` per frontend, holding its requests' outputs in order."""
-    by_client: dict[bytes, list[RequestOutput]] = defaultdict(list)
-    for update in updates:
-        by_client[update.sequence.client].append(update.output)
-    return [(client, StepOutputs(outputs)) for client, outputs in by_client.items()]
