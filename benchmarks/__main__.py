@@ -16,7 +16,15 @@ import importlib
 import sys
 
 COMMANDS: dict[str, tuple[str, ...]] = {
-    "suites": ("ttft", "moe_bench", "structured", "vlm_bench", "contention", "contention_ab"),
+    "suites": (
+        "ttft",
+        "moe_bench",
+        "structured",
+        "vlm_bench",
+        "contention",
+        "contention_ab",
+        "llamacpp_peer",
+    ),
     "micro": (
         "decode_attention",
         "prefill_attention",
@@ -25,7 +33,7 @@ COMMANDS: dict[str, tuple[str, ...]] = {
         "decode_step",
         "sched_share",
     ),
-    "harness": ("roofline", "hf_generate"),
+    "harness": ("roofline", "hf_generate", "gguf_dequantize"),
     "gpu": ("build_model", "hf_bench"),
 }
 
