@@ -3,7 +3,7 @@
 The sources are the llama.cpp tree vendored in the ``llama-cpp-python`` sdist
 (``pip download --no-binary :all:``, the registry only), unpacked under
 ``benchmarks/.cache/llamacpp``. :func:`ensure_binaries` configures it with cmake once (a
-native CPU build, no curl, tests, examples or web UI) and builds only ``llama-server`` and
+native CPU build less AMX, no curl, tests, examples or web UI) and builds only ``llama-server`` and
 ``llama-quantize``; later calls find the binaries built by the same configure command (the
 stamp file beside them) and return at once. Each step that ran is
 timed into the ``log`` list it is given (the run's notes).
@@ -27,6 +27,10 @@ STAMP = BUILD / "shardserve-build.txt"  # the configure command the binaries wer
 TARGETS = ("llama-server", "llama-quantize")
 CMAKE = "/usr/bin/cmake"
 JOBS = 2
+# ggml's AMX matmul (compiled in by -march=native on a CPU with AMX) segfaults on the first
+# decode on our Xeon VMs, though the kernel grants the tile permission; GCC keeps an explicit
+# -mno-* over what -march=native implies, so everything else stays native.
+NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 CMAKE_FLAGS = (
     "-DCMAKE_BUILD_TYPE=Release",
     "-DGGML_NATIVE=ON",
@@ -37,6 +41,8 @@ CMAKE_FLAGS = (
     "-DLLAMA_BUILD_UI=OFF",
     "-DLLAMA_USE_PREBUILT_UI=OFF",  # else the build fetches the web UI from Hugging Face
     "-DBUILD_SHARED_LIBS=OFF",  # self-contained binaries
+    f"-DCMAKE_C_FLAGS={NO_AMX}",
+    f"-DCMAKE_CXX_FLAGS={NO_AMX}",
 )
 SERVER_THREADS = 2  # the machine's cores, what shardserve's CPU budget gives its one rank
 SLOT_TOKENS = 256  # context per slot: a 32-token prompt and 64 outputs, with room

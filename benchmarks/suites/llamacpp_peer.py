@@ -94,9 +94,11 @@ class Server:
         return f"{self.system} {self.label}"
 
 
-def start_servers(stack: contextlib.ExitStack, peers: list[Peer], hf_dir: Path) -> list[Server]:
+def start_servers(
+    stack: contextlib.ExitStack, peers: list[Peer], hf_dir: Path, log: list[str]
+) -> list[Server]:
     """shardserve once per distinct (model, dtype), its bfloat16 baseline included, then one
-    llama-server per peer; each stopped when ``stack`` closes."""
+    llama-server per peer (built first if need be); each stopped when ``stack`` closes."""
     ours = {(hf_dir, BASELINE): BASELINE}
     ours.update({(p.ours_model, p.ours_dtype): p.ours_label for p in peers})
     started = []
@@ -104,7 +106,7 @@ def start_servers(stack: contextlib.ExitStack, peers: list[Peer], hf_dir: Path) 
         log = LOGS / f"peer-shardserve-{label}.log"
         url = stack.enter_context(servers.running(servers.ours_command(model, dtype, []), log))
         started.append(Server(OURS, label, url, "", servers.pid_serving(url)))
-    binary = llamacpp.ensure_binaries([])["llama-server"]
+    binary = llamacpp.ensure_binaries(log)["llama-server"]
     for peer in peers:
         port = servers.free_port()
         command = llamacpp.server_command(binary, peer.gguf, port, max(CONCURRENCIES))
@@ -204,7 +206,7 @@ def run_peer(
     peers = make_peers(list(kinds or gguf_models.KINDS), ours, ours_dtype, hf_dir, bench.notes)
     tokenizer = Tokenizer.from_file(str(hf_dir / "tokenizer.json"))
     with contextlib.ExitStack() as stack:
-        started = start_servers(stack, peers, hf_dir)
+        started = start_servers(stack, peers, hf_dir, bench.notes)
         by_name = {server.name: server for server in started}
         plan = schedule(list(by_name), concs, rounds or ROUNDS)
         datasets = write_datasets(tokenizer, plan, CACHE / "data")
