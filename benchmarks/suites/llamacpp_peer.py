@@ -25,6 +25,7 @@ import argparse
 import contextlib
 import json
 import os
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -95,10 +96,15 @@ class Server:
 
 
 def start_servers(
-    stack: contextlib.ExitStack, peers: list[Peer], hf_dir: Path, log: list[str]
+    stack: contextlib.ExitStack,
+    peers: list[Peer],
+    hf_dir: Path,
+    notes: list[str],
+    llama_flags: list[str],
 ) -> list[Server]:
     """shardserve once per distinct (model, dtype), its bfloat16 baseline included, then one
-    llama-server per peer (built first if need be); each stopped when ``stack`` closes."""
+    llama-server per peer (built first if need be, its steps timed into ``notes``;
+    ``llama_flags`` appended to its command); each stopped when ``stack`` closes."""
     ours = {(hf_dir, BASELINE): BASELINE}
     ours.update({(p.ours_model, p.ours_dtype): p.ours_label for p in peers})
     started = []
@@ -106,10 +112,13 @@ def start_servers(
         log = LOGS / f"peer-shardserve-{label}.log"
         url = stack.enter_context(servers.running(servers.ours_command(model, dtype, []), log))
         started.append(Server(OURS, label, url, "", servers.pid_serving(url)))
-    binary = llamacpp.ensure_binaries(log)["llama-server"]
+    binary = llamacpp.ensure_binaries(notes)["llama-server"]
     for peer in peers:
         port = servers.free_port()
-        command = llamacpp.server_command(binary, peer.gguf, port, max(CONCURRENCIES))
+        command = [
+            *llamacpp.server_command(binary, peer.gguf, port, max(CONCURRENCIES)),
+            *llama_flags,
+        ]
         log = LOGS / f"peer-llama-server-{peer.kind}.log"
         url = stack.enter_context(servers.running(command, log, f"http://127.0.0.1:{port}"))
         started.append(Server(LLAMA, peer.kind, url, "", servers.pid_serving(url)))
@@ -198,15 +207,19 @@ def run_peer(
     rounds: dict[int, int] | None = None,
     ours: str = "hf",
     ours_dtype: str = BASELINE,
+    llama_flags: list[str] | None = None,
 ) -> None:
     """The llama.cpp rows into ``bench`` (see the module doc); the set-up steps that ran
-    (download, build, conversions) and their times go into its notes."""
+    (download, build, conversions) and their times go into its notes, and so do
+    ``llama_flags`` (extra ``llama-server`` flags, e.g. ``--poll 0``) when given."""
     concs = list(concurrencies or CONCURRENCIES)
     hf_dir = gguf_models.ensure_dequantized(bench.notes)
     peers = make_peers(list(kinds or gguf_models.KINDS), ours, ours_dtype, hf_dir, bench.notes)
     tokenizer = Tokenizer.from_file(str(hf_dir / "tokenizer.json"))
     with contextlib.ExitStack() as stack:
-        started = start_servers(stack, peers, hf_dir, bench.notes)
+        started = start_servers(stack, peers, hf_dir, bench.notes, llama_flags or [])
+        if llama_flags:
+            bench.notes.append(f"llama-server extra flags: {shlex.join(llama_flags)}")
         by_name = {server.name: server for server in started}
         plan = schedule(list(by_name), concs, rounds or ROUNDS)
         datasets = write_datasets(tokenizer, plan, CACHE / "data")
@@ -232,11 +245,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--types", type=parse_types, default=list(gguf_models.KINDS))
     parser.add_argument("--ours", choices=("hf", "gguf"), default="hf")
     parser.add_argument("--ours-dtype", default=BASELINE, help="shardserve's --dtype (gguf)")
+    parser.add_argument("--llama-flags", type=shlex.split, default=[], help="'--poll 0'")
     parser.add_argument("--out", help="also write the rows and notes as JSON here")
     args = parser.parse_args(argv)
     concs, rounds = (QUICK_CONCURRENCIES, QUICK_ROUNDS) if args.quick else (CONCURRENCIES, ROUNDS)
     bench = Bench([])
-    run_peer(bench, args.types, list(concs), rounds, args.ours, args.ours_dtype)
+    run_peer(bench, args.types, list(concs), rounds, args.ours, args.ours_dtype, args.llama_flags)
     result = {"rows": bench.rows, "notes": bench.notes}
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
