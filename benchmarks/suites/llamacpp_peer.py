@@ -186,7 +186,7 @@ def run_point(bench: Bench, server: Server, point: Point, dataset: str) -> None:
     if r < 0:
         return
     seen = (metrics["prompt_tokens_seen"], metrics["output_tokens_seen"])
-    if seen != ([PROMPT_LEN], [OUTPUT_LEN]):
+    if metrics["completed"] and seen != ([PROMPT_LEN], [OUTPUT_LEN]):
         bench.notes.append(f"{server.name} c={c}: prompt/output tokens seen {seen}")
     tok_s = metrics["streamed_throughput"]
     bench.add(server.system, server.label, c, LAYOUT, tok_s, metrics, load_before)
