@@ -124,7 +124,10 @@ def server_command(server: Path, gguf: Path, port: int, parallel: int) -> list[s
     """``llama-server`` on ``gguf`` with the CPU budget shardserve has: ``SERVER_THREADS``
     threads for decode and for prompt batches, ``parallel`` slots of ``SLOT_TOKENS`` each,
     continuous batching. ``--cache-ram 0``: no host-memory prompt cache (fresh prompts never
-    hit it; it would only grow the peak RSS)."""
+    hit it; it would only grow the peak RSS). ``--poll 0``: idle worker threads sleep instead
+    of spinning for the next graph; with the default spin, sharing 2 cores with the load
+    generator, it measured 5-13 tok/s at c=1 and ran into the 60 s cap at c=32, against
+    80-98 and ~250 with ``--poll 0`` minutes later (a later flag, e.g. ``--poll 50``, wins)."""
     return [
         str(server),
         "--model",
@@ -143,6 +146,8 @@ def server_command(server: Path, gguf: Path, port: int, parallel: int) -> list[s
         str(parallel * SLOT_TOKENS),
         "--cont-batching",
         "--cache-ram",
+        "0",
+        "--poll",
         "0",
         "--no-webui",
     ]

@@ -23,6 +23,7 @@ def test_llama_server_gets_our_cpu_budget_and_no_prompt_ram_cache() -> None:
     # every slot holds a 32-token prompt and its 64 outputs
     assert int(_flag(argv, "--ctx-size")) >= 32 * (32 + 64)
     assert "--cont-batching" in argv and _flag(argv, "--cache-ram") == "0"
+    assert _flag(argv, "--poll") == "0"  # idle workers sleep: they share 2 cores with the client
 
 
 def test_the_build_is_native_offline_and_only_the_two_binaries() -> None:
