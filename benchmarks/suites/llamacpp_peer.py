@@ -211,7 +211,8 @@ def run_peer(
 ) -> None:
     """The llama.cpp rows into ``bench`` (see the module doc); the set-up steps that ran
     (download, build, conversions) and their times go into its notes, and so do
-    ``llama_flags`` (extra ``llama-server`` flags, e.g. ``--poll 0``) when given."""
+    ``llama_flags`` when given (extra ``llama-server`` flags, e.g. ``--poll 50``: its
+    default spin)."""
     concs = list(concurrencies or CONCURRENCIES)
     hf_dir = gguf_models.ensure_dequantized(bench.notes)
     peers = make_peers(list(kinds or gguf_models.KINDS), ours, ours_dtype, hf_dir, bench.notes)
@@ -245,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--types", type=parse_types, default=list(gguf_models.KINDS))
     parser.add_argument("--ours", choices=("hf", "gguf"), default="hf")
     parser.add_argument("--ours-dtype", default=BASELINE, help="shardserve's --dtype (gguf)")
-    parser.add_argument("--llama-flags", type=shlex.split, default=[], help="'--poll 0'")
+    parser.add_argument("--llama-flags", type=shlex.split, default=[], help="e.g. '--poll 50'")
     parser.add_argument("--out", help="also write the rows and notes as JSON here")
     args = parser.parse_args(argv)
     concs, rounds = (QUICK_CONCURRENCIES, QUICK_ROUNDS) if args.quick else (CONCURRENCIES, ROUNDS)
