@@ -23,6 +23,7 @@ COMMANDS: dict[str, tuple[str, ...]] = {
         "vlm_bench",
         "contention",
         "contention_ab",
+        "llamacpp_peer",
         "perplexity",
     ),
     "micro": (
@@ -34,7 +35,7 @@ COMMANDS: dict[str, tuple[str, ...]] = {
         "decode_step",
         "sched_share",
     ),
-    "harness": ("roofline", "hf_generate"),
+    "harness": ("roofline", "hf_generate", "gguf_dequantize"),
     "gpu": ("build_model", "hf_bench"),
 }
 

@@ -6,7 +6,9 @@ Run as ``python -m benchmarks [flags]``: every suite in turn, then ``results/lat
 breakdown (:mod:`benchmarks.suites.ttft`, first: the machine is at its quietest), the
 throughput tables (:mod:`benchmarks.suites.throughput`: every concurrency and dtype, tp/pp
 layouts, the Qwen3-shaped family), the MoE, structured-output and vision rows, and last the
-contention table (:mod:`benchmarks.suites.contention`); ``--no-<suite>`` skips one. Every
+contention table (:mod:`benchmarks.suites.contention`) and the real SmolLM2 model against
+llama.cpp (:mod:`benchmarks.suites.llamacpp_peer`, which builds llama.cpp on its first run);
+``--no-<suite>`` skips one. Every
 server runs in its own process group and is stopped in a ``finally``; an interrupted run
 still writes what it measured.
 """
@@ -16,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import signal
+import subprocess
 import time
 from pathlib import Path
 from types import FrameType
@@ -34,7 +37,7 @@ from benchmarks.harness.bench import (
 from benchmarks.harness.machine import machine, measure_roofline
 from benchmarks.harness.model import SHAPES, ensure_model
 from benchmarks.harness.paths import BENCH_DIR, RESULTS
-from benchmarks.suites import contention, moe_bench, structured, throughput, ttft
+from benchmarks.suites import contention, llamacpp_peer, moe_bench, structured, throughput, ttft
 
 
 def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
@@ -48,7 +51,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--concurrency", default="1,8,32,64")
     p.add_argument("--dtypes", default="float32,bfloat16")
     p.add_argument("--systems", default="shardserve,hf-serve,hf-generate")
-    for suite in ("parallel", "families", "moe", "structured", "vlm", "contention", "ttft"):
+    suites = ("parallel", "families", "moe", "structured", "vlm", "contention", "llamacpp", "ttft")
+    for suite in suites:
         p.add_argument(f"--no-{suite}", dest=suite, action="store_false")
     p.add_argument("--out", default=str(RESULTS / "latest.json"))
     p.add_argument("--readme", default=str(BENCH_DIR / "README.md"), help="'' to skip")
@@ -111,6 +115,12 @@ def main(argv: list[str] | None = None) -> int:
             vlm_bench.run_vlm(bench)
         if args.contention:
             contention.run_contention(bench)
+        if args.llamacpp:
+            try:
+                llamacpp_peer.run_peer(bench)
+            except (RuntimeError, OSError, subprocess.CalledProcessError) as err:
+                first = (str(err).splitlines() or [type(err).__name__])[0]
+                bench.notes.append(f"llama.cpp rows not measured: {first}")
     except KeyboardInterrupt:
         print("interrupted: every server was stopped; writing what was measured", flush=True)
         bench.notes.append("run interrupted before the end")

@@ -9,7 +9,14 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.harness.paths import BENCH_DIR
-from benchmarks.suites import contention_table, moe_bench, structured, throughput, ttft
+from benchmarks.suites import (
+    contention_table,
+    llamacpp_table,
+    moe_bench,
+    structured,
+    throughput,
+    ttft,
+)
 
 
 def roofline_text(result: dict[str, Any]) -> str:
@@ -41,6 +48,7 @@ def tables(result: dict[str, Any]) -> dict[str, str]:
         "moe_table": moe_bench.moe_table(result),
         "structured_table": structured.structured_table(result),
         "contention_table": contention_table.contention_table(result),
+        "llamacpp_table": llamacpp_table.peer_table(result),
         "roofline": roofline_text(result),
     }
 

@@ -12,4 +12,8 @@
 - ``neighbours``: busy-loop neighbour processes and stopping a session.
 - ``machine``: the CPU, cores and versions, and the roofline run in a subprocess.
 - ``roofline``: this machine's matmul and memory-bandwidth ceilings.
+- ``llamacpp``: llama.cpp's sources (the ``llama-cpp-python`` sdist), its build, ``llama-server``.
+- ``gguf_models``: SmolLM2-135M-Instruct as GGUF files (Q4_1, Q8_0, Q4_K_M) and dequantized.
+- ``gguf_dequantize``: a GGUF file's weights into a Hugging Face directory (a subprocess).
+- ``peak_rss``: peak RSS (``VmHWM``) of a server's rank processes.
 """

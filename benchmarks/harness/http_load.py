@@ -33,8 +33,11 @@ def run_point(
     hf_serve: bool,
     duration_s: float,
     timeout_s: float,
+    extra_body: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Metrics of one point (``deploy.loadtest_lib.metrics.PointMetrics`` as JSON).
+
+    ``extra_body``: fields merged last into every request (a server's own names for them).
 
     ``duration_s`` caps the point: requests still running then are cancelled and
     counted in ``errors``, so a slow system cannot stall the whole benchmark.
@@ -50,7 +53,10 @@ def run_point(
         duration_s=duration_s,
         timeout_s=timeout_s,
         ignore_eos=not hf_serve,
-        extra_body=hf_serve_body(output_len) if hf_serve else {"temperature": 0},
+        extra_body={
+            **(hf_serve_body(output_len) if hf_serve else {"temperature": 0}),
+            **(extra_body or {}),
+        },
     )
     result = asyncio.run(run_benchmark(config))
     (point,) = result.points

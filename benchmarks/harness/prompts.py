@@ -4,7 +4,8 @@ Both HTTP servers tokenize text with the checkpoint's ``tokenizer.json`` (BOS ad
 and ``transformers serve`` accepts only text prompts, so every system gets the same
 text. A prompt is a run of words that are one token each with and without a leading
 space; the byte-level pre-tokenizer splits on those spaces, so ``n - 1`` words plus
-BOS are exactly ``n`` tokens. Each prompt is checked after it is built.
+BOS are exactly ``n`` tokens (``n`` words for a tokenizer that adds no BOS, SmolLM2's).
+Each prompt is checked after it is built.
 """
 
 from __future__ import annotations
@@ -34,16 +35,22 @@ def single_token_words(tokenizer: Tokenizer) -> list[str]:
 
 
 def exact_prompts(tokenizer: Tokenizer, count: int, length: int, seed: str) -> list[list[int]]:
-    """``count`` distinct prompts of ``length`` token ids (BOS included), as id lists."""
+    """``count`` distinct prompts of ``length`` token ids (BOS included where the tokenizer
+    adds one), as id lists."""
     words = single_token_words(tokenizer)
     if len(words) < 50:
         raise RuntimeError(f"only {len(words)} single-token words in the vocabulary")
+    added = len(tokenizer.encode("a").ids) - len(
+        tokenizer.encode("a", add_special_tokens=False).ids
+    )
     rng = random.Random(seed)
     prompts: list[list[int]] = []
+    seen: set[tuple[int, ...]] = set()
     while len(prompts) < count:
-        text = " ".join(rng.choices(words, k=length - 1))
+        text = " ".join(rng.choices(words, k=length - added))
         ids = tokenizer.encode(text).ids
-        if len(ids) == length and ids not in prompts:
+        if len(ids) == length and tuple(ids) not in seen:
+            seen.add(tuple(ids))
             prompts.append(ids)
     return prompts
 

@@ -9,4 +9,6 @@
 - ``contention``: throughput beside busy neighbours and under a CPU quota, against vLLM-CPU.
 - ``contention_table``: the contention conditions and their table.
 - ``contention_ab``: settings of ours A/B under the same contention (not in ``make bench``).
+- ``llamacpp_peer``: the real SmolLM2 model (GGUF Q4_1, Q8_0, Q4_K_M) beside ``llama-server``.
+- ``llamacpp_table``: its table.
 """
