@@ -79,8 +79,10 @@ def _media_problem(request: GenerateRequest) -> str | None:
         if m.length < 1 or m.offset < end or m.offset + m.length > len(request.prompt_token_ids):
             return f"media[{i}]: placeholder run {m.offset}+{m.length} out of order or place"
         end = m.offset + m.length
-        if any(d < 1 for d in [*m.shape, *m.grid_thw]) or not math.isfinite(m.second_per_grid):
+        if any(d < 1 for d in [*m.shape, *m.grid_thw]):
             return f"media[{i}]: shape {m.shape} / grid {m.grid_thw} must be positive"
+        if not math.isfinite(m.second_per_grid):
+            return f"media[{i}]: second_per_grid = {m.second_per_grid} must be finite"
         count = 1
         for d in m.shape:
             count *= d

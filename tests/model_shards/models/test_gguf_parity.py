@@ -40,17 +40,18 @@ from tests.world import run_world
 LAYOUTS = {(1, 1): list(SPECS), (2, 1): ["llama", "qwen2"], (1, 2): ["llama-split"]}
 KERNEL_RTOL = 0.06
 """Logits of the CPU kernels against the dequantized reference: max |diff| / max |logit|."""
-BACKENDS = {"reference": "0", "kernels": "1"}  # SHARDSERVE_CPU_KERNELS per pass
+BACKENDS = {"reference": "reference", "kernels": "cpu"}  # SHARDSERVE_BACKEND per pass
 
 
 def _gguf_rank(peers: Comm, paths: dict[str, str], out_dir: str) -> None:
     for name, path in paths.items():
         cfg = ModelConfig.from_dir(path)
         replica = ReplicaConfig(path, dtype="float32", max_num_seqs=8, block_size=4)
-        for backend, kernels in BACKENDS.items():
-            os.environ["SHARDSERVE_CPU_KERNELS"] = kernels
+        for run, backend in BACKENDS.items():
+            os.environ["SHARDSERVE_BACKEND"] = backend
             worker = Worker.build(replica, cfg, peers, MAX_LEN)
-            serve_and_record(worker, f"{name}-{backend}", out_dir)
+            assert worker.ops.name == backend, f"{run}: the {worker.ops.name} backend serves"
+            serve_and_record(worker, f"{name}-{run}", out_dir)
 
 
 @pytest.fixture(scope="module")
