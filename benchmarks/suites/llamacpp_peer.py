@@ -3,9 +3,9 @@
 SmolLM2-135M-Instruct in three GGUF types (:mod:`benchmarks.harness.gguf_models`): the shipped
 ``Q4_1``, and ``Q8_0`` and ``Q4_K_M`` made by llama.cpp's own converter and ``llama-quantize``
 from the dequantized weights. A :class:`Peer` names, per type, the file ``llama-server``
-serves and the model shardserve serves: ``--ours hf`` (the default until shardserve loads
-GGUF files) gives shardserve the dequantized Hugging Face directory in bfloat16, one server
-for all three types; ``--ours gguf`` gives it each GGUF file. shardserve's bfloat16 on the
+serves and the model shardserve serves: ``--ours gguf`` (the default) gives shardserve each
+GGUF file, its weights kept quantized; ``--ours hf`` the dequantized Hugging Face directory in
+bfloat16, one server for all three types. shardserve's bfloat16 on the
 dequantized directory is measured either way: quantized serving should not be slower at c=32.
 
 Every server is up at once, llama-server with the CPU budget shardserve has
@@ -205,7 +205,7 @@ def run_peer(
     kinds: list[str] | None = None,
     concurrencies: list[int] | None = None,
     rounds: dict[int, int] | None = None,
-    ours: str = "hf",
+    ours: str = "gguf",
     ours_dtype: str = BASELINE,
     llama_flags: list[str] | None = None,
 ) -> None:
@@ -244,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="c=1 and 32, one round each")
     parser.add_argument("--types", type=parse_types, default=list(gguf_models.KINDS))
-    parser.add_argument("--ours", choices=("hf", "gguf"), default="hf")
+    parser.add_argument("--ours", choices=("hf", "gguf"), default="gguf")
     parser.add_argument("--ours-dtype", default=BASELINE, help="shardserve's --dtype (gguf)")
     parser.add_argument("--llama-flags", type=shlex.split, default=[], help="e.g. '--poll 50'")
     parser.add_argument("--out", help="also write the rows and notes as JSON here")
