@@ -124,7 +124,8 @@ def store_rows(
     """Rows ``offset ..`` of ``param`` from ``dense [rows, in]`` (the whole of a 1-D
     ``param``): quantized with ``--quantization`` where the backend keeps that type and
     ``in`` is whole blocks, a float segment of a parameter held quantized, else copied."""
-    method = QUANTIZATION_METHODS.get(ctx.quantization or "")
+    chosen = getattr(param, "quantization", None) or ctx.quantization  # the vocab's: its own
+    method = QUANTIZATION_METHODS.get(chosen or "")
     if getattr(param, "keep_dense", False):
         method = None
     held = quant_of(param)

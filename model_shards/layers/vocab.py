@@ -21,6 +21,7 @@ from model_shards.layers.context import ShardContext
 from model_shards.layers.linear import LinearBase, check_dim, copy_checked, set_weight_loader
 from model_shards.layers.loading import load_rows, quant_of
 from model_shards.parallel.comm import tp_all_gather_last_dim, tp_all_reduce
+from model_shards.quant.formats import VOCAB_QUANTIZATION
 from model_shards.worker.checkpoint import TensorSource
 
 
@@ -37,6 +38,8 @@ class VocabParallelEmbedding(nn.Module):
         # filled by weight_loader; never touched if the table is held quantized (loading.py)
         self.weight = nn.Parameter(torch.empty(self.per_rank, hidden_size, dtype=dtype), False)
         set_weight_loader(self.weight, self.weight_loader)
+        if ctx.quantization:  # --quantization: the table at 8 bits (quant.formats)
+            self.weight.quantization = VOCAB_QUANTIZATION[ctx.quantization]  # type: ignore[attr-defined]
 
     def weight_loader(self, param: nn.Parameter, source: TensorSource) -> None:
         check_dim(source, 0, self.vocab_size)

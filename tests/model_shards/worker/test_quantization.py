@@ -1,6 +1,7 @@
 """``--quantization q8_0|q4_0``: a dense tiny Llama quantized as it loads serves logits and
 greedy tokens of transformers run on the same checkpoint with every matrix quantized and
-dequantized by ``gguf.quants`` (llama.cpp's reference), and holds only the blocks.
+dequantized by ``gguf.quants`` (llama.cpp's reference), and holds only the blocks (the
+vocabulary tables at 8 bits whatever the method, as llama-quantize keeps its output tensor).
 
 The reference backend computes with the dequantized weights in float32, so it matches
 transformers to float rounding (measured ~1e-6 of the logits' norm; greedy tokens equal for
@@ -35,7 +36,7 @@ from model_shards.layers.vocab import VocabParallelEmbedding
 from model_shards.messages import GenerateRequest, SamplingParams
 from model_shards.parallel.comm import Comm
 from model_shards.parallel.state import single_process_state
-from model_shards.quant.formats import BLOCK_SIZES, QUANTIZATION_METHODS
+from model_shards.quant.formats import BLOCK_SIZES, QUANTIZATION_METHODS, VOCAB_QUANTIZATION
 from model_shards.worker.decoder_worker import Worker
 from tests.checkpoints import build_tiny_llama, hf_greedy, hf_prompt_logits
 from tests.logits import prompt_logits, record_logits
@@ -51,11 +52,14 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _dequantized_copy(model_dir: Path, method: str, out: Path) -> Path:
-    """``model_dir`` with every matrix through gguf's quantize → dequantize."""
+    """``model_dir`` with every matrix through gguf's quantize → dequantize (the vocabulary
+    tables, ``embed_tokens`` and ``lm_head``, in :data:`VOCAB_QUANTIZATION`'s type)."""
     shutil.copytree(model_dir, out)
-    qtype = gguf.GGMLQuantizationType(int(QUANTIZATION_METHODS[method]))
     tensors = load_file(str(model_dir / "model.safetensors"))
     for name, t in tensors.items():
+        vocab = "embed_tokens" in name or "lm_head" in name
+        chosen = VOCAB_QUANTIZATION[method] if vocab else method
+        qtype = gguf.GGMLQuantizationType(int(QUANTIZATION_METHODS[chosen]))
         if t.dim() == 2:
             blocks = gguf.quants.quantize(t.float().numpy(), qtype)
             tensors[name] = torch.from_numpy(gguf.quants.dequantize(blocks, qtype)).to(t.dtype)
@@ -86,12 +90,13 @@ def _serve(
 
 def _check_held(worker: Worker, method: str) -> None:
     """Every linear and vocab weight is the method's blocks, and nothing dense beside them."""
-    qtype = QUANTIZATION_METHODS[method]
-    elems, nbytes = BLOCK_SIZES[qtype]
     seen = 0
     for module in worker.model.modules():
         if not isinstance(module, LinearBase | VocabParallelEmbedding):
             continue
+        vocab = isinstance(module, VocabParallelEmbedding)
+        qtype = QUANTIZATION_METHODS[VOCAB_QUANTIZATION[method] if vocab else method]
+        elems, nbytes = BLOCK_SIZES[qtype]
         held = quant_of(module.weight)
         assert held is not None and module.weight.numel() == 0, type(module).__name__
         assert {s.tensor.qtype for s in held.segments} == {qtype}
