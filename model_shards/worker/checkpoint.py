@@ -15,7 +15,7 @@ import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, Self
 
 import torch
 
@@ -139,16 +139,7 @@ class TensorSource:
         return flat.reshape(out_shape)
 
     def _pread(self, offset: int, nbytes: int) -> torch.Tensor:
-        buf = bytearray(nbytes)
-        view = memoryview(buf)
-        fd = self._checkpoint.fd(self.entry.file)
-        got = 0
-        while got < nbytes:
-            n = os.preadv(fd, [view[got:]], offset + got)
-            if n <= 0:
-                raise CheckpointError(f"{self.entry.file}: short read in tensor {self.name!r}")
-            got += n
-        self._checkpoint.bytes_read += nbytes
+        buf = self._checkpoint.pread(self.entry.file, offset, nbytes, self.name)
         if nbytes == 0:
             return torch.empty(0, dtype=self.dtype)
         return torch.frombuffer(buf, dtype=self.dtype)
@@ -165,21 +156,15 @@ class TensorStore(Protocol):
     def source(self, name: str) -> TensorSource: ...
 
 
-class Checkpoint:
-    """All tensors of a checkpoint directory, by name, with lazy sliced reads."""
+class OpenFiles:
+    """A checkpoint's files, each opened read-only on its first read and closed together (a
+    context manager); :attr:`bytes_read` counts the bytes :meth:`pread` returned."""
 
-    def __init__(self, model_dir: str | os.PathLike[str]) -> None:
-        self.model_dir = Path(model_dir)
+    def __init__(self) -> None:
         self.bytes_read = 0
         self._fds: dict[Path, int] = {}
-        self.entries: dict[str, TensorEntry] = {}
-        for file in checkpoint_files(self.model_dir):
-            for entry in _read_header(file):
-                if entry.name in self.entries:
-                    raise CheckpointError(f"tensor {entry.name!r} appears in two shards")
-                self.entries[entry.name] = entry
 
-    def __enter__(self) -> Checkpoint:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *_: object) -> None:
@@ -190,10 +175,34 @@ class Checkpoint:
             os.close(fd)
         self._fds.clear()
 
-    def fd(self, path: Path) -> int:
-        if path not in self._fds:
-            self._fds[path] = os.open(path, os.O_RDONLY)
-        return self._fds[path]
+    def pread(self, file: Path, offset: int, nbytes: int, name: str) -> bytearray:
+        """``nbytes`` of ``file`` from ``offset``; ``CheckpointError`` naming tensor ``name``
+        on a short read."""
+        if file not in self._fds:
+            self._fds[file] = os.open(file, os.O_RDONLY)
+        buf = bytearray(nbytes)
+        view, got = memoryview(buf), 0
+        while got < nbytes:
+            n = os.preadv(self._fds[file], [view[got:]], offset + got)
+            if n <= 0:
+                raise CheckpointError(f"{file}: short read in tensor {name!r}")
+            got += n
+        self.bytes_read += nbytes
+        return buf
+
+
+class Checkpoint(OpenFiles):
+    """All tensors of a checkpoint directory, by name, with lazy sliced reads."""
+
+    def __init__(self, model_dir: str | os.PathLike[str]) -> None:
+        super().__init__()
+        self.model_dir = Path(model_dir)
+        self.entries: dict[str, TensorEntry] = {}
+        for file in checkpoint_files(self.model_dir):
+            for entry in _read_header(file):
+                if entry.name in self.entries:
+                    raise CheckpointError(f"tensor {entry.name!r} appears in two shards")
+                self.entries[entry.name] = entry
 
     def names(self) -> Iterator[str]:
         return iter(self.entries)

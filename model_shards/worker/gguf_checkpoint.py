@@ -28,7 +28,7 @@ import torch
 
 from model_shards.gguf.architectures import TensorPlan, tensor_plans
 from model_shards.gguf.reader import GGUFTensorInfo, read_gguf
-from model_shards.worker.checkpoint import CheckpointError, TensorSource
+from model_shards.worker.checkpoint import CheckpointError, OpenFiles, TensorSource
 
 _FLOAT_DTYPES = {
     int(gguf.GGMLQuantizationType.F32): torch.float32,
@@ -158,34 +158,22 @@ class GGUFTensorSource(TensorSource):
         pos = 0
         for run in np.split(sorted_ids, breaks):
             offset = self.info.offset + int(run[0]) * row_bytes + byte_start
-            data = self._store.pread(self.info.file, offset, len(run) * width, self.name)
+            data = self._store.pread_array(self.info.file, offset, len(run) * width, self.name)
             out[order[pos : pos + len(run)]] = data.reshape(len(run), width)
             pos += len(run)
         return out
 
 
-class GGUFCheckpoint:
+class GGUFCheckpoint(OpenFiles):
     """Every weight of a GGUF checkpoint (file, directory or split shards) by its HF name."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
+        super().__init__()
         try:
             self.model = read_gguf(path)
             self.plans = tensor_plans(self.model)
         except ValueError as exc:
             raise CheckpointError(str(exc)) from exc
-        self.bytes_read = 0
-        self._fds: dict[Path, int] = {}
-
-    def __enter__(self) -> GGUFCheckpoint:
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self.close()
-
-    def close(self) -> None:
-        for fd in self._fds.values():
-            os.close(fd)
-        self._fds.clear()
 
     def names(self) -> list[str]:
         return list(self.plans)
@@ -194,16 +182,6 @@ class GGUFCheckpoint:
         plan = self.plans[name]
         return GGUFTensorSource(plan, self.model.tensors[plan.gguf_name], self)
 
-    def pread(self, file: Path, offset: int, nbytes: int, name: str) -> np.ndarray:
-        """``nbytes`` of ``file`` from ``offset`` (counted in :attr:`bytes_read`)."""
-        if file not in self._fds:
-            self._fds[file] = os.open(file, os.O_RDONLY)
-        buf = bytearray(nbytes)
-        view, got = memoryview(buf), 0
-        while got < nbytes:
-            n = os.preadv(self._fds[file], [view[got:]], offset + got)
-            if n <= 0:
-                raise CheckpointError(f"{file}: short read in tensor {name!r}")
-            got += n
-        self.bytes_read += nbytes
-        return np.frombuffer(buf, np.uint8)
+    def pread_array(self, file: Path, offset: int, nbytes: int, name: str) -> np.ndarray:
+        """``nbytes`` of ``file`` from ``offset`` as ``uint8`` (counted in :attr:`bytes_read`)."""
+        return np.frombuffer(self.pread(file, offset, nbytes, name), np.uint8)
