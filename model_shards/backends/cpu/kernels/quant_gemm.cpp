@@ -68,6 +68,7 @@
 #include "quant_dot.h"
 #include "quant_dot_avx2.h"
 #include "quant_panel_avx2.h"
+#include "quant_panel_avx512.h"
 #include "quant_panel_k_avx2.h"
 
 namespace shardserve_cpu {
@@ -114,7 +115,11 @@ template <int64_t T, int R>
 void panel_entry(const uint8_t* const* w, const void* const* a, int64_t nb, float* out) {
 #if defined(SHARDSERVE_QUANT_AVX2)
   if constexpr (is_k(T)) avx2::panel_k<T, R>(w, reinterpret_cast<const ActA256* const*>(a), nb, out);
+#if defined(SHARDSERVE_QUANT_AVX512)
+  else avx512::panel32<T, R>(w, reinterpret_cast<const ActA32* const*>(a), nb, out);
+#else
   else avx2::panel32<T, R>(w, reinterpret_cast<const ActA32* const*>(a), nb, out);
+#endif
 #endif
 }
 
@@ -143,7 +148,9 @@ PanelFn panel_fn(int64_t t, int rows, bool vectorized) {
 }
 
 std::string quant_gemm_isa() {
-#if defined(SHARDSERVE_QUANT_VNNI)
+#if defined(SHARDSERVE_QUANT_AVX512)
+  return "avx512-vnni";  // the 32-value types' panels; the K-quants' stay avx2-vnni
+#elif defined(SHARDSERVE_QUANT_VNNI)
   return "avx2-vnni";
 #elif defined(SHARDSERVE_QUANT_AVX2)
   return "avx2";
