@@ -16,7 +16,11 @@
 // weight rows at a time (quant_panel_avx2.h, quant_panel_k_avx2.h): each block of the eight is
 // decoded once and multiplied with each row of x, four rows of x per pass, the eight rows'
 // int32 sums reduced into one register whose lanes are the weight rows and scaled there as
-// vectors. Activations are quantized once per call. quant_dot.h's scalar kernels compute the
+// vectors. Where the build has AVX-512 BW + VL + VNNI, the 32-value types take
+// quant_panel_avx512.h's panels instead: two weight rows per vpdpbusd, a shuffle reduction in
+// place of hadd trees, the next eight rows prefetched while these are multiplied; the same
+// int32 sums and float steps lane for lane, so the same bits as the AVX2 panels.
+// Activations are quantized once per call. quant_dot.h's scalar kernels compute the
 // same sums one weight row at a time: the path of builds without AVX2 + F16C (and of
 // quant_gemm(..., vectorized=False), which the tests run too).
 //

@@ -125,7 +125,13 @@ void panel32(const uint8_t* const* rows, const ActA32* const* a, int64_t nb, flo
   __m256 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   Panel<T> panel;
+  // the next eight rows (they follow row 7 when the rows are consecutive), a block's share
+  // of their bytes per block: they arrive from memory while these are multiplied
+  const uint8_t* next = rows[7] + (rows[1] - rows[0]);
+  constexpr int64_t kShare = 8 * block_bytes(T);
   for (int64_t b = 0; b < nb; ++b) {
+    for (int64_t p = 0; p < kShare; p += 64)
+      _mm_prefetch(reinterpret_cast<const char*>(next + b * kShare + p), _MM_HINT_T0);
     panel.load(rows, b);
     for (int r = 0; r < R; ++r) {
       const ActA32& ab = a[r][b];
