@@ -75,15 +75,25 @@ class QuantizedWeight:
             )
         if any(s.start < end and start < s.end for s in self.segments):
             raise ValueError(f"rows {start}:{end} are loaded twice")
-        last = self.segments[-1] if self.segments else None
-        if last is not None and last.end == start and last.tensor.qtype == tensor.qtype:
-            merged = QuantizedTensor(
-                tensor.qtype, torch.cat([last.tensor.data, tensor.data]), tensor.cols
-            )
-            self.segments[-1] = Segment(last.start, merged)
-            return
         self.segments.append(Segment(start, tensor))
         self.segments.sort(key=lambda s: s.start)
+        self._merge_adjacent()
+
+    def _merge_adjacent(self) -> None:
+        """Join each run of touching segments of one type into one (whatever order the parts
+        arrived in: a GGUF file lists ``attn_k`` before ``attn_q``), so that a fused layer of
+        one type is one GEMM."""
+        merged: list[Segment] = []
+        for s in self.segments:
+            last = merged[-1] if merged else None
+            if last is not None and last.end == s.start and last.tensor.qtype == s.tensor.qtype:
+                data = torch.cat([last.tensor.data, s.tensor.data])
+                merged[-1] = Segment(
+                    last.start, QuantizedTensor(s.tensor.qtype, data, s.tensor.cols)
+                )
+            else:
+                merged.append(s)
+        self.segments = merged
 
     @property
     def covers_all(self) -> bool:

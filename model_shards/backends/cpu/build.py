@@ -46,6 +46,7 @@ HEADERS = [
         "quant_dot.h",
         "quant_dot_avx2.h",
         "quant_panel_avx2.h",
+        "quant_panel_avx512.h",
         "quant_panel_k_avx2.h",
     )
 ]

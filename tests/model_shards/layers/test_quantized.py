@@ -66,6 +66,22 @@ def test_qkv_parts_of_mixed_types_are_segments(tp: int) -> None:
         torch.testing.assert_close(layer(x), dense(x))
 
 
+def test_qkv_parts_in_file_order_are_one_segment() -> None:
+    """A GGUF file lists attn_k, attn_q, attn_v: parts of one type still make one GEMM."""
+    hidden, d = 64, 32
+    parts = {
+        n: _source(n, GGMLType.Q4_1, r * d, hidden, i)
+        for i, (n, r) in enumerate((("k", 2), ("q", 4), ("v", 2)))
+    }
+    layer = QKVParallelLinear(hidden, d, 4, 2, bias=False, ctx=shard_context(0, 1))
+    for name, src in parts.items():
+        layer.weight_loader(layer.weight, src, name)
+    held = quant_of(layer.weight)
+    assert held is not None and [(s.start, s.end) for s in held.segments] == [(0, 8 * d)]
+    want = torch.cat([parts[n].blocks for n in ("q", "k", "v")])
+    assert torch.equal(held.segments[0].tensor.data, want)
+
+
 def test_merged_and_replicated_keep_blocks() -> None:
     gate = _source("g", GGMLType.Q5_0, 64, 128, 4)
     up = _source("u", GGMLType.Q5_1, 64, 128, 5)

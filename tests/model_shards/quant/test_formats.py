@@ -99,6 +99,13 @@ def test_quantized_weight_segments_merge_mix_and_pad() -> None:
     with pytest.raises(ValueError, match="do not fit"):
         w.add(11, QuantizedTensor(GGMLType.Q6_K, q6k, 256))
 
+    # parts out of order (a GGUF file lists attn_k, attn_q, attn_v): still one segment
+    qkv = QuantizedWeight(out_features=6, in_features=256)
+    for start, end in ((2, 4), (0, 2), (4, 6)):
+        qkv.add(start, QuantizedTensor(GGMLType.Q4_K, q4k[start:end], 256))
+    assert [(s.start, s.end) for s in qkv.segments] == [(0, 6)]
+    assert torch.equal(qkv.segments[0].tensor.data, q4k)
+
 
 def test_quantization_flag_choices_are_the_quantizers() -> None:
     from model_shards.config.replica import QUANTIZATION_CHOICES

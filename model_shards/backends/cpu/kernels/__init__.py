@@ -19,6 +19,8 @@ and loaded by ``backends/cpu/build.py``, called by ``backends/cpu/backend.py``.
 * ``quant_dot_avx2.h``: AVX2 int8 dot products (vpdpbusd where VNNI is built), block unpacking;
 * ``quant_panel_avx2.h``, ``quant_panel_k_avx2.h``: eight weight rows per pass (32-value
   types, K-quants);
+* ``quant_panel_avx512.h``: the 32-value types' panels with AVX-512 BW/VL/VNNI (two rows per
+  vpdpbusd, the next rows prefetched), picked over the AVX2 ones where built;
 * ``kernel_common.h``: what the others share (decode-attention operands, index checks,
   float32 <-> bfloat16 conversions, the exp polynomial); not needed by ``sampling_ops.cpp``.
 

@@ -16,14 +16,34 @@
 // weight rows at a time (quant_panel_avx2.h, quant_panel_k_avx2.h): each block of the eight is
 // decoded once and multiplied with each row of x, four rows of x per pass, the eight rows'
 // int32 sums reduced into one register whose lanes are the weight rows and scaled there as
-// vectors. Activations are quantized once per call. quant_dot.h's scalar kernels compute the
+// vectors. Where the build has AVX-512 BW + VL + VNNI, the 32-value types take
+// quant_panel_avx512.h's panels instead: two weight rows per vpdpbusd, a shuffle reduction in
+// place of hadd trees, the next eight rows prefetched while these are multiplied; the same
+// int32 sums and float steps lane for lane, so the same bits as the AVX2 panels.
+// Activations are quantized once per call. quant_dot.h's scalar kernels compute the
 // same sums one weight row at a time: the path of builds without AVX2 + F16C (and of
 // quant_gemm(..., vectorized=False), which the tests run too).
 //
-// Measured (benchmarks/micro/quant_gemm.py, one thread of a shared 2-core Intel Xeon with
-// AVX-512 VNNI, load average 5-7, so +-10%): time of the dense bfloat16 packed GEMM over ours,
-// SmolLM2-135M's shapes (qkv 960 x 576, o 576 x 576, gate/up 3072 x 576, down 576 x 1536,
-// LM head 49152 x 576; K-quants only on down, K = 576 not being a multiple of 256):
+// Measured (benchmarks/micro/quant_gemm.py --threads 1, one thread of a shared 2-core Intel
+// Xeon with AVX-512 VNNI, load average 4-7, so +-10%): time of the dense bfloat16 packed GEMM
+// over ours, SmolLM2-135M's shapes (qkv 960 x 576, o 576 x 576, gate/up 3072 x 576, down
+// 576 x 1536, LM head 49152 x 576; K-quants only on down, K = 576 not being a multiple of
+// 256). The 32-value types at M <= 32: the AVX2 panels -> the AVX-512 panels, one session:
+//
+//   type   M = 1                  M = 8                  M = 32
+//   Q8_0   0.9 - 1.9 -> 0.8 - 2.2   0.7 - 1.4 -> 0.8 - 1.7   0.8 - 1.1 -> 0.8 - 1.2
+//   Q4_0   0.8 - 2.3 -> 0.7 - 2.4   0.7 - 1.3 -> 0.8 - 1.5   0.7 - 1.1 -> 0.7 - 1.2
+//   Q4_1   0.7 - 2.0 -> 0.7 - 2.5   0.7 - 1.1 -> 0.7 - 1.4   0.7 - 1.0 -> 0.7 - 1.1
+//   Q5_0   0.6 - 1.6 -> 0.5 - 2.2   0.7 - 1.1 -> 0.7 - 1.4   0.7 - 1.0 -> 0.7 - 1.1
+//   Q5_1   0.6 - 1.4 -> 0.6 - 2.0   0.6 - 1.1 -> 0.7 - 1.3   0.6 - 0.9 -> 0.7 - 1.0
+//
+// (the LM head gains most, +25-55% at M = 1: streamed from L3, the prefetch hides it; down
+// +5-25%; the small matrices sit in L2 and are bound by instructions per block, within the
+// noise). Per call at M = 1 on one thread, Q4_1: gate/up ~62 us, LM head ~1.3 -> ~1.0 ms.
+// The K-quant panels prefetch the same way: a Q6_K 32768 x 1536 at M = 1 ~4.1-4.9 -> ~3.2-3.5
+// ms (Q4_K, bound by its decoding at ~11 GB/s, unchanged).
+// Earlier (the AVX2 panels; M = 128 / 512 unchanged since, and the K-quants, whose panels are
+// still quant_panel_k_avx2.h's):
 //
 //   type   M = 1        M = 8        M = 32       M = 128      M = 512
 //   Q8_0   0.8 - 3.3    1.0 - 1.4    1.0 - 1.2    1.0 - 1.1    0.9 - 1.2
@@ -45,8 +65,10 @@
 // the ratio is below 1 at large M (the 5- and 6-bit types, by under 2x less the
 // dequantization); one path keeps the kernel simple and every row's arithmetic the same at
 // every M, so the integer path serves all M. Faster still would be weights repacked at load
-// so that rows sit in lanes (llama.cpp's interleaved Q4_0x8 layouts) with AVX-512 zmm, which
-// removes the per-block lane reduction.
+// so that rows sit in lanes (llama.cpp's interleaved Q4_0x8 layouts): profiled, an eight-row
+// block of the AVX-512 panel is ~90 instructions at ~4 per cycle, about half of them the
+// eight rows' scattered float16 scales and the lane reduction, which such a layout removes
+// (eight scales in one load, sums already in their rows' lanes).
 //
 // Accuracy: y differs from x · dequantize(W)^T by the activation rounding alone (each x value
 // moves by at most d / 2 = max|x_block| / 254), a relative error of ~0.3-1% of a row's output
@@ -68,6 +90,7 @@
 #include "quant_dot.h"
 #include "quant_dot_avx2.h"
 #include "quant_panel_avx2.h"
+#include "quant_panel_avx512.h"
 #include "quant_panel_k_avx2.h"
 
 namespace shardserve_cpu {
@@ -114,7 +137,11 @@ template <int64_t T, int R>
 void panel_entry(const uint8_t* const* w, const void* const* a, int64_t nb, float* out) {
 #if defined(SHARDSERVE_QUANT_AVX2)
   if constexpr (is_k(T)) avx2::panel_k<T, R>(w, reinterpret_cast<const ActA256* const*>(a), nb, out);
+#if defined(SHARDSERVE_QUANT_AVX512)
+  else avx512::panel32<T, R>(w, reinterpret_cast<const ActA32* const*>(a), nb, out);
+#else
   else avx2::panel32<T, R>(w, reinterpret_cast<const ActA32* const*>(a), nb, out);
+#endif
 #endif
 }
 
@@ -143,7 +170,9 @@ PanelFn panel_fn(int64_t t, int rows, bool vectorized) {
 }
 
 std::string quant_gemm_isa() {
-#if defined(SHARDSERVE_QUANT_VNNI)
+#if defined(SHARDSERVE_QUANT_AVX512)
+  return "avx512-vnni";  // the 32-value types' panels; the K-quants' stay avx2-vnni
+#elif defined(SHARDSERVE_QUANT_VNNI)
   return "avx2-vnni";
 #elif defined(SHARDSERVE_QUANT_AVX2)
   return "avx2";

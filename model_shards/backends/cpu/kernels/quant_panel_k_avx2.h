@@ -75,7 +75,11 @@ void panel_k(const uint8_t* const* rows, const ActA256* const* a, int64_t nb, fl
   __m256 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   KPanel<T> panel;
+  const uint8_t* next = rows[7] + (rows[1] - rows[0]);  // the next eight rows, prefetched
+  constexpr int64_t kShare = 8 * block_bytes(T);        // a block's share of their bytes
   for (int64_t b = 0; b < nb; ++b) {
+    for (int64_t p = 0; p < kShare; p += 64)
+      _mm_prefetch(reinterpret_cast<const char*>(next + b * kShare + p), _MM_HINT_T0);
     panel.load(rows, b);
     __m256i isum[R], msum[R];
     for (int r = 0; r < R; ++r) isum[r] = msum[r] = _mm256_setzero_si256();
