@@ -90,11 +90,13 @@ class ReplicaHandle:
     def death(self) -> str | None:
         """``None`` while every rank runs, else e.g. ``"rank 3 killed by SIGKILL"``.
 
-        Names the first dead rank (in rank order) and how it ended.
+        Names the first rank killed by a signal (the cause: its peers exit with an error after
+        it), else the first dead rank (in rank order), and how it ended.
         """
-        for rank, p in enumerate(self.processes):
-            if not p.is_alive():
-                return f"rank {rank} (pid {p.pid}) {describe_exit(p.exitcode)}"
+        dead = [(rank, p) for rank, p in enumerate(self.processes) if not p.is_alive()]
+        signalled = [(rank, p) for rank, p in dead if p.exitcode is not None and p.exitcode < 0]
+        for rank, p in signalled or dead:
+            return f"rank {rank} (pid {p.pid}) {describe_exit(p.exitcode)}"
         return None
 
     def stop(self, timeout: float = 10.0) -> None:

@@ -150,12 +150,16 @@ class EngineClient:
         dead replica is noticed by :meth:`check_liveness`, which the watchdog calls)."""
         return self.info is not None and self._dead_reason is None and not self._closed
 
+    def rank_death(self) -> str | None:
+        """Which rank of the replica died and how (``rank 3 (pid N) killed by SIGKILL``), when
+        the replica's processes are known and one is gone; else ``None``."""
+        return self._describe_death() if self._describe_death is not None else None
+
     def check_liveness(self) -> bool:
         """Poll ``is_alive`` (when given) and, if the replica is gone, mark this client dead for
         good, failing pending requests with :class:`EngineDeadError`; return :attr:`healthy`."""
         if self.healthy and self._is_alive is not None and not self._is_alive():
-            death = self._describe_death() if self._describe_death is not None else None
-            self._mark_dead(death or "replica processes exited")
+            self._mark_dead(self.rank_death() or "replica processes exited")
         return self.healthy
 
     @property

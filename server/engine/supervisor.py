@@ -243,7 +243,11 @@ class ReplicaSupervisor:
             await asyncio.sleep(self._poll_s)
             if self._closing or self._client.check_liveness():
                 continue
-            await self._recover(self._client.dead_reason or "engine stopped")
+            reason = self._client.dead_reason or "engine stopped"
+            death = self._client.rank_death()  # the cause, when rank 0 reported its effect first
+            if death is not None and death not in reason:
+                reason = f"{death}: {reason}"
+            await self._recover(reason)
 
     async def _recover(self, reason: str) -> None:
         """Tear the replica down and start it again, as the module docstring says."""
