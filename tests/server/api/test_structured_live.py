@@ -289,6 +289,18 @@ def test_free_request_unchanged_by_constrained_neighbours(client: openai.OpenAI)
 # ---- isolation: one request's grammar never holds up the others (issue #41) ---------------
 
 
+NOT_BLOCKED_FLOOR_S = 0.1
+"""The shortest "alone" time the order-of-magnitude checks use: a request of a few
+milliseconds alone can wait a few scheduler quanta beside a compile or mask fill that holds
+one of two shared cores, which is no block (the review measured 19 s and 42 s)."""
+
+
+def _not_blocked(busy: float, alone: float) -> bool:
+    """``busy`` within an order of magnitude of ``alone`` (floored at
+    :data:`NOT_BLOCKED_FLOOR_S`)."""
+    return busy < 10 * max(alone, NOT_BLOCKED_FLOOR_S)
+
+
 def _seconds(job: Callable[[], object]) -> float:
     start = time.perf_counter()
     job()
@@ -320,7 +332,7 @@ def test_a_runaway_grammar_ends_itself_and_stalls_nobody(client: openai.OpenAI) 
         if len(text) >= 90:  # its masks are about to explode
             break
     busy = _seconds(_free(client))
-    assert busy < 10 * alone, (busy, alone)
+    assert _not_blocked(busy, alone), (busy, alone)
     with pytest.raises(openai.APIError, match="could not keep up"):
         for _ in stream:
             pass
@@ -352,6 +364,6 @@ def test_a_huge_choice_times_out_as_a_400_and_delays_no_other_compile(
         busy = _seconds(small(2))
         with pytest.raises(openai.BadRequestError) as info:
             big.result()
-    assert busy < 10 * alone, (busy, alone)
+    assert _not_blocked(busy, alone), (busy, alone)
     assert info.value.status_code == 400 and "within 3 s" in str(info.value)
     assert isinstance(info.value.body, dict) and info.value.body["param"] == "guided_choice"
