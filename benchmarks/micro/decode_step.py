@@ -10,7 +10,10 @@ every phase of the decode steps is summed by wall clock (the engine's own method
 for the run)::
 
     python -m benchmarks micro decode_step [--concurrency 8,32] [--dtype float32] [--waves 3] \\
-        [--threads 2] [--quantization q8_0|q4_0]
+        [--threads 2] [--quantization q8_0|q4_0] [--model PATH]
+
+``--model`` serves a checkpoint of one's own (a directory or a GGUF file; ``default``: the
+packaged SmolLM2-135M-Instruct Q4_1 GGUF) instead of the bench model.
 
 Printed per wave: its output tok/s, the prefill step, the median decode step, and per decode
 step the ms of scheduling, the plan broadcast, the batch metadata, the layers' forward, the
@@ -55,7 +58,11 @@ class PhaseClock:
 
 
 def build(
-    dtype: str, clock: PhaseClock, threads: int = THREADS, quantization: str | None = None
+    dtype: str,
+    clock: PhaseClock,
+    threads: int = THREADS,
+    quantization: str | None = None,
+    model: str | None = None,
 ) -> Any:
     """A coordinator over one in-process rank, its phases wrapped into ``clock``."""
     import model_shards.engine.coordinator as coordinator_module
@@ -66,7 +73,11 @@ def build(
     from model_shards.parallel.state import init_parallel
 
     torch.set_num_threads(threads)
-    model = str(ensure_model("main"))
+    if model == "default":
+        from model_shards.launch.packaged_model import packaged_gguf
+
+        model = str(packaged_gguf())
+    model = model or str(ensure_model("main"))
     ps = init_parallel(
         0, 1, 1, master_addr="127.0.0.1", master_port=free_port(), device="cpu", timeout_s=60
     )
@@ -122,9 +133,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--waves", type=int, default=3)
     parser.add_argument("--threads", type=int, default=THREADS, help="the rank's op threads")
     parser.add_argument("--quantization", choices=("q8_0", "q4_0"), default=None)
+    parser.add_argument("--model", default=None, help="a checkpoint; default: the bench model")
     args = parser.parse_args(argv)
     clock = PhaseClock()
-    coord = build(args.dtype, clock, args.threads, args.quantization)
+    coord = build(args.dtype, clock, args.threads, args.quantization, args.model)
     rng = random.Random(0)
     for c in [int(x) for x in args.concurrency.split(",")]:
         wave(coord, clock, c, rng, f"warm-{c}")

@@ -178,6 +178,11 @@ class Backend(ABC):
         :meth:`quantized_linear`; others are dequantized at load (none by default)."""
         return frozenset()
 
+    def pack_quantized(self, weight: QuantizedWeight) -> bool:
+        """After loading: lay ``weight``'s blocks out (in place) for :meth:`quantized_linear`,
+        e.g. as row panels (:meth:`QuantizedWeight.to_panels`); ``True`` if it did."""
+        return False
+
     def quantized_linear(
         self, x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | None
     ) -> torch.Tensor:

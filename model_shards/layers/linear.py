@@ -15,7 +15,7 @@ reads only this rank's slice from the checkpoint, kept dense or quantized
 ``ctx.ops.quantized_linear``). The GEMM is the backend's
 (``ctx.ops.linear``); after loading, :func:`prepare_weights` asks the backend for a
 faster layout of each weight (the CPU backend's packed panels), kept beside the
-parameter in ``packed``.
+parameter in ``packed`` (a quantized weight: its blocks reordered in place).
 """
 
 from __future__ import annotations
@@ -47,9 +47,11 @@ class LinearBase(nn.Module):
 
     def prepare(self) -> bool:
         """After loading: let the backend lay ``weight`` out for its GEMM; ``True`` if it did.
-        A weight held quantized (:mod:`.loading`) keeps its blocks as they are."""
-        if quant_of(self.weight) is not None:
-            return False
+        A weight held quantized (:mod:`.loading`) is laid out in place (its blocks reordered,
+        never dequantized; a tied embedding reads the same holder)."""
+        quant = quant_of(self.weight)
+        if quant is not None:
+            return self.ctx.ops.pack_quantized(quant)
         self.packed = self.ctx.ops.pack_linear(self.weight)
         return self.packed is not None
 

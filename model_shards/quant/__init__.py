@@ -7,4 +7,6 @@ A leaf package (torch only): layers hold these tensors, backends compute with th
   ``[out, in]`` weight as row segments, possibly of mixed types)
 - ``dequantize``: blocks → float32 for every type we serve, bit for bit ``gguf.quants``'
 - ``quantize``: float → Q8_0 / Q4_0 blocks (``--quantization``), bit for bit ``gguf.quants``'
+- ``panels``: the row-panel layout (sixteen rows' blocks interleaved, a byte permutation) that
+  the CPU backend lays weights out in after loading
 """

@@ -2,7 +2,8 @@
 
 A :class:`QuantizedTensor` stores each row of ``cols`` values as whole blocks of its type
 (:mod:`.formats`), so a row range is a slice of rows and a column range on block boundaries a
-slice of bytes.
+slice of bytes; or, once a backend asked for it after loading (:meth:`QuantizedWeight.to_panels`),
+the same bytes as row panels (:mod:`.panels`), which only that backend's GEMM reads directly.
 """
 
 from __future__ import annotations
@@ -13,15 +14,18 @@ import torch
 
 from model_shards.quant.dequantize import dequantize
 from model_shards.quant.formats import GGMLType, row_bytes
+from model_shards.quant.panels import PANEL_ROWS, PANEL_TYPES, from_panels, to_panels
 
 
 @dataclass(frozen=True)
 class QuantizedTensor:
-    """A ``[rows, cols]`` matrix of one type: ``data`` uint8 ``[rows, row_bytes]``, contiguous."""
+    """A ``[rows, cols]`` matrix of one type: ``data`` uint8 ``[rows, row_bytes]``, contiguous;
+    GGML blocks row after row, or row panels (``panels``: :mod:`.panels`, rows in sixteens)."""
 
     qtype: GGMLType
     data: torch.Tensor
     cols: int
+    panels: bool = False
 
     def __post_init__(self) -> None:
         want = row_bytes(self.qtype, self.cols)
@@ -30,14 +34,34 @@ class QuantizedTensor:
                 f"{self.qtype.name} [*, {self.cols}]: blocks must be uint8 [rows, {want}], "
                 f"got {self.data.dtype} {list(self.data.shape)}"
             )
+        if self.panels and (self.qtype not in PANEL_TYPES or self.rows % PANEL_ROWS):
+            raise ValueError(f"{self.qtype.name} x {self.rows} rows has no row-panel layout")
 
     @property
     def rows(self) -> int:
         return int(self.data.shape[0])
 
+    def as_panels(self) -> QuantizedTensor:
+        """The same matrix as row panels (a new tensor; ``self`` if it already is)."""
+        if self.panels:
+            return self
+        return QuantizedTensor(self.qtype, to_panels(self.data, self.qtype), self.cols, True)
+
+    def blocks(self, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """GGML blocks ``uint8 [len(rows), row_bytes]`` of ``rows`` (int64, in range; all rows
+        if ``None``), whatever the layout."""
+        if not self.panels:
+            return self.data if rows is None else self.data.index_select(0, rows)
+        if rows is None:
+            return from_panels(self.data, self.qtype)
+        groups = self.data.view(self.rows // PANEL_ROWS, -1).index_select(0, rows // PANEL_ROWS)
+        ggml = from_panels(groups.view(-1, self.data.shape[1]), self.qtype)  # [16 T, row_bytes]
+        picks = torch.arange(rows.shape[0], device=rows.device) * PANEL_ROWS + rows % PANEL_ROWS
+        return ggml.index_select(0, picks)
+
     def dequantize(self) -> torch.Tensor:
         """``[rows, cols]`` float32."""
-        return dequantize(self.data, self.qtype, self.cols)
+        return dequantize(self.blocks(), self.qtype, self.cols)
 
 
 @dataclass(frozen=True)
@@ -86,7 +110,12 @@ class QuantizedWeight:
         merged: list[Segment] = []
         for s in self.segments:
             last = merged[-1] if merged else None
-            if last is not None and last.end == s.start and last.tensor.qtype == s.tensor.qtype:
+            if (
+                last is not None
+                and last.end == s.start
+                and last.tensor.qtype == s.tensor.qtype
+                and not (last.tensor.panels or s.tensor.panels)
+            ):
                 data = torch.cat([last.tensor.data, s.tensor.data])
                 merged[-1] = Segment(
                     last.start, QuantizedTensor(s.tensor.qtype, data, s.tensor.cols)
@@ -94,6 +123,27 @@ class QuantizedWeight:
             else:
                 merged.append(s)
         self.segments = merged
+
+    def to_panels(self, types: frozenset[GGMLType]) -> bool:
+        """Lay out each segment of one of ``types`` as row panels, in place (the GGML bytes are
+        let go): its rows in sixteens, a last few rows staying a GGML segment of their own;
+        ``True`` if any was."""
+        laid: list[Segment] = []
+        for s in self.segments:
+            t, whole = s.tensor, s.tensor.rows - s.tensor.rows % PANEL_ROWS
+            if t.panels or t.qtype not in types or t.qtype not in PANEL_TYPES or whole == 0:
+                laid.append(s)
+                continue
+            head = QuantizedTensor(t.qtype, t.data[:whole], t.cols).as_panels()
+            laid.append(Segment(s.start, head))
+            if whole < t.rows:
+                tail = QuantizedTensor(t.qtype, t.data[whole:].clone(), t.cols)
+                laid.append(Segment(s.start + whole, tail))
+        changed = len(laid) != len(self.segments) or any(
+            a is not b for a, b in zip(laid, self.segments, strict=True)
+        )
+        self.segments = laid
+        return changed
 
     @property
     def covers_all(self) -> bool:
@@ -120,7 +170,7 @@ class QuantizedWeight:
         for s in self.segments:
             hit = ((ids >= s.start) & (ids < s.end)).nonzero().squeeze(1)  # [t]
             if hit.numel():
-                blocks = s.tensor.data.index_select(0, ids[hit] - s.start)
+                blocks = s.tensor.blocks(ids[hit] - s.start)
                 part = QuantizedTensor(s.tensor.qtype, blocks, s.tensor.cols).dequantize()
                 out.index_copy_(0, hit, part)
         return out

@@ -9,7 +9,10 @@ decoding runs at a third to a half of matmul peak; :meth:`CpuBackend.pack_linear
 
 Quantized weights (:meth:`CpuBackend.quantized_linear`): every GGML block type stays in its
 blocks; ``kernels/quant_gemm.cpp`` multiplies them with per-block int8 activations, one call per
-segment of the weight (a fused layer's parts may differ in type) into its output columns.
+segment of the weight (a fused layer's parts may differ in type) into its output columns. With
+AVX-512 VNNI, :meth:`CpuBackend.pack_quantized` lays each segment out as row panels after loading
+(the same bytes, sixteen rows interleaved: :mod:`model_shards.quant.panels`), which
+``kernels/quant_panels.cpp`` multiplies 1.3-2.5x faster with the same bits.
 
 MoE (:meth:`CpuBackend.fused_moe`): the (token, expert) pairs sorted by expert, one packed GEMM
 per expert for gate/up and for down, one SiLU-and-mul over all rows, one weighted scatter-add.
@@ -47,6 +50,7 @@ class CpuBackend(ReferenceBackend):
 
     def __init__(self) -> None:
         self._ops = torch.ops.shardserve_cpu
+        self._panels = bool(self._ops.quant_panels_isa())
 
     def rms_norm(
         self, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
@@ -133,6 +137,9 @@ class CpuBackend(ReferenceBackend):
     def quantized_types(self) -> frozenset[GGMLType]:
         return BLOCK_TYPES
 
+    def pack_quantized(self, weight: QuantizedWeight) -> bool:
+        return self._panels and weight.to_panels(BLOCK_TYPES)
+
     def quantized_linear(
         self, x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | None
     ) -> torch.Tensor:
@@ -158,6 +165,8 @@ class CpuBackend(ReferenceBackend):
             return F.linear(x, tensor.dequantize().to(x.dtype), bias)
         x = x if x.stride(-1) == 1 else x.contiguous()
         b = None if bias is None else bias.contiguous()
+        if tensor.panels:
+            return self._ops.quant_gemm_panels(x, tensor.data, int(tensor.qtype), b)
         return self._ops.quant_gemm(x, tensor.data, int(tensor.qtype), b)
 
     def fused_moe(

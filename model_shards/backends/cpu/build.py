@@ -35,6 +35,7 @@ SOURCES = [
         "sampling_ops.cpp",
         "gemm.cpp",
         "quant_gemm.cpp",
+        "quant_panels.cpp",
     )
 ]
 HEADERS = [
@@ -43,11 +44,13 @@ HEADERS = [
         "kernel_common.h",
         "prefill_attention.h",
         "gemm_avx2.h",
+        "quant_act.h",
         "quant_dot.h",
         "quant_dot_avx2.h",
         "quant_panel_avx2.h",
         "quant_panel_avx512.h",
         "quant_panel_k_avx2.h",
+        "quant_panels_avx512.h",
     )
 ]
 KERNEL_DTYPES = (torch.float32, torch.bfloat16)  # the dtypes the kernels serve

@@ -21,6 +21,11 @@ and loaded by ``backends/cpu/build.py``, called by ``backends/cpu/backend.py``.
   types, K-quants);
 * ``quant_panel_avx512.h``: the 32-value types' panels with AVX-512 BW/VL/VNNI (two rows per
   vpdpbusd, the next rows prefetched), picked over the AVX2 ones where built;
+* ``quant_act.h``: rows of x quantized to activation blocks (both quantized GEMMs' first step);
+* ``quant_panels.cpp``: the same GEMM over weights laid out as row panels
+  (``model_shards/quant/panels.py``), the same bits; built with AVX-512 VNNI only
+  (``quant_panels_isa``), and there the backend lays every quantized weight out so;
+* ``quant_panels_avx512.h``: its sixteen-row tiles (one row per int32 lane, no reductions);
 * ``kernel_common.h``: what the others share (decode-attention operands, index checks,
   float32 <-> bfloat16 conversions, the exp polynomial); not needed by ``sampling_ops.cpp``.
 

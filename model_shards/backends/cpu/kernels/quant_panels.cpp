@@ -1,0 +1,162 @@
+// The GEMM of linear layers whose GGML blocks the backend laid out as row panels at load
+// (model_shards/quant/panels.py): torch.ops.shardserve_cpu.quant_gemm_panels.
+//
+//   y [..., N] = x [..., K] W^T (+ bias),   W [N, K] as row panels, uint8 [N, row_bytes], N % 16 = 0
+//
+// Same contract, activations and arithmetic as quant_gemm (quant_gemm.cpp): x quantized per
+// block to int8 once per call, exact int32 block products, the float32 steps of its AVX2 /
+// AVX-512 panels, so y has the same bits as quant_gemm on the GGML layout of W, and row m of
+// y depends only on row m of x (batch invariance). Built only with AVX-512 BW + VL + VNNI
+// (quant_panels_isa() is "" elsewhere, and the backend keeps the GGML layout).
+//
+// Work split: threads take groups of sixteen weight rows; within a group, tiles of up to
+// eight rows of x (kTile), each block of the sixteen rows decoded once per tile
+// (quant_panels_avx512.h). Why the layout: in the GGML layout a block's eight rows sit
+// 600 bytes apart, their scales are gathered one by one and each row's int32 partials are
+// reduced across lanes, about half of a block's ~90 instructions; in panels a row is a lane
+// throughout and a block of sixteen rows is ~25 instructions for the first row of x, ~13
+// for each further one.
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <string>
+#include <vector>
+
+#include "kernel_common.h"
+#include "quant_act.h"
+#include "quant_dot.h"
+#include "quant_panels_avx512.h"
+
+namespace shardserve_cpu {
+namespace {
+
+using namespace quant;
+
+constexpr int kTile = 8;  // rows of x per pass over a group's blocks
+
+std::string quant_panels_isa() {
+#if defined(SHARDSERVE_QUANT_PANELS)
+  return "avx512-vnni";
+#else
+  return "";
+#endif
+}
+
+#if defined(SHARDSERVE_QUANT_PANELS)
+using TileFn = void (*)(const uint8_t*, const void* const*, int64_t, float*);
+
+template <int64_t T, int R>
+void tile_entry(const uint8_t* w, const void* const* a, int64_t nb, float* out) {
+  if constexpr (T == kQ6_K) panels::tile_q6k<R>(w, reinterpret_cast<const ActA256* const*>(a), nb, out);
+  else if constexpr (is_k(T)) panels::tile_k4<T, R>(w, reinterpret_cast<const ActA256* const*>(a), nb, out);
+  else panels::tile32<T, R>(w, reinterpret_cast<const ActA32* const*>(a), nb, out);
+}
+
+template <int64_t T>
+TileFn pick(int rows) {
+  switch (rows) {
+    case 1: return &tile_entry<T, 1>;
+    case 2: return &tile_entry<T, 2>;
+    case 3: return &tile_entry<T, 3>;
+    case 4: return &tile_entry<T, 4>;
+    case 5: return &tile_entry<T, 5>;
+    case 6: return &tile_entry<T, 6>;
+    case 7: return &tile_entry<T, 7>;
+    default: return &tile_entry<T, kTile>;
+  }
+}
+
+TileFn tile_fn(int64_t t, int rows) {
+  switch (t) {
+    case kQ4_0: return pick<kQ4_0>(rows);
+    case kQ4_1: return pick<kQ4_1>(rows);
+    case kQ5_0: return pick<kQ5_0>(rows);
+    case kQ5_1: return pick<kQ5_1>(rows);
+    case kQ8_0: return pick<kQ8_0>(rows);
+    case kQ4_K: return pick<kQ4_K>(rows);
+    case kQ5_K: return pick<kQ5_K>(rows);
+    case kQ6_K: return pick<kQ6_K>(rows);
+    default: TORCH_CHECK(false, "quant_gemm_panels: unsupported GGML type ", t);
+  }
+  return nullptr;
+}
+
+template <typename X>
+void run(const X* x, const uint8_t* w, int64_t qtype, const X* bias, X* y, int64_t M, int64_t N,
+         int64_t K) {
+  const bool k_quant = is_k(qtype);
+  const int64_t nb = K / block_elems(qtype), group_bytes = panels::kRows * nb * block_bytes(qtype);
+  const int64_t a_row = nb * (k_quant ? sizeof(ActA256) : sizeof(ActA32));
+  std::vector<uint8_t> act(M * a_row);
+  if (k_quant) quantize_rows<X, ActA256>(x, M, K, act.data());
+  else quantize_rows<X, ActA32>(x, M, K, act.data());
+  const TileFn full = tile_fn(qtype, kTile), rest = tile_fn(qtype, static_cast<int>(M % kTile));
+  at::parallel_for(0, N / panels::kRows, 1, [&](int64_t g0, int64_t g1) {
+    float out[kTile * panels::kRows];
+    const void* a[kTile];
+    for (int64_t g = g0; g < g1; ++g) {
+      for (int64_t m0 = 0; m0 < M; m0 += kTile) {
+        const int rows = static_cast<int>(std::min<int64_t>(kTile, M - m0));
+        for (int r = 0; r < rows; ++r) a[r] = act.data() + (m0 + r) * a_row;
+        (rows == kTile ? full : rest)(w + g * group_bytes, a, nb, out);
+        for (int r = 0; r < rows; ++r)
+          for (int i = 0; i < panels::kRows; ++i) {
+            const int64_t n = g * panels::kRows + i;
+            const float v = out[r * panels::kRows + i] + (bias != nullptr ? to_f<X>(bias[n]) : 0.f);
+            y[(m0 + r) * N + n] = from_f<X>(v);
+          }
+      }
+    }
+  });
+}
+#endif
+
+at::Tensor quant_gemm_panels(const at::Tensor& input, const at::Tensor& panels, int64_t qtype,
+                             const std::optional<at::Tensor>& bias) {
+  TORCH_CHECK(!quant_panels_isa().empty(), "quant_gemm_panels: this build has no AVX-512 VNNI");
+  const at::ScalarType dtype = input.scalar_type();
+  TORCH_CHECK(dtype == at::kFloat || dtype == at::kBFloat16,
+              "quant_gemm_panels: input must be float32 or bfloat16, got ", dtype);
+  TORCH_CHECK(block_bytes(qtype) != 0, "quant_gemm_panels: unsupported GGML type ", qtype);
+  const int64_t K = input.size(-1), N = panels.size(0);
+  TORCH_CHECK(K % block_elems(qtype) == 0 && panels.dim() == 2 && N % 16 == 0 &&
+                  panels.scalar_type() == at::kByte && panels.is_contiguous() &&
+                  panels.size(1) == K / block_elems(qtype) * block_bytes(qtype),
+              "quant_gemm_panels: panels must be uint8 [16 n, row_bytes] of type ", qtype,
+              " for K = ", K);
+  TORCH_CHECK(!bias.has_value() || (bias->dim() == 1 && bias->size(0) == N &&
+                                    bias->scalar_type() == dtype && bias->is_contiguous()),
+              "quant_gemm_panels: bias must be [N] in the input's dtype");
+  const at::Tensor x = input.reshape({-1, K}).contiguous();
+  std::vector<int64_t> out_sizes = input.sizes().vec();
+  out_sizes.back() = N;
+  at::Tensor y = at::empty(out_sizes, x.options());
+  const int64_t M = x.size(0);
+  if (M == 0 || N == 0) return y;
+#if defined(SHARDSERVE_QUANT_PANELS)
+  const uint8_t* w = panels.data_ptr<uint8_t>();
+  if (dtype == at::kFloat) {
+    const float* b = bias.has_value() ? bias->data_ptr<float>() : nullptr;
+    run<float>(x.data_ptr<float>(), w, qtype, b, y.data_ptr<float>(), M, N, K);
+  } else {
+    using BF = c10::BFloat16;
+    const BF* b = bias.has_value() ? bias->data_ptr<BF>() : nullptr;
+    run<BF>(x.data_ptr<BF>(), w, qtype, b, y.data_ptr<BF>(), M, N, K);
+  }
+#endif
+  return y;
+}
+
+}  // namespace
+}  // namespace shardserve_cpu
+
+TORCH_LIBRARY_FRAGMENT(shardserve_cpu, m) {
+  m.def("quant_panels_isa() -> str", &shardserve_cpu::quant_panels_isa);
+  m.def("quant_gemm_panels(Tensor input, Tensor panels, int qtype, Tensor? bias=None) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(shardserve_cpu, CPU, m) {
+  m.impl("quant_gemm_panels", &shardserve_cpu::quant_gemm_panels);
+}
