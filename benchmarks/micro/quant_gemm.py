@@ -1,8 +1,13 @@
-"""Quantized GEMMs (``kernels/quant_gemm.cpp``) against the dense bfloat16 packed GEMM
-(``kernels/gemm.cpp``) on SmolLM2-135M's layer shapes (hidden 576, intermediate 1536, 9/3
-heads of 64, vocab 49152), for every GGML type the kernels serve::
+"""Quantized GEMMs (``kernels/quant_gemm.cpp``, or ``kernels/quant_panels.cpp`` over row panels)
+against the dense bfloat16 packed GEMM (``kernels/gemm.cpp``) on SmolLM2-135M's layer shapes
+(hidden 576, intermediate 1536, 9/3 heads of 64, vocab 49152), for every GGML type the kernels
+serve::
 
-    python -m benchmarks micro quant_gemm [--rows 1,8,32,128,512] [--types Q4_0,Q4_K]
+    python -m benchmarks micro quant_gemm [--rows 1,8,32,128,512] [--types Q4_0,Q4_K] \
+        [--layout panels|ggml]
+
+``--layout``: ``panels`` (the default where the build has them, as the backend serves) or
+``ggml`` (the blocks as the file stores them).
 
 Each cell is ``bf16 time / quantized time`` for one shape and M (above 1: the quantized GEMM
 is faster), from the best of a few timed loops on ``THREADS`` threads, activation
@@ -46,11 +51,12 @@ def best_seconds(fn: Callable[[], object]) -> float:
     return elapsed / n
 
 
-def measure(types: list[str], rows: list[int]) -> dict[tuple[str, str, int], float]:
+def measure(types: list[str], rows: list[int], panels: bool) -> dict[tuple[str, str, int], float]:
     """(type, shape, M) → bf16 seconds / quantized seconds."""
     from model_shards.backends.cpu.backend import CpuBackend
     from model_shards.backends.cpu.build import build_and_load
     from model_shards.quant.formats import BLOCK_SIZES, GGMLType
+    from model_shards.quant.panels import to_panels
     from model_shards.quant.quantize import quantize
 
     if not build_and_load():
@@ -69,9 +75,12 @@ def measure(types: list[str], rows: list[int]) -> dict[tuple[str, str, int], flo
                 continue  # K-quants need K % 256 == 0 (576 is not: llama.cpp falls back too)
             else:  # random bytes: the timing does not depend on the values
                 blocks = torch.randint(0, 256, (n, k // elems * nbytes), dtype=torch.uint8)
+            if panels:
+                blocks = to_panels(blocks, qtype)
+            gemm = ops.quant_gemm_panels if panels else ops.quant_gemm
             for m in rows:
                 x = torch.randn(m, k).bfloat16()
-                ours = functools.partial(ops.quant_gemm, x, blocks, int(qtype))
+                ours = functools.partial(gemm, x, blocks, int(qtype))
                 theirs = functools.partial(backend.linear, x, w, dense, None)
                 bf16, quant = float("inf"), float("inf")
                 for _ in range(REPEATS):  # interleaved, so both see the same load
@@ -81,17 +90,26 @@ def measure(types: list[str], rows: list[int]) -> dict[tuple[str, str, int], flo
     return ratios
 
 
+def _have_panels() -> bool:
+    from model_shards.backends.cpu.build import build_and_load
+
+    return build_and_load() and bool(torch.ops.shardserve_cpu.quant_panels_isa())
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--rows", default=",".join(map(str, ROWS)))
     parser.add_argument("--types", default=",".join(TYPES))
     parser.add_argument("--threads", type=int, default=THREADS)
+    parser.add_argument("--layout", choices=("panels", "ggml"), default=None)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     rows = [int(r) for r in args.rows.split(",")]
     types = args.types.split(",")
-    ratios = measure(types, rows)
+    ratios = measure(types, rows, args.layout != "ggml" and _have_panels())
     isa = torch.ops.shardserve_cpu.quant_gemm_isa()
+    if args.layout != "ggml" and _have_panels():
+        isa = f"row panels, {torch.ops.shardserve_cpu.quant_panels_isa()}"
     print(f"load average {os.getloadavg()[0]:.1f}, {args.threads} threads, quant_gemm {isa}")
     print("bf16 packed GEMM time / quantized GEMM time (above 1: quantized faster)\n")
     print("| type | shape (n × K) | " + " | ".join(f"M={m}" for m in rows) + " |")
