@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from model_shards.quant.formats import GGMLType
+from model_shards.quant.fp8 import Fp8Weight
+from model_shards.quant.int4 import Int4GroupWeight
 from model_shards.quant.weights import QuantizedWeight
 from model_shards.worker.kv_cache import KVPool
 
@@ -196,6 +198,21 @@ class Backend(ABC):
     ) -> torch.Tensor:
         """``ids [T]`` int64 (in range) → the dequantized rows ``[T, in]`` in ``dtype``."""
         raise NotImplementedError(f"{self.name}: no quantized weights")
+
+    # ---- checkpoint-quantized weights (model_shards.quant.int4, .fp8) -----------------------
+    def int4_linear(
+        self, x: torch.Tensor, weight: Int4GroupWeight, bias: torch.Tensor | None
+    ) -> torch.Tensor:
+        """``x [T, in]`` → ``x W^T + b: [T, out]`` in ``x.dtype``, ``W = weight.dequantize()``
+        (W4A16: ``x`` is not quantized)."""
+        raise NotImplementedError(f"{self.name}: no 4-bit weights")
+
+    def fp8_linear(
+        self, x: torch.Tensor, weight: Fp8Weight, bias: torch.Tensor | None
+    ) -> torch.Tensor:
+        """``x [T, in]`` → ``x̂ W^T + b: [T, out]`` in ``x.dtype``, ``x̂`` the activations
+        rounded to FP8 (``quant.fp8.quantize_activations``), ``W = weight.dequantize()``."""
+        raise NotImplementedError(f"{self.name}: no FP8 weights")
 
     # ---- mixture of experts ---------------------------------------------------------
     @abstractmethod

@@ -14,6 +14,8 @@ from model_shards.backends.base import (
     RotaryStep,
 )
 from model_shards.quant.formats import BLOCK_TYPES, GGMLType
+from model_shards.quant.fp8 import Fp8Weight, quantize_activations
+from model_shards.quant.int4 import Int4GroupWeight
 from model_shards.quant.weights import QuantizedWeight
 from model_shards.splitmix import FINAL_SHIFT, GOLDEN, MIX_ROUNDS
 
@@ -204,6 +206,21 @@ class ReferenceBackend(Backend):
         self, ids: torch.Tensor, weight: QuantizedWeight, dtype: torch.dtype
     ) -> torch.Tensor:
         return weight.take_rows(ids).to(dtype)
+
+    def int4_linear(
+        self, x: torch.Tensor, weight: Int4GroupWeight, bias: torch.Tensor | None
+    ) -> torch.Tensor:
+        """Dequantize, then one float32 GEMM, rounded once to ``x.dtype``."""
+        b = None if bias is None else bias.float()
+        return F.linear(x.float(), weight.dequantize(), b).to(x.dtype)
+
+    def fp8_linear(
+        self, x: torch.Tensor, weight: Fp8Weight, bias: torch.Tensor | None
+    ) -> torch.Tensor:
+        """The activations rounded to FP8, the weight dequantized, one float32 GEMM."""
+        b = None if bias is None else bias.float()
+        xq = quantize_activations(x, weight.input_scale)
+        return F.linear(xq, weight.dequantize(), b).to(x.dtype)
 
     def fused_moe(
         self,

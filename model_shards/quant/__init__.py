@@ -7,6 +7,9 @@ A leaf package (torch only): layers hold these tensors, backends compute with th
   ``[out, in]`` weight as row segments, possibly of mixed types)
 - ``dequantize``: blocks → float32 for every type we serve, bit for bit ``gguf.quants``'
 - ``quantize``: float → Q8_0 / Q4_0 blocks (``--quantization``), bit for bit ``gguf.quants``'
+- ``int4``: ``Int4GroupWeight``, the holder AWQ / GPTQ / compressed-tensors W4A16 checkpoints
+  unpack to (4-bit groups along the input, nibbles two per byte), its reference dequantization
+- ``fp8``: ``Fp8Weight`` (e4m3 weights, per-channel scales) and the W8A8 activation rounding
 - ``panels``: the row-panel layout (sixteen rows' blocks interleaved, a byte permutation) that
   the CPU backend lays weights out in after loading
 """

@@ -1,0 +1,52 @@
+"""FP8 (e4m3) weights with per-channel scales, and the activation quantization of W8A8: the
+holder :class:`Fp8Weight` that compressed-tensors ``float-quantized`` checkpoints, FBGEMM FP8
+checkpoints and ``--quantization fp8`` all load into, multiplied by ``Backend.fp8_linear``.
+
+    W[n, k] = weight[n, k] · scale[n]         (a per-tensor scale is broadcast to every n)
+    x̂[t, k] = fp8(x[t, k] / s[t]) · s[t],    s[t] = max_k |x[t, k]| / 448 (dynamic, per token),
+                                              or the checkpoint's static ``input_scale``
+    y = x̂ W^T (+ bias)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+FP8_MAX = 448.0  # torch.finfo(torch.float8_e4m3fn).max
+
+
+@dataclass
+class Fp8Weight:
+    """``weight``: float8_e4m3fn ``[N, K]``; ``scale``: float32 ``[N]``; ``input_scale``:
+    float32 scalar tensor (static activation scale) or ``None`` (dynamic per token)."""
+
+    weight: torch.Tensor
+    scale: torch.Tensor
+    input_scale: torch.Tensor | None = None
+
+    @property
+    def out_features(self) -> int:
+        return int(self.weight.shape[0])
+
+    @property
+    def in_features(self) -> int:
+        return int(self.weight.shape[1])
+
+    def dequantize(self) -> torch.Tensor:
+        """``[N, K]`` float32."""
+        return self.weight.float() * self.scale.float()[:, None]
+
+
+def quantize_activations(x: torch.Tensor, input_scale: torch.Tensor | None) -> torch.Tensor:
+    """``x [T, K]`` → ``x̂ [T, K]`` float32 (above): the reference of the activation rounding
+    every ``fp8_linear`` applies. A zero row stays zero."""
+    xf = x.float()
+    if input_scale is None:
+        s = xf.abs().amax(dim=-1, keepdim=True) / FP8_MAX  # [T, 1]
+        s = torch.where(s == 0, torch.ones_like(s), s)
+    else:
+        s = input_scale.float().reshape(1, 1)
+    q = (xf / s).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    return q.float() * s
