@@ -18,9 +18,13 @@ Other work above ``DOWN_OTHER_CORES`` while less than ``UP_IDLE_CORES`` is idle,
 windows in a row: one thread fewer. Other work under ``UP_OTHER_CORES`` or that much
 idle, two windows in a row: one thread more, up to the planned count. Only windows
 spent mostly in steps vote (``MIN_STEPPING``): what ran while this rank sat idle took
-nothing from it. A load generator on the same machine (the bench's: ~0.06 of a core
-at concurrency 8 and 32) stays under both thresholds; a busy loop takes ~0.7 of a
-core beside two spinning threads and a whole one beside one thread. On a big host
+nothing from it; and a step after ``IDLE_RESET_S`` without one starts again at the
+planned count (the load that cost a thread may be gone: a burst of requests after a pause
+otherwise spent its first second at one thread, ~1.5x slower at concurrency 1, before two
+windows had voted; a neighbour still busy takes it away again within two windows). A
+load generator on the same machine (the bench's: ~0.06 of a core at concurrency 8 and 32)
+stays under both thresholds; a busy loop takes ~0.7 of a core beside two spinning threads
+and a whole one beside one thread. On a big host
 the idle cores keep the count: other work there does not take ours.
 
 The signal is other processes' time, not our threads' waiting: with OpenMP's
@@ -68,6 +72,7 @@ DOWN_OTHER_CORES = 0.5
 UP_OTHER_CORES = 0.35
 UP_IDLE_CORES = 0.5
 MIN_STEPPING = 0.5
+IDLE_RESET_S = 2.0
 _WINDOWS = 2  # consecutive windows that must agree before a change
 _TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 _BUSY_FIELDS = (1, 2, 3, 6, 7, 8)  # user nice system irq softirq steal (cpuN line, 1-based)
@@ -194,6 +199,7 @@ class ThreadGovernor:
         self._last = self._sample()
         self._stepping = 0.0  # seconds inside steps since the last sample
         self._votes = 0  # > 0: windows in a row that asked for more; < 0: for fewer
+        self._last_step_end: float | None = None
         self.changes = 0
 
     def tick(self) -> None:
@@ -240,14 +246,35 @@ class ThreadGovernor:
         """``step`` with a :meth:`tick` before each call."""
 
         def governed(*args: object, **kwargs: object) -> R:
+            self._after_idle()
             self.tick()
             start = self._clock()
             try:
                 return step(*args, **kwargs)
             finally:
-                self._stepping += self._clock() - start
+                end = self._clock()
+                self._stepping += end - start
+                self._last_step_end = end
 
         return governed
+
+    def _after_idle(self) -> None:
+        """The planned count back for the first step after ``IDLE_RESET_S`` without steps."""
+        last = self._last_step_end
+        if last is None or self.threads == self.max_threads:
+            return
+        idle = self._clock() - last
+        if idle >= IDLE_RESET_S:
+            log.info(
+                "CPU threads %d -> %d (first step after %.1f s idle)",
+                self.threads,
+                self.max_threads,
+                idle,
+            )
+            self.threads = self.max_threads
+            self._set(self.max_threads)
+            self._votes = 0
+            self.changes += 1
 
 
 def current_cpu(stat: Path = Path("/proc/thread-self/stat")) -> int | None:

@@ -132,6 +132,21 @@ def test_what_ran_while_we_sat_idle_does_not_count() -> None:
     assert m.set_to == []
 
 
+def test_a_step_after_a_pause_starts_again_at_the_planned_count() -> None:
+    m = FakeMachine()
+    g = m.governor(2)
+    for _ in range(2):  # a busy neighbour while we step: one thread
+        m.run(g, other=0.9, idle=0.0)
+    assert m.set_to == [1]
+    m.run(g, other=0.9, idle=0.0, gap=1.0)  # a short pause keeps it
+    assert m.set_to == [1]
+    m.run(g, other=0.0, idle=1.0, gap=3.0)  # a longer one: the next burst starts at two
+    assert m.set_to == [1, 2] and g.threads == 2
+    for _ in range(2):  # ... and a neighbour still there takes it again, two windows later
+        m.run(g, other=0.9, idle=0.0)
+    assert m.set_to == [1, 2, 1]
+
+
 def test_idle_cores_mean_other_work_is_not_taking_ours() -> None:
     m = FakeMachine()
     g = m.governor(4)  # a big host: others busy, but cores to spare

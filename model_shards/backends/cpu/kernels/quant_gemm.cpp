@@ -1,5 +1,7 @@
 // The GEMM of linear layers whose weights stay GGML block-quantized:
-// torch.ops.shardserve_cpu.quant_gemm.
+// torch.ops.shardserve_cpu.quant_gemm. (Where the build has AVX-512 VNNI the backend lays the
+// weights out as row panels after loading and quant_panels.cpp serves them, same bits; this
+// kernel then serves the few rows of a segment that do not fill a panel of sixteen.)
 //
 //   y [..., N] = x [..., K] W^T (+ bias),   W [N, K] given as its GGML blocks [N, row_bytes]
 //
