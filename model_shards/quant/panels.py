@@ -104,3 +104,16 @@ def from_panels(data: torch.Tensor, qtype: GGMLType) -> torch.Tensor:
     panels = data.reshape(groups, blocks, PANEL_ROWS * size).index_select(2, inverse)
     grouped = panels.reshape(groups, blocks, PANEL_ROWS, size).transpose(1, 2)  # [G, 16, nb, B]
     return grouped.reshape(data.shape)
+
+
+def rows_from_panels(data: torch.Tensor, qtype: GGMLType, rows: torch.Tensor) -> torch.Tensor:
+    """GGML blocks ``uint8 [T, row_bytes]`` of ``rows`` (int64 ``[T]``, in range) of the row
+    panels ``data``: one gather of exactly their bytes."""
+    _, blocks = _check(data, qtype)
+    size = BLOCK_SIZES[qtype][1]
+    inverse = _order(qtype)[1].to(rows.device).view(PANEL_ROWS, size)  # [16, B]: row's bytes
+    group, within = rows // PANEL_ROWS, rows % PANEL_ROWS  # [T]
+    block = torch.arange(blocks, device=rows.device) * (PANEL_ROWS * size)  # [nb]
+    start = group * (PANEL_ROWS * data.shape[1])  # [T]
+    index = start[:, None, None] + block[None, :, None] + inverse[within][:, None, :]
+    return data.reshape(-1)[index.reshape(-1)].view(rows.shape[0], data.shape[1])

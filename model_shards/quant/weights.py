@@ -14,7 +14,13 @@ import torch
 
 from model_shards.quant.dequantize import dequantize
 from model_shards.quant.formats import GGMLType, row_bytes
-from model_shards.quant.panels import PANEL_ROWS, PANEL_TYPES, from_panels, to_panels
+from model_shards.quant.panels import (
+    PANEL_ROWS,
+    PANEL_TYPES,
+    from_panels,
+    rows_from_panels,
+    to_panels,
+)
 
 
 @dataclass(frozen=True)
@@ -54,10 +60,7 @@ class QuantizedTensor:
             return self.data if rows is None else self.data.index_select(0, rows)
         if rows is None:
             return from_panels(self.data, self.qtype)
-        groups = self.data.view(self.rows // PANEL_ROWS, -1).index_select(0, rows // PANEL_ROWS)
-        ggml = from_panels(groups.view(-1, self.data.shape[1]), self.qtype)  # [16 T, row_bytes]
-        picks = torch.arange(rows.shape[0], device=rows.device) * PANEL_ROWS + rows % PANEL_ROWS
-        return ggml.index_select(0, picks)
+        return rows_from_panels(self.data, self.qtype, rows)
 
     def dequantize(self) -> torch.Tensor:
         """``[rows, cols]`` float32."""

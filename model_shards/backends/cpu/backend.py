@@ -145,7 +145,7 @@ class CpuBackend(ReferenceBackend):
     ) -> torch.Tensor:
         """One ``quant_gemm`` per segment (float segments: F.linear), each into its columns."""
         segments = weight.segments
-        if len(segments) == 1 and weight.covers_all:
+        if len(segments) == 1 and segments[0].tensor.rows == weight.out_features:
             return self._segment(x, segments[0].tensor, bias)
         out = x.new_zeros(*x.shape[:-1], weight.out_features)  # [T, out]
         for seg in segments:
