@@ -12,7 +12,9 @@ yields ``chat.completion.chunk`` frames: for each choice first a delta with
 handled as in :mod:`server.api.completions`.
 
 Roles must be OpenAI's (:data:`server.api.chat_protocol.ROLES`; else a 400 naming
-``messages[i].role``). ``tools`` go to the template; ``tool_choice`` and the output's
+``messages[i].role``). vLLM's ``prompt_logprobs`` (not with ``stream``) scores the rendered
+prompt once for all choices: the response's top-level ``prompt_logprobs``, as vLLM's.
+``tools`` go to the template; ``tool_choice`` and the output's
 tool calls are :mod:`server.api.chat_tools`'; ``response_format`` and the other
 structured-output fields constrain the output (:mod:`server.api.structured`).
 """
@@ -35,7 +37,7 @@ from server.api.chat_protocol import (
 )
 from server.api.chat_tools import ToolPlan, ToolStream, finish_reason, message, tool_plan
 from server.api.choices import ChoiceRequests, fan_out
-from server.api.logprobs import chat_logprobs
+from server.api.logprobs import chat_logprobs, vllm_prompt_logprobs
 from server.api.protocol import Usage
 from server.api.serving import (
     ENGINE_ERRORS,
@@ -129,6 +131,7 @@ def prepare(
         stop_token_ids=stop_token_ids,
         ignore_eos=body.ignore_eos,
         grammar=grammar or tool_grammar,
+        prompt_logprobs=body.prompt_logprobs,
         grammar_param="tool_choice" if tool_grammar is not None else body.grammar_param,
     )
     requests = with_media(work.requests, media)
@@ -150,11 +153,19 @@ async def complete(
         )
         for r, m in zip(results, messages, strict=True)
     ]
+    scored = None
+    if body.prompt_logprobs is not None:
+        scores = results[0].prompt_logprobs
+        if scores is None:
+            raise RuntimeError("the engine sent no prompt logprobs for a request that asked")
+        prompt = work.requests[0].prompt_token_ids
+        scored = vllm_prompt_logprobs(serving.tokenizer, prompt, scores, body.prompt_logprobs)
     return ChatCompletionResponse(
         id=work.response_id,
         model=serving.model_name,
         choices=choices,
         usage=Usage.of(work.prompt_tokens, sum(r.completion_tokens for r in results)),
+        prompt_logprobs=scored,
     )
 
 

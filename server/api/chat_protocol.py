@@ -34,6 +34,7 @@ from pydantic import (
 from pydantic.json_schema import SkipJsonSchema
 from pydantic_core import PydanticCustomError
 
+from server.api.completion_protocol import PromptLogprobsList
 from server.api.protocol import MAX_LOGPROBS, SamplingFields, Usage, now, unsupported
 from server.media.parts import MediaPart, split_media_parts
 
@@ -132,16 +133,14 @@ class ChatCompletionRequest(SamplingFields):
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool = True
     add_generation_prompt: bool = True
-    prompt_logprobs: Any = None  # refused: /v1/completions scores prompts
+    # vLLM's: the rendered prompt scored, top-N per token (0..20), not with stream
+    prompt_logprobs: Annotated[StrictInt, Field(ge=0, le=MAX_LOGPROBS)] | None = None
 
     @field_validator("prompt_logprobs", mode="after")
     @classmethod
-    def _prompt_logprobs(cls, value: Any) -> Any:
-        if value is not None:
-            raise unsupported(
-                "prompt_logprobs is not supported on chat completions; "
-                "use /v1/completions (prompt_logprobs, or echo with logprobs)"
-            )
+    def _prompt_logprobs(cls, value: int | None, info: ValidationInfo) -> int | None:
+        if value is not None and info.data.get("stream"):
+            raise unsupported("prompt_logprobs is not available with stream (as in vLLM)")
         return value
 
     @field_validator("top_logprobs", mode="after")
@@ -250,6 +249,10 @@ class ChatCompletionResponse(BaseModel):
     model: str
     choices: list[ChatChoice]
     usage: Usage
+    # vLLM's: the rendered prompt's scores (one prompt for every choice), when asked
+    prompt_logprobs: PromptLogprobsList | None = Field(
+        default=None, exclude_if=lambda value: value is None
+    )
 
 
 class ChatDelta(BaseModel):

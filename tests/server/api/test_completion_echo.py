@@ -109,6 +109,30 @@ async def test_vllm_prompt_logprobs(serve: ServeFactory, tokenizer: Tokenizer) -
         assert got[i] == expected and next(iter(got[i])) == str(ids[i])
 
 
+async def test_chat_prompt_logprobs_score_the_rendered_prompt(
+    serve: ServeFactory, tokenizer: Tokenizer
+) -> None:
+    served = await serve()
+    messages = [{"role": "user", "content": "one two"}]
+    body = {"messages": messages, "max_tokens": 2, "prompt_logprobs": 1}
+    response = await served.http.post("/v1/chat/completions", json=body)
+    assert response.status_code == 200, response.text
+    got = response.json()["prompt_logprobs"]
+    sent = served.engine.requests[response.json()["id"]]
+    ids = sent.prompt_token_ids  # the template's rendering, tokenized
+    assert sent.prompt_logprobs == 1 and len(got) == len(ids) and got[0] is None
+    scores = fake_prompt_logprobs(ids, 1, tokenizer.vocab_size)
+    for i in range(1, len(ids)):
+        own = got[i][str(ids[i])]
+        assert own == {
+            "logprob": scores.logprobs[i - 1],
+            "rank": i,
+            "decoded_token": tokenizer.token_text(ids[i]),
+        }
+    plain = await served.http.post("/v1/chat/completions", json={"messages": messages})
+    assert "prompt_logprobs" not in plain.json()
+
+
 async def test_streamed_echo(serve: ServeFactory, tokenizer: Tokenizer) -> None:
     served = await serve()
     prompt = "one two three"
@@ -139,7 +163,7 @@ async def test_bad_combinations_are_400(serve: ServeFactory) -> None:
         ),
         (
             "/v1/chat/completions",
-            {"messages": [{"role": "user", "content": "x"}], "prompt_logprobs": 1},
+            {"messages": [{"role": "user", "content": "x"}], "prompt_logprobs": 1, "stream": True},
             "prompt_logprobs",
         ),
     ]

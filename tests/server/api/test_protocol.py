@@ -111,12 +111,13 @@ def test_max_tokens_0_needs_echo() -> None:
     assert parse(prompt="x", logprobs=2).engine_prompt_logprobs is None
 
 
-def test_prompt_logprobs_refused_on_chat() -> None:
-    body = {"messages": [{"role": "user", "content": "hi"}], "prompt_logprobs": 1}
+@pytest.mark.parametrize("extra", [{"stream": True}, {"prompt_logprobs": 21}])
+def test_chat_prompt_logprobs_bounds_and_no_stream(extra: dict[str, Any]) -> None:
+    body = {"messages": [{"role": "user", "content": "hi"}], "prompt_logprobs": 1, **extra}
     with pytest.raises(ValidationError) as info:
         ChatCompletionRequest.model_validate(body)
     error = validation_error(list(info.value.errors()))
-    assert error.info.param == "prompt_logprobs" and "/v1/completions" in error.info.message
+    assert error.info.param == "prompt_logprobs"
 
 
 def test_best_of_equal_to_n_is_accepted() -> None:
