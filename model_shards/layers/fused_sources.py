@@ -24,7 +24,7 @@ from model_shards.layers.linear import (
     QKVParallelLinear,
     check_dim,
 )
-from model_shards.layers.loading import keep_dense
+from model_shards.layers.loading import quant_of
 from model_shards.worker.checkpoint import CheckpointError, TensorSource
 
 
@@ -93,8 +93,6 @@ class FusedQKVParallelLinear(QKVParallelLinear):
         # class's weight_loader
         self.q_rows, self.kv_rows = num_heads * head_dim, num_kv_heads * head_dim
         self.head_order = head_order
-        if head_order is not None:
-            keep_dense(self.weight)  # the loader permutes the rows of the dense matrix
 
     def weight_loader(  # type: ignore[override]
         self, param: nn.Parameter, source: TensorSource
@@ -105,10 +103,15 @@ class FusedQKVParallelLinear(QKVParallelLinear):
         for shard_id, offset, rows in (("q", 0, q), ("k", q, kv), ("v", q + kv, kv)):
             super().weight_loader(param, FusedPart(source, offset, rows), shard_id)
         if self.head_order is not None:
-            d = self.head_dim
-            qk = param.data.narrow(0, 0, (self.num_heads + self.num_kv_heads) * d)
-            heads = qk.view(-1, d, *qk.shape[1:])  # [nh + nkv, D, (in)]
-            qk.copy_(heads[:, self.head_order].reshape(qk.shape))
+            d, heads = self.head_dim, self.num_heads + self.num_kv_heads
+            held = quant_of(param)
+            if held is not None:  # a quantized matrix: its q and k rows reordered as blocks
+                starts = torch.arange(heads)[:, None] * d  # [nh + nkv, 1]
+                held.permute_rows((starts + self.head_order[None, :]).reshape(-1))
+                return
+            qk = param.data.narrow(0, 0, heads * d)
+            by_head = qk.view(-1, d, *qk.shape[1:])  # [nh + nkv, D, (in)]
+            qk.copy_(by_head[:, self.head_order].reshape(qk.shape))
 
 
 class FusedMergedColumnParallelLinear(MergedColumnParallelLinear):

@@ -127,6 +127,20 @@ class QuantizedWeight:
                 merged.append(s)
         self.segments = merged
 
+    def permute_rows(self, order: torch.Tensor) -> None:
+        """Row ``i`` becomes row ``order[i]`` (int64 ``[r]``, r <= out_features; rows from r
+        on stay), in place; each segment's rows must come from the same segment (a
+        permutation within heads, say), else ``ValueError``."""
+        rows = order.shape[0]
+        full = torch.cat([order, torch.arange(rows, self.out_features)])
+        for i, s in enumerate(self.segments):
+            local = full[s.start : s.end] - s.start  # [rows of s]
+            if local.numel() and (local.min() < 0 or local.max() >= s.tensor.rows):
+                raise ValueError(f"a row order moves rows across segment {s.start}:{s.end}")
+            t = s.tensor
+            data = t.blocks().index_select(0, local)
+            self.segments[i] = Segment(s.start, QuantizedTensor(t.qtype, data, t.cols))
+
     def to_panels(self, types: frozenset[GGMLType]) -> bool:
         """Lay out each segment of one of ``types`` as row panels, in place (the GGML bytes are
         let go): its rows in sixteens, a last few rows staying a GGML segment of their own;

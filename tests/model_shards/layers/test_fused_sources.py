@@ -16,9 +16,11 @@ from model_shards.layers.fused_sources import (
     FusedQKVParallelLinear,
 )
 from model_shards.layers.linear import MergedColumnParallelLinear, QKVParallelLinear
+from model_shards.layers.loading import quant_of
 from model_shards.layers.rotary import rotary_head_order
+from model_shards.quant.formats import GGMLType
 from model_shards.worker.checkpoint import Checkpoint, CheckpointError
-from tests.model_shards.layers.sharding import FullTensor, shard_context
+from tests.model_shards.layers.sharding import BlockTensor, FullTensor, random_blocks, shard_context
 
 HIDDEN = 5
 
@@ -73,6 +75,31 @@ def test_fused_qkv_stores_q_and_k_heads_in_rotary_order(tmp_path: Path) -> None:
             )
             assert torch.equal(fused.weight.data, want)  # v rows (the rest) unchanged
             assert not torch.equal(fused.weight.data, plain.weight.data)
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_a_quantized_fused_qkv_is_reordered_as_blocks(tp: int) -> None:
+    """A GGUF qkv (Phi-4-mini's partial rotary): the rows move as whole rows of blocks, held
+    quantized, and the layer computes what the dense reordered layer computes."""
+    heads, kv_heads, d, k = 4, 2, 8, 64
+    fused_rows = (heads + 2 * kv_heads) * d
+    blocks = random_blocks(GGMLType.Q8_0, fused_rows, k, seed=3)
+    source = BlockTensor("qkv", blocks, GGMLType.Q8_0, k)
+    order = rotary_head_order(d, 4)
+    x = torch.randn(3, k)
+    for r in range(tp):
+        layers = [
+            FusedQKVParallelLinear(
+                k, d, heads, kv_heads, bias=False, ctx=shard_context(r, tp), head_order=order
+            )
+            for _ in range(2)
+        ]
+        layers[0].weight_loader(layers[0].weight, source)
+        layers[1].weight_loader(layers[1].weight, FullTensor("qkv", source.read()))
+        held = quant_of(layers[0].weight)
+        assert held is not None and quant_of(layers[1].weight) is None
+        assert torch.equal(held.dequantize(), layers[1].weight.data)
+        torch.testing.assert_close(layers[0](x), layers[1](x))
 
 
 @pytest.mark.parametrize("tp", [1, 2])
