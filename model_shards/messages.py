@@ -112,6 +112,8 @@ class GenerateRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # score the prompt: each prompt token's logprob given the tokens before it, its rank and
     # the top N alternatives (N <= 20), in the first RequestOutput; no prefix-cache hit then
     prompt_logprobs: int | None = None
+    # under --scheduling-policy priority: lower runs first, and is preempted last (vLLM's)
+    priority: int = 0
 
 
 class TokenLogprob(msgspec.Struct, frozen=True, array_like=True):

@@ -67,6 +67,7 @@ class ReplicaConfig:
     dp_attention: bool = False  # -dp replicas share their experts (launch/dp_attention.py)
     quantization: str | None = None  # --quantization: one of QUANTIZATION_CHOICES (CPU only)
     grammar_compile_timeout_s: float = 10.0  # a structured-output grammar compiling longer: 400
+    scheduling_policy: str = "fcfs"  # or "priority" (config.scheduler.SCHEDULING_POLICIES)
 
     @property
     def world_size(self) -> int:

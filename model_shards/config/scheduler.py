@@ -23,6 +23,7 @@ class SchedulerConfig:
     enable_prefix_caching: bool = True  # reuse full blocks computed before, in every KV group
     eos_token_ids: tuple[int, ...] = ()  # end a sequence ("stop") unless ``ignore_eos``
     kv_windows: tuple[int | None, ...] = (None,)
+    scheduling_policy: str = "fcfs"  # or "priority": requests' ``priority``, lower first
 
     @property
     def num_kv_groups(self) -> int:
@@ -34,6 +35,14 @@ class SchedulerConfig:
             raise ValueError(f"--max-model-len must be >= 1, got {self.max_model_len}")
         if self.num_blocks < 1:
             raise ValueError("--num-blocks must be >= 1 (give the KV cache more memory)")
+        if self.scheduling_policy not in SCHEDULING_POLICIES:
+            raise ValueError(
+                f"--scheduling-policy must be one of {', '.join(SCHEDULING_POLICIES)}, "
+                f"not {self.scheduling_policy!r}"
+            )
+
+
+SCHEDULING_POLICIES = ("fcfs", "priority")
 
 
 def check_step_limits(max_num_seqs: int, max_num_batched_tokens: int, block_size: int) -> None:

@@ -81,6 +81,7 @@ class Coordinator:
         keepalive_s: float = 10.0,
         model_dir: str | None = None,
         grammar_compile_timeout_s: float = COMPILE_TIMEOUT_S,
+        scheduling_policy: str = "fcfs",
     ) -> None:
         """``model_dir``: where grammars find ``tokenizer.json`` (``None``: grammars refused);
         ``grammar_compile_timeout_s``: a grammar compiling longer is refused."""
@@ -100,6 +101,7 @@ class Coordinator:
                 kv_windows=worker.kv.layout.windows,
                 enable_prefix_caching=enable_prefix_caching,
                 eos_token_ids=cfg.eos_token_ids,
+                scheduling_policy=scheduling_policy,
             )
         )
         self.keepalive_s = keepalive_s

@@ -211,6 +211,7 @@ def run_dp_attention_rank(
             enable_prefix_caching=config.enable_prefix_caching,
             model_dir=str(config.model_dir),
             grammar_compile_timeout_s=config.grammar_compile_timeout_s,
+            scheduling_policy=config.scheduling_policy,
         )
         serve_lockstep(LockstepEngine(coordinator, ep), address, settings)
         clean = True

@@ -214,6 +214,7 @@ def serve_rank(
                 pipeline_overlap=config.pipeline_overlap,
                 model_dir=str(config.model_dir),
                 grammar_compile_timeout_s=config.grammar_compile_timeout_s,
+                scheduling_policy=config.scheduling_policy,
             ).serve(address, settings)
         else:
             worker.serve_forever()

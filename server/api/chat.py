@@ -133,6 +133,7 @@ def prepare(
         grammar=grammar or tool_grammar,
         prompt_logprobs=body.prompt_logprobs,
         grammar_param="tool_choice" if tool_grammar is not None else body.grammar_param,
+        priority=serving.check_priority(body.priority),
     )
     requests = with_media(work.requests, media)
     return ChatPlan(work.response_id, work.n, requests, work.grammar_param, tools)

@@ -82,11 +82,12 @@ def fan_out(
     grammar: GrammarSpec | None = None,
     prompt_logprobs: int | None = None,
     grammar_param: str | None = None,
+    priority: int = 0,
 ) -> ChoiceRequests:
     """One request per (prompt, sample); ``max_tokens=None`` means the rest of the context.
     ``grammar``: every choice's output is constrained to it (it comes from field
     ``grammar_param``); ``prompt_logprobs``: every choice's prompt is scored with that many
-    top alternatives."""
+    top alternatives; ``priority``: the engine's scheduling priority (lower first)."""
     requests = []
     single = len(prompts) * n == 1
     for i, prompt_ids in enumerate(prompts):
@@ -110,6 +111,7 @@ def fan_out(
                     ignore_eos=ignore_eos,
                     grammar=grammar,
                     prompt_logprobs=prompt_logprobs,
+                    priority=priority,
                 )
             )
     return ChoiceRequests(response_id, n, requests, grammar_param if grammar else None)

@@ -94,6 +94,7 @@ def prepare(serving: ServedModel, body: CompletionRequest, response_id: str) -> 
         grammar=grammar,
         prompt_logprobs=body.engine_prompt_logprobs,
         grammar_param=body.grammar_param,
+        priority=serving.check_priority(body.priority),
     )
 
 

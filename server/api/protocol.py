@@ -72,6 +72,8 @@ class SamplingFields(BaseModel):
     stop: str | list[str] | None = None
     stop_token_ids: list[TokenId] | None = None
     ignore_eos: bool = False
+    # vLLM's: lower first under --scheduling-policy priority
+    priority: Annotated[StrictInt, Field(ge=-(2**31), le=2**31 - 1)] = 0
     n: Annotated[StrictInt, Field(ge=1, le=MAX_N)] = 1
     stream: bool = False
     stream_options: StreamOptions | None = None

@@ -50,6 +50,17 @@ class ServedModel:
     image_model: ImageModel | None = None  # a vision-language model's image intake
     media_options: MediaOptions = field(default_factory=MediaOptions)  # the media flags
     offload: Offload = field(default_factory=Offload)  # the threads requests are prepared in
+    scheduling_policy: str = "fcfs"  # the engine's --scheduling-policy
+
+    def check_priority(self, priority: int) -> int:
+        """``priority``, or a 400 naming it if the engine does not schedule by priority."""
+        if priority != 0 and self.scheduling_policy != "priority":
+            raise APIError.bad_request(
+                f"'priority' ({priority}) needs --scheduling-policy priority; this server "
+                f"schedules {self.scheduling_policy}",
+                param="priority",
+            )
+        return priority
 
     @property
     def max_prompt_chars(self) -> int:

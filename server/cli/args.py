@@ -22,6 +22,7 @@ from model_shards.config.replica import (
     QUANTIZATION_CHOICES,
     ReplicaConfig,
 )
+from model_shards.config.scheduler import SCHEDULING_POLICIES
 from model_shards.launch import packaged_model
 from server.cli.engine_token import add_engine_token_flag
 from server.cli.flag_types import host_port as _host_port
@@ -68,6 +69,13 @@ def add_replica_flags(command: argparse.ArgumentParser) -> None:
         help="KV cache bytes per rank, e.g. 2GiB (default: GPU memory utilization, or 1GiB on CPU)",
     )
     engine.add_argument("--gpu-memory-utilization", type=float, default=0.9, metavar="F")
+    engine.add_argument(
+        "--scheduling-policy",
+        choices=SCHEDULING_POLICIES,
+        default="fcfs",
+        help="fcfs: first come first served; priority: requests' `priority` field, lower first "
+        "(a running lower-priority request may be preempted)",
+    )
     engine.add_argument(
         "--no-prefix-caching",
         dest="prefix_caching",
@@ -351,6 +359,7 @@ def replica_config(args: argparse.Namespace) -> ReplicaConfig:
         threads_per_rank=args.cpu_threads_per_rank,
         dp_attention=getattr(args, "dp_attention", False),
         grammar_compile_timeout_s=args.grammar_compile_timeout,
+        scheduling_policy=args.scheduling_policy,
     )
 
 

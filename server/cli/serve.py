@@ -334,6 +334,7 @@ def _http_server(
         image_model=args.image_model,
         media_options=media_options(args),
         disable_docs=args.disable_fastapi_docs,
+        scheduling_policy=args.scheduling_policy,
     )
     config = uvicorn.Config(
         app,

@@ -212,6 +212,7 @@ def build_app(
     image_model: multimodal.ImageModel | None = None,
     media_options: MediaOptions | None = None,
     disable_docs: bool = False,
+    scheduling_policy: str = "fcfs",
 ) -> FastAPI:
     """An OpenAI-compatible app serving ``served_model_name`` through ``engine_client``.
 
@@ -220,7 +221,8 @@ def build_app(
     draining state the CLI flips on SIGTERM; ``tool_call_parser`` reads ``auto`` tool calls
     (default: :func:`server.text.tool_parsers.detect`); ``image_model``: how a VLM takes images
     (``None``: text only); ``disable_docs`` (``--disable-fastapi-docs``) drops ``/docs``,
-    ``/redoc`` and ``/openapi.json`` (else they need the API key when there is one).
+    ``/redoc`` and ``/openapi.json`` (else they need the API key when there is one);
+    ``scheduling_policy``: the engine's (a request's ``priority`` needs ``priority``).
     ``ValueError`` at start-up if the chat template does not compile.
     """
     metrics = metrics or Metrics()
@@ -237,6 +239,7 @@ def build_app(
         parser,
         image_model,
         media_options or MediaOptions(),
+        scheduling_policy=scheduling_policy,
     )
     template = chat.load_template(serving)
     app = FastAPI(

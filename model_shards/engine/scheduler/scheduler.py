@@ -5,12 +5,15 @@ One step (:meth:`Scheduler.schedule`) packs, within ``max_num_seqs`` sequences a
 
 1. every running *decode* (1 token each), oldest admission first;
 2. the next chunk of every running, partially prefilled sequence;
-3. waiting sequences (new or preempted), first come first served, each from the end of its
+3. waiting sequences (new or preempted), first come first served (``--scheduling-policy
+   priority``: lower ``priority`` first, and preempted last), each from the end of its
    prefix-cache hit with as much of its prompt as the budget allows (``sample=False`` until
    the chunk that reaches the last token). A sequence whose next full prompt block a running
    one is computing right now (``n > 1`` choices, identical prompts) waits to share it.
 
-A running sequence short of a block preempts the newest one not in this step (:mod:`.decode`);
+A running sequence short of a block preempts the newest one not in this step (:mod:`.decode`;
+under the ``priority`` policy the one ranking last, and a waiting sequence without a seat or
+blocks preempts a running one ranking after it);
 resumed, that one is recomputed over prompt + output, unchanged because the ranks' sampler is
 deterministic per position. No sequence is admitted in a step that preempted.
 
@@ -36,7 +39,7 @@ from model_shards.config.scheduler import SchedulerConfig, SchedulerStats
 from model_shards.engine.request_checks import fit_problem
 from model_shards.engine.scheduler.admission import admit
 from model_shards.engine.scheduler.block_manager import BlockManager
-from model_shards.engine.scheduler.decode import schedule_decode
+from model_shards.engine.scheduler.decode import preempt_for_priority, schedule_decode
 from model_shards.engine.scheduler.prefill import schedule_prefill, step_limits
 from model_shards.engine.scheduler.sequence import ScheduledStep, SeqStatus, Sequence, SeqUpdate
 from model_shards.engine.scheduler.state import SchedulerState
@@ -92,7 +95,7 @@ class Scheduler:
             output_ids=list(request.resume_output_ids),
         )
         self._next_seq_id += 1
-        self.waiting.append(seq)
+        self._state.enqueue(seq)
         self._by_request[request.request_id] = seq
         return seq
 
@@ -143,6 +146,7 @@ class Scheduler:
         state = self._state
         budget, seats = step_limits(state, micro_batches)
         step = StepBuilder(budget, seats, state.take_freed())
+        preempt_for_priority(state, step)
         for seq in list(state.running):
             if step.full:
                 break

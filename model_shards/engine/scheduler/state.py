@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterable, Iterator
 
 from model_shards.config.kv_layout import window_start
 from model_shards.config.scheduler import SchedulerConfig, SchedulerStats
@@ -16,9 +17,10 @@ from model_shards.engine.scheduler.step_builder import StepBuilder
 class SchedulerState:
     """Rank 0's record of every live sequence and of the paged KV pool.
 
-    ``waiting``: sequences not on the ranks (new, or preempted), served first
-    come first served. ``running``: on the ranks and holding blocks, in
-    admission order (oldest first). ``by_request``: every live sequence by
+    ``waiting``: sequences not on the ranks (new, or preempted), in the order they are
+    served (:meth:`enqueue`): first come first served, a preempted one at the front; under
+    the ``priority`` policy by (``priority``, arrival). ``running``: on the ranks and
+    holding blocks, in admission order (oldest first). ``by_request``: every live sequence by
     request id. ``in_flight``: ids of sequences in a scheduled step that is not
     updated yet; they are neither scheduled nor preempted. ``to_free``: ids of
     retired sequences the ranks have not been told about yet.
@@ -35,6 +37,27 @@ class SchedulerState:
         self.in_flight: set[int] = set()
         self.to_free: list[int] = []
         self.counters = SchedulerCounters()
+
+    def enqueue(self, seq: Sequence, preempted: bool = False) -> None:
+        """Put ``seq`` into ``waiting``: at the back (new) or the front (preempted), or under
+        the ``priority`` policy before the first sequence that ranks after it (lower
+        ``priority`` first, then the earlier arrival: a sequence id)."""
+        if self.config.scheduling_policy != "priority":
+            (self.waiting.appendleft if preempted else self.waiting.append)(seq)
+            return
+        key, queue = priority_rank(seq), self.waiting
+        at = next((i for i, s in enumerate(queue) if priority_rank(s) > key), len(queue))
+        queue.insert(at, seq)
+
+    def victims(self, step: StepBuilder) -> Iterator[Sequence]:
+        """Running sequences that may be preempted for room, the first to go first: not in
+        ``step`` nor in an unfinished step; the newest admitted, or under the ``priority``
+        policy the one that ranks last (highest ``priority``, then the latest arrival)."""
+        order: Iterable[Sequence] = reversed(self.running)
+        if self.config.scheduling_policy == "priority":
+            order = sorted(self.running, key=priority_rank, reverse=True)
+        busy = step.scheduled | self.in_flight
+        return (s for s in order if s.seq_id not in busy)
 
     def take_freed(self) -> list[int]:
         """The ids retired since the last call (they go out with the next step)."""
@@ -127,3 +150,8 @@ class SchedulerState:
             num_running=len(self.running),
             num_waiting=len(self.waiting),
         )
+
+
+def priority_rank(seq: Sequence) -> tuple[int, int]:
+    """Where ``seq`` stands under the ``priority`` policy: lower first."""
+    return seq.request.priority, seq.seq_id

@@ -14,6 +14,8 @@ rank 0's coordinator:
 * prompt logprobs (:mod:`tests.model_shards.engine.prompt_scoring`) equal transformers'
   ``log_softmax`` over the same prompts: prompts chunked over several steps, a prompt in the
   prefix cache (scored in full), under preemption, and a 4096-token prompt scored in passes;
+* ``--scheduling-policy priority`` with one seat: a request outranking the running one takes
+  its seat (preempting it), the rest follow by priority, outputs unchanged;
 * after each scenario every KV block is free again.
 """
 
@@ -102,6 +104,7 @@ def _batching_rank(peers: Comm, model_dir: str, out_dir: str) -> None:
             resumed = msgspec.structs.replace(seeded, resume_output_ids=full[:5])
             results["resume"] = [full, run_to_completion(coord, [resumed])[seeded.request_id]]
             results["scored"] = prompt_scoring.chunked_and_cached(worker, MAX_LEN)
+            results["priority"] = _by_priority(worker, reqs[2:5])
         elif scenario == "small":
             results["small_pool"] = run_to_completion(coord, reqs)
             results["preemptions"] = preemptions = coord.stats.num_preemptions
@@ -111,6 +114,36 @@ def _batching_rank(peers: Comm, model_dir: str, out_dir: str) -> None:
         coord.shutdown()
     if ps.rank == 0:
         Path(out_dir, "results.json").write_text(json.dumps(results))
+
+
+def _by_priority(worker: Worker, reqs: list[GenerateRequest]) -> dict[str, object]:
+    """``reqs[0]`` (priority 0) runs alone for two steps; then ``reqs[1]`` (5) and ``reqs[2]``
+    (-1) arrive, with one seat: the order the three finish in, and their tokens."""
+    coord = Coordinator(
+        worker,
+        max_num_seqs=1,
+        max_num_batched_tokens=64,
+        max_model_len=MAX_LEN,
+        scheduling_policy="priority",
+    )
+    first, low, high = (
+        msgspec.structs.replace(r, priority=p) for r, p in zip(reqs, (0, 5, -1), strict=True)
+    )
+    coord.add_request(first)
+    out: dict[str, list[int]] = {r.request_id: [] for r in reqs}
+    order: list[str] = []
+    for pumps in range(10_000):
+        if pumps == 2:
+            coord.add_request(low)
+            coord.add_request(high)
+        if pumps > 2 and not coord.has_work():
+            break
+        for update in coord.pump():
+            out[update.output.request_id] += update.output.new_token_ids
+            if update.output.finish_reason is not None:
+                order.append(update.output.request_id)
+    coord.step()  # the last frees
+    return {"order": order, "tokens": out, "preemptions": coord.stats.num_preemptions}
 
 
 @pytest.fixture(scope="module")
@@ -130,6 +163,11 @@ def test_outputs_independent_of_batch(tp: int, pp: int, tmp_path: Path, llama_di
     assert r["small_pool"] == r["batched"], "preemption changed an output"
     full, resumed = r["resume"]
     assert len(full) == 12 and resumed == full[5:], "a resumed request must continue identically"
+    by_priority = r["priority"]
+    assert by_priority["order"] == ["r4", "r2", "r3"], "priority -1, then 0, then 5"
+    assert by_priority["preemptions"] == 1, "r4 (priority -1) takes r2's (0) seat"
+    for rid, tokens in by_priority["tokens"].items():
+        assert tokens == r["batched"][rid], f"{rid} changed under priority scheduling"
     assert r["prefix_a"] == r["prefix_b"]
     assert r["prefill_a"] == 14 and r["prefill_b"] == 14 - 12, (r["prefill_a"], r["prefill_b"])
     scored = r["scored"]

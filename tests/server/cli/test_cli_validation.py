@@ -158,6 +158,8 @@ CASES: list[tuple[list[str], str | None, list[str], tuple[str, ...]]] = [
     (SERVE, "llama", ["--max-num-seqs", "0"], ("--max-num-seqs",)),
     (SERVE, "llama", ["--max-num-seqs", "-3"], ("--max-num-seqs",)),
     (SERVE, "llama", ["--max-num-batched-tokens", "0"], ("--max-num-batched-tokens",)),
+    (SERVE, "llama", ["--scheduling-policy", "lottery"], ("--scheduling-policy",)),
+    (ENGINE, "llama", ["--scheduling-policy", "sjf"], ("--scheduling-policy",)),
     (SERVE, "llama", ["--block-size", "0"], ("--block-size",)),
     (SERVE, "llama", ["--block-size", "2048"], ("--block-size",)),
     # sizes and fractions
