@@ -25,6 +25,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
@@ -49,6 +50,23 @@ constexpr int64_t block_bytes(int64_t t) {
        : t == kQ4_K ? 144 : t == kQ5_K ? 176 : t == kQ6_K ? 210 : 0;
 }
 constexpr bool is_k(int64_t t) { return t >= kQ4_K; }
+
+// f(std::integral_constant<int64_t, T>{}) for the served GGML type t, T its compile-time value
+// (the kernels' per-type dispatch); false if t is none of them.
+template <typename F>
+bool with_type(int64_t t, F&& f) {
+  switch (t) {
+    case kQ4_0: f(std::integral_constant<int64_t, kQ4_0>{}); return true;
+    case kQ4_1: f(std::integral_constant<int64_t, kQ4_1>{}); return true;
+    case kQ5_0: f(std::integral_constant<int64_t, kQ5_0>{}); return true;
+    case kQ5_1: f(std::integral_constant<int64_t, kQ5_1>{}); return true;
+    case kQ8_0: f(std::integral_constant<int64_t, kQ8_0>{}); return true;
+    case kQ4_K: f(std::integral_constant<int64_t, kQ4_K>{}); return true;
+    case kQ5_K: f(std::integral_constant<int64_t, kQ5_K>{}); return true;
+    case kQ6_K: f(std::integral_constant<int64_t, kQ6_K>{}); return true;
+    default: return false;
+  }
+}
 
 struct ActA32 { float d; int32_t sum; int8_t q[32]; };
 struct ActA256 { float d; int32_t sum; int16_t bsums[16]; int8_t q[256]; };

@@ -119,18 +119,10 @@ DotFn pick(int rows) {
 }
 
 DotFn dot_fn(int64_t t, int rows) {
-  switch (t) {
-    case kQ4_0: return pick<kQ4_0>(rows);
-    case kQ4_1: return pick<kQ4_1>(rows);
-    case kQ5_0: return pick<kQ5_0>(rows);
-    case kQ5_1: return pick<kQ5_1>(rows);
-    case kQ8_0: return pick<kQ8_0>(rows);
-    case kQ4_K: return pick<kQ4_K>(rows);
-    case kQ5_K: return pick<kQ5_K>(rows);
-    case kQ6_K: return pick<kQ6_K>(rows);
-    default: TORCH_CHECK(false, "quant_gemm: unsupported GGML type ", t);
-  }
-  return nullptr;
+  DotFn fn = nullptr;
+  const bool known = with_type(t, [&](auto type) { fn = pick<decltype(type)::value>(rows); });
+  TORCH_CHECK(known, "quant_gemm: unsupported GGML type ", t);
+  return fn;
 }
 
 // The 32-value types' eight-row panels (quant_panel_avx2.h); nullptr: none for this type/build.
@@ -156,17 +148,9 @@ PanelFn pick_panel(int rows) {
 PanelFn panel_fn(int64_t t, int rows, bool vectorized) {
 #if defined(SHARDSERVE_QUANT_AVX2)
   if (!vectorized) return nullptr;
-  switch (t) {
-    case kQ4_0: return pick_panel<kQ4_0>(rows);
-    case kQ4_1: return pick_panel<kQ4_1>(rows);
-    case kQ5_0: return pick_panel<kQ5_0>(rows);
-    case kQ5_1: return pick_panel<kQ5_1>(rows);
-    case kQ8_0: return pick_panel<kQ8_0>(rows);
-    case kQ4_K: return pick_panel<kQ4_K>(rows);
-    case kQ5_K: return pick_panel<kQ5_K>(rows);
-    case kQ6_K: return pick_panel<kQ6_K>(rows);
-    default: return nullptr;
-  }
+  PanelFn fn = nullptr;
+  with_type(t, [&](auto type) { fn = pick_panel<decltype(type)::value>(rows); });
+  return fn;
 #else
   return nullptr;
 #endif

@@ -84,18 +84,10 @@ TileFn pick(int rows) {
 }
 
 TileFn tile_fn(int64_t t, int rows) {
-  switch (t) {
-    case kQ4_0: return pick<kQ4_0>(rows);
-    case kQ4_1: return pick<kQ4_1>(rows);
-    case kQ5_0: return pick<kQ5_0>(rows);
-    case kQ5_1: return pick<kQ5_1>(rows);
-    case kQ8_0: return pick<kQ8_0>(rows);
-    case kQ4_K: return pick<kQ4_K>(rows);
-    case kQ5_K: return pick<kQ5_K>(rows);
-    case kQ6_K: return pick<kQ6_K>(rows);
-    default: TORCH_CHECK(false, "quant_gemm_panels: unsupported GGML type ", t);
-  }
-  return nullptr;
+  TileFn fn = nullptr;
+  const bool known = with_type(t, [&](auto type) { fn = pick<decltype(type)::value>(rows); });
+  TORCH_CHECK(known, "quant_gemm_panels: unsupported GGML type ", t);
+  return fn;
 }
 
 template <typename X>
