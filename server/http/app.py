@@ -256,7 +256,6 @@ def build_app(
     _add_status_routes(app, serving, lifecycle)
     _add_completion_route(app, serving, schemas, limits)
     _add_embedding_route(app, serving, schemas, limits)
-    add_pooling_routes(app, serving, schemas, _parse, _respond_json, limits)
     _add_chat_route(app, serving, template, schemas, limits)
     schemas.install(app)
     return app
@@ -334,7 +333,9 @@ def _add_completion_route(
 def _add_embedding_route(
     app: FastAPI, serving: ServedModel, schemas: BodySchemas, limits: _Limits
 ) -> None:
-    """``POST /v1/embeddings``: JSON, with the same shedding and deadline as generation."""
+    """``POST /v1/embeddings`` and the classifier routes (:mod:`server.http.pooling_routes`):
+    JSON, with the same shedding and deadline as generation."""
+    add_pooling_routes(app, serving, schemas, _parse, _respond_json, limits)
 
     @app.post("/v1/embeddings", response_model=None, openapi_extra=schemas.body(EmbeddingRequest))
     async def create_embedding(request: Request) -> Response:
