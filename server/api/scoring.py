@@ -159,14 +159,12 @@ def prepare_classify(serving: ServedModel, body: ClassificationRequest) -> Pooli
     texts = _texts(body.input, "input", serving)
     limit = _limit(serving, body.truncate_prompt_tokens)
     tokenizer = serving.tokenizer
-    encoded = [
-        _fits(
-            tokenizer.encode(t) if limit is None else tokenizer.encode_truncated(t, limit),
-            serving,
-            "input",
-        )
-        for t in texts
-    ]
+    if limit is None:
+        encoded = tokenizer.encode_many(texts)
+    else:
+        encoded = [tokenizer.encode_truncated(text, limit) for text in texts]
+    for ids in encoded:
+        _fits(ids, serving, "input")
     return _work("classify", "classify", [(ids, []) for ids in encoded])
 
 
