@@ -160,11 +160,19 @@ class SubmitBatch(msgspec.Struct, tag="submit", frozen=True):
     requests: list[GenerateRequest]
 
 
+#: What an encoder replica makes of an input: ``embed`` on an embedding model; ``classify``
+#: (class probabilities) or ``score`` (a cross-encoder's relevance) on a classifier.
+PoolingTask = Literal["embed", "classify", "score"]
+
+
 class EmbedRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """One input to embed (an encoder replica); already tokenized and truncated."""
+    """One input to pool on an encoder replica; already tokenized and truncated.
+    ``token_type_ids``: one per token (a text pair's second text is 1), or empty for all 0."""
 
     request_id: str
     token_ids: list[int]
+    token_type_ids: list[int] = []
+    task: PoolingTask = "embed"
 
 
 class SubmitEmbeddings(msgspec.Struct, tag="embed", frozen=True):
@@ -226,6 +234,9 @@ class StepOutputs(msgspec.Struct, tag="outputs", frozen=True):
 
 
 class EmbeddingResult(msgspec.Struct, frozen=True):
+    """``embedding``: the input's vector, an embedding or (``classify``, ``score``) one value
+    per label of the classifier, its activation applied."""
+
     request_id: str
     embedding: list[float]
     num_tokens: int
@@ -239,7 +250,8 @@ class EngineReady(msgspec.Struct, tag="ready", frozen=True):
     max_model_len: int
     vocab_size: int
     eos_token_ids: list[int]
-    task: Literal["generate", "embed"] = "generate"
+    task: Literal["generate", "embed", "classify"] = "generate"
+    labels: list[str] = []  # a classifier's: one per label, in id order
 
 
 class EngineError(msgspec.Struct, tag="error", frozen=True):
@@ -309,6 +321,7 @@ class StepPlan(msgspec.Struct, frozen=True):
     new_sequences: list[NewSequence] = []
     freed_seq_ids: list[int] = []
     encode: list[list[int]] = []  # encoder replicas: token ids of each input to embed
+    encode_types: list[list[int]] = []  # and their token type ids (empty: all 0)
     shutdown: bool = False
     token_masks: list[TokenMask] = []  # grammar masks of this step's constrained sampled chunks
 

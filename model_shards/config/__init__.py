@@ -10,7 +10,9 @@ replica's flags.
 * ``moe.py``: a MoE checkpoint's experts, and the TP / expert-parallel layouts that fit them;
 * ``kv_layout.py``: KV groups: which layers share a block table (sliding windows), peak blocks;
 * ``scheduler.py``: ``SchedulerConfig`` (step limits, the pool, KV windows), ``SchedulerStats``;
-* ``encoder.py``: a BERT-family encoder served for embeddings, its pooling files included;
+* ``encoder.py``: a BERT-family encoder served for embeddings, its pooling files included, or
+  as a classifier (cross-encoder);
+* ``classifier.py``: a ``*ForSequenceClassification`` head: labels, vLLM's activations;
 * ``vlm.py``: LLaVA's ``config.json``: the vision tower's shape, placeholders per image;
 * ``qwen2_5_vl.py``: Qwen2.5-VL's ``config.json`` (transformers 4.x and 5.x layouts), M-RoPE;
 * ``vision_budget.py``: the largest media one step may encode, to size a GPU's KV pool.

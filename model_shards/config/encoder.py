@@ -1,5 +1,7 @@
 """The frozen config of a BERT-family encoder served for embeddings (``config.json`` plus
-sentence-transformers' pooling files); validated before any process is spawned."""
+sentence-transformers' pooling files) or, as ``BertForSequenceClassification``, for
+classification and scoring (its head: :mod:`model_shards.config.classifier`); validated
+before any process is spawned."""
 
 from __future__ import annotations
 
@@ -8,14 +10,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from model_shards.config.classifier import ClassifierHead
 from model_shards.config.hf_json import TransformerShape, checkpoint_dtype, read_json
 
-ENCODER_ARCHITECTURES = ("BertModel",)
+ENCODER_ARCHITECTURES = ("BertModel", "BertForSequenceClassification")
 
 
 @dataclass(frozen=True)
 class EncoderConfig(TransformerShape):
-    """A BERT-family encoder served for embeddings, with its sentence-pooling settings."""
+    """A BERT-family encoder: served for embeddings with its sentence-pooling settings, or
+    (``head`` set, ``architecture`` ``BertForSequenceClassification``) for classification."""
 
     max_position_embeddings: int
     type_vocab_size: int
@@ -24,6 +28,12 @@ class EncoderConfig(TransformerShape):
     pooling: Literal["mean", "cls"] = "mean"
     normalize: bool = False
     max_seq_length: int = 512
+    head: ClassifierHead | None = None
+
+    @property
+    def task(self) -> Literal["embed", "classify"]:
+        """What the replica serves: embeddings, or a classifier's scores and probabilities."""
+        return "embed" if self.head is None else "classify"
 
     @property
     def head_dim(self) -> int:
@@ -60,8 +70,9 @@ class EncoderConfig(TransformerShape):
                 if st_path.is_file()
                 else max_pos
             )
+            classifier = "BertForSequenceClassification" in (raw.get("architectures") or [])
             return EncoderConfig(
-                architecture="BertModel",
+                architecture="BertForSequenceClassification" if classifier else "BertModel",
                 vocab_size=int(raw["vocab_size"]),
                 hidden_size=int(raw["hidden_size"]),
                 intermediate_size=int(raw["intermediate_size"]),
@@ -74,6 +85,7 @@ class EncoderConfig(TransformerShape):
                 pooling=pooling,
                 normalize=normalize,
                 max_seq_length=min(max_seq, max_pos),
+                head=ClassifierHead.from_config(raw) if classifier else None,
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"{root}: malformed encoder config ({exc})") from exc

@@ -9,7 +9,7 @@
 * ``structured/``: grammar-constrained decoding: compiles, matchers, each step's token masks;
 * ``request_trace.py``: a traced request's TTFT stamps on rank 0 (opt-in);
 * ``prompt_logprobs.py``: which prompt rows each chunk scores; the scores into first outputs;
-* ``embedding_coordinator.py``: an encoder replica's engine: batch inputs, embed, reply;
+* ``embedding_coordinator.py``: an encoder replica's engine: batch inputs, embed or score, reply;
 * ``dp_attention.py``: ``--dp-attention``: replicas stepping in lockstep around their MoE layers.
 
 Rank 0 only (under ``--dp-attention`` every rank is the rank 0 of its own replica): every

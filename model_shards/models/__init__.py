@@ -20,7 +20,7 @@
 - ``llava``: LLaVA (CLIP tower, projector, Llama language model)
 - ``clip_vision``: the CLIP vision tower
 - ``qwen2_5_vl/``: Qwen2.5-VL (its vision tower and M-RoPE positions)
-- ``bert``: the BERT sentence encoder (embeddings)
+- ``bert``: the BERT sentence encoder (embeddings) and sequence classifier (cross-encoders)
 """
 
 from __future__ import annotations

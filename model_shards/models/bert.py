@@ -1,11 +1,15 @@
-"""BERT encoder (Hugging Face ``BertModel``) with sentence pooling, tensor-parallel.
+"""BERT encoder (Hugging Face ``BertModel``) with sentence pooling, and
+``BertForSequenceClassification`` (cross-encoders), tensor-parallel.
 
 Same sharding as the decoders: Q/K/V column-parallel by heads, attention
 output row-parallel (all-reduce), intermediate column-parallel, output
 row-parallel (all-reduce), vocabulary-parallel word embeddings. Attention is
 bidirectional over each sequence; a padded batch masks the padding keys.
 Pooling (mean over real tokens, or the [CLS] token) and L2 normalisation follow
-the checkpoint's sentence-transformers config.
+the checkpoint's sentence-transformers config. A classifier pools as HF does: the
+[CLS] state through ``pooler.dense`` (column-parallel) and tanh, then ``classifier``
+(row-parallel, all-reduced) gives the logits; :func:`activate` turns them into what a
+route returns (:mod:`model_shards.config.classifier`).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from model_shards.config.classifier import Activation
 from model_shards.config.encoder import EncoderConfig
 from model_shards.layers.context import ShardContext
 from model_shards.layers.linear import ColumnParallelLinear, QKVParallelLinear, RowParallelLinear
@@ -34,11 +39,12 @@ class BertEmbeddings(nn.Module):
         self.token_type_embeddings = ReplicatedEmbedding(cfg.type_vocab_size, cfg.hidden_size, ctx)
         self.LayerNorm = LayerNorm(cfg.hidden_size, cfg.layer_norm_eps, ctx)
 
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """``input_ids [B, L]`` → ``[B, L, H]`` (token type 0 everywhere, as for one sentence)."""
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor) -> torch.Tensor:
+        """``input_ids [B, L]``, ``token_type_ids [B, L]`` (0 for a sentence or a pair's first
+        text, 1 for its second) → ``[B, L, H]``."""
         positions = torch.arange(input_ids.shape[1], device=input_ids.device)
         x = self.word_embeddings(input_ids) + self.position_embeddings(positions)
-        x = x + self.token_type_embeddings(torch.zeros_like(positions))
+        x = x + self.token_type_embeddings(token_type_ids)
         return self.LayerNorm(x)
 
 
@@ -113,8 +119,22 @@ class BertEncoder(nn.Module):
         self.layer = nn.ModuleList(BertLayer(cfg, ctx) for _ in range(cfg.num_layers))
 
 
+class BertPooler(nn.Module):
+    """HF's ``BertPooler``: ``tanh(dense(x[:, 0]))``, left split by columns (each rank keeps
+    ``H / tp`` features for the row-parallel classifier after it)."""
+
+    def __init__(self, cfg: EncoderConfig, ctx: ShardContext) -> None:
+        super().__init__()
+        self.dense = ColumnParallelLinear(cfg.hidden_size, cfg.hidden_size, bias=True, ctx=ctx)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x [B, L, H]`` → ``[B, H / tp]``."""
+        return torch.tanh(self.dense(x[:, 0]))
+
+
 class BertModel(nn.Module):
-    """HF ``BertModel`` (the pooler head is not used: sentence pooling replaces it)."""
+    """HF ``BertModel``. Served alone, sentence pooling replaces its pooler head (not loaded);
+    inside :class:`BertForSequenceClassification` (``add_pooler``) the pooler is used."""
 
     packed_modules_mapping: ClassVar[dict[str, tuple[str, str | int]]] = {
         "query": ("qkv_proj", "q"),
@@ -124,11 +144,12 @@ class BertModel(nn.Module):
     ignored_suffixes: ClassVar[tuple[str, ...]] = ("position_ids",)
     ignored_prefixes: ClassVar[tuple[str, ...]] = ("pooler.",)
 
-    def __init__(self, cfg: EncoderConfig, ctx: ShardContext) -> None:
+    def __init__(self, cfg: EncoderConfig, ctx: ShardContext, *, add_pooler: bool = False) -> None:
         super().__init__()
         self.config = cfg
         self.embeddings = BertEmbeddings(cfg, ctx)
         self.encoder = BertEncoder(cfg, ctx)
+        self.pooler = BertPooler(cfg, ctx) if add_pooler else None
 
     @property
     def tied_sources(self) -> dict[str, str]:
@@ -140,13 +161,23 @@ class BertModel(nn.Module):
     def expected_checkpoint_names(self) -> set[str]:
         return checkpoint_names_of(self, self.packed_modules_mapping)
 
-    def forward(self, input_ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-        """``input_ids [B, L]`` (right-padded), ``lengths [B]`` → pooled embeddings ``[B, H]``."""
-        real = torch.arange(input_ids.shape[1], device=input_ids.device) < lengths[:, None]
+    def hidden_states(
+        self, input_ids: torch.Tensor, token_type_ids: torch.Tensor, real: torch.Tensor
+    ) -> torch.Tensor:
+        """``input_ids``, ``token_type_ids``, ``real`` (not padding) ``[B, L]`` → ``[B, L, H]``."""
         key_mask = real[:, None, None, :]  # (B, 1, 1, L)
-        x = self.embeddings(input_ids)
+        x = self.embeddings(input_ids, token_type_ids)
         for layer in self.encoder.layer:
             x = layer(x, key_mask)
+        return x
+
+    def forward(
+        self, input_ids: torch.Tensor, token_type_ids: torch.Tensor, lengths: torch.Tensor
+    ) -> torch.Tensor:
+        """``input_ids``, ``token_type_ids [B, L]`` (right-padded), ``lengths [B]`` → pooled
+        embeddings ``[B, H]`` float32."""
+        real = torch.arange(input_ids.shape[1], device=input_ids.device) < lengths[:, None]
+        x = self.hidden_states(input_ids, token_type_ids, real)
         if self.config.pooling == "cls":
             pooled = x[:, 0]
         else:
@@ -154,3 +185,54 @@ class BertModel(nn.Module):
             pooled = (x * weights).sum(1) / weights.sum(1).clamp(min=1e-9)
         pooled = pooled.float()
         return F.normalize(pooled, p=2, dim=-1) if self.config.normalize else pooled
+
+
+class BertForSequenceClassification(nn.Module):
+    """HF ``BertForSequenceClassification``: logits ``W_c tanh(W_p h_cls + b_p) + b_c``, ``W_p``
+    split by rows (output features) and ``W_c`` by columns, so one all-reduce ends the head."""
+
+    packed_modules_mapping: ClassVar[dict[str, tuple[str, str | int]]] = (
+        BertModel.packed_modules_mapping
+    )
+    ignored_suffixes: ClassVar[tuple[str, ...]] = ("position_ids",)
+    ignored_prefixes: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, cfg: EncoderConfig, ctx: ShardContext) -> None:
+        super().__init__()
+        if cfg.head is None:
+            raise ValueError("BertForSequenceClassification needs a config with a classifier head")
+        self.config = cfg
+        self.bert = BertModel(cfg, ctx, add_pooler=True)
+        self.classifier = RowParallelLinear(
+            cfg.hidden_size, cfg.head.num_labels, bias=True, ctx=ctx
+        )
+
+    @property
+    def tied_sources(self) -> dict[str, str]:
+        return {}
+
+    def owns(self, name: str) -> bool:
+        return True
+
+    def expected_checkpoint_names(self) -> set[str]:
+        return checkpoint_names_of(self, self.packed_modules_mapping)
+
+    def forward(
+        self, input_ids: torch.Tensor, token_type_ids: torch.Tensor, lengths: torch.Tensor
+    ) -> torch.Tensor:
+        """``input_ids``, ``token_type_ids [B, L]`` (right-padded), ``lengths [B]`` → logits
+        ``[B, num_labels]`` float32 (the same on every rank)."""
+        real = torch.arange(input_ids.shape[1], device=input_ids.device) < lengths[:, None]
+        x = self.bert.hidden_states(input_ids, token_type_ids, real)  # [B, L, H]
+        assert self.bert.pooler is not None  # built with add_pooler
+        return self.classifier(self.bert.pooler(x)).float()  # [B, H / tp] -> [B, C]
+
+
+def activate(logits: torch.Tensor, activation: Activation) -> torch.Tensor:
+    """``logits [B, C]`` → ``[B, C]``: ``probs`` is sigmoid for ``C == 1``, else softmax
+    over ``C`` (vLLM's ``PoolerClassify``); ``sigmoid`` elementwise; ``identity`` as is."""
+    if activation == "identity":
+        return logits
+    if activation == "sigmoid" or logits.shape[-1] == 1:
+        return torch.sigmoid(logits)
+    return torch.softmax(logits, dim=-1)

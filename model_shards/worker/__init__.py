@@ -1,7 +1,7 @@
 """Every rank's side of a step: run this rank's stage of the model on the plan rank 0 sent.
 
 * ``decoder_worker.py``: ``Worker``: a decoder rank's step executor; the plan's broadcast;
-* ``encoder_worker.py``: ``EncoderWorker``: the same for an encoder replica (embeddings);
+* ``encoder_worker.py``: ``EncoderWorker``: the same for an encoder replica (embeddings, logits);
 * ``checkpoint.py``: safetensors headers parsed here; each slice read with ``pread``;
 * ``gguf_checkpoint.py``: a GGUF checkpoint under HF names: slices un-permuted, dequantized
   (``read``) or raw blocks (``read_blocks``), each read with ``pread``;

@@ -35,6 +35,13 @@ from server.text.tokenizer import Tokenizer
 if TYPE_CHECKING:
     from server.media.multimodal import ImageModel
 
+#: What a replica of each ``EngineReady.task`` serves, in the 400 of a route it cannot serve.
+TASK_NAMES = {
+    "generate": "text generation",
+    "embed": "embeddings",
+    "classify": "classification and scoring (a cross-encoder)",
+}
+
 #: The fewest characters per token :attr:`ServedModel.max_prompt_chars` assumes.
 MIN_CHARS_PER_TOKEN = 64
 
@@ -97,9 +104,8 @@ class ServedModel:
             raise APIError.unavailable(self.engine.dead_reason or "engine is not ready")
         if info.task != task:
             raise APIError.bad_request(
-                f"`{self.model_name}` is an {'embedding' if info.task == 'embed' else 'generative'}"
-                f" model; this route needs a {'generative' if task == 'generate' else 'embedding'}"
-                " model",
+                f"`{self.model_name}` serves {TASK_NAMES[info.task]}; this route needs a model "
+                f"that serves {TASK_NAMES[task]}",
                 param="model",
                 code="wrong_model_task",
             )

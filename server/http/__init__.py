@@ -1,6 +1,7 @@
 """The HTTP layer: the FastAPI app and everything around the routes.
 
 * ``app.py``: ``build_app``: the routes only, the work in :mod:`server.api`;
+* ``pooling_routes.py``: the classifier routes (score, rerank, classify) and their aliases;
 * ``middleware.py``: the front door: request id, API key, body-size limit, draining, metrics;
 * ``request_context.py``: the current request's id for headers and logs; POSTs in flight;
 * ``errors.py``: one OpenAI-style error type and body, handlers for everything else;

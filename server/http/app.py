@@ -3,8 +3,9 @@
 :func:`build_app` is a factory (no module globals): the front door, then one ``_add_*`` function
 per route family. ``POST /v1/completions`` (:mod:`server.api.completions`) and
 ``/v1/chat/completions`` (:mod:`server.api.chat`) answer JSON or SSE; ``POST /v1/embeddings``
-needs an encoder replica; ``GET /health`` is 503 unless the engine is ready and the replica
-alive; ``GET /v1/models`` and ``GET /metrics`` (Prometheus) complete the set.
+needs an encoder replica, the classifier routes (``/v1/score``, ``/v1/rerank``, ``/classify``:
+:mod:`server.http.pooling_routes`) a cross-encoder; ``GET /health`` is 503 unless the engine
+is ready and the replica alive; ``GET /v1/models``, ``GET /metrics`` (Prometheus) end the set.
 
 Every request first passes the front door (:mod:`server.http.middleware`). A generation is then
 checked in order: body (400) → model name (404) → engine serviceable (503) → vocabulary/context
@@ -43,6 +44,7 @@ from server.http.limits import Admission, Ticket, timeout_error, with_deadline
 from server.http.metrics import Metrics
 from server.http.middleware import DEFAULT_MAX_REQUEST_BYTES, FrontDoor
 from server.http.openapi import BodySchemas
+from server.http.pooling_routes import POOLING_ROUTES, add_pooling_routes
 from server.media import multimodal
 from server.media.fetch import MediaOptions
 from server.text import tool_parsers
@@ -59,6 +61,7 @@ ROUTES = (
     "/v1/completions",
     "/v1/chat/completions",
     "/v1/embeddings",
+    *POOLING_ROUTES,
     "/v1/models",
     "/health",
     "/metrics",
@@ -330,7 +333,9 @@ def _add_completion_route(
 def _add_embedding_route(
     app: FastAPI, serving: ServedModel, schemas: BodySchemas, limits: _Limits
 ) -> None:
-    """``POST /v1/embeddings``: JSON, with the same shedding and deadline as generation."""
+    """``POST /v1/embeddings`` and the classifier routes (:mod:`server.http.pooling_routes`):
+    JSON, with the same shedding and deadline as generation."""
+    add_pooling_routes(app, serving, schemas, _parse, _respond_json, limits)
 
     @app.post("/v1/embeddings", response_model=None, openapi_extra=schemas.body(EmbeddingRequest))
     async def create_embedding(request: Request) -> Response:

@@ -51,6 +51,8 @@ access_log = logging.getLogger("shardserve.access")
 DEFAULT_MAX_REQUEST_BYTES = 8 * 1024 * 1024
 OPEN_PATHS = frozenset({"/health", "/metrics"})
 DOCS_PATHS = frozenset({"/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"})
+#: API routes outside ``/v1`` (vLLM's aliases), guarded by the API key like ``/v1/*``.
+UNVERSIONED_API_PATHS = frozenset({"/score", "/rerank", "/classify"})
 
 
 class _TooLarge(Exception):
@@ -133,7 +135,7 @@ class FrontDoor:
     def _refusal(self, scope: Scope, headers: Headers) -> APIError | None:
         """The 401 or 413 decided from headers alone, if any."""
         path: str = scope.get("path", "")
-        guarded = path.startswith("/v1") or path in DOCS_PATHS
+        guarded = path.startswith("/v1") or path in DOCS_PATHS or path in UNVERSIONED_API_PATHS
         if self._key is not None and path not in OPEN_PATHS and guarded:
             scheme, _, credential = headers.get("authorization", "").partition(" ")
             given = credential.strip().encode() if scheme.lower() == "bearer" else b""

@@ -151,12 +151,28 @@ class Tokenizer:
     def encode_truncated(self, text: str, max_tokens: int) -> list[int]:
         """Ids with special tokens, the text cut so the whole fits ``max_tokens`` (as
         transformers' ``truncation=True, max_length=max_tokens`` does); no padding."""
+        return list(self._truncator(max_tokens).encode_batch([text])[0].ids)
+
+    def encode_pair(
+        self, first: str, second: str, max_tokens: int | None = None
+    ) -> tuple[list[int], list[int]]:
+        """``(ids, token_type_ids)`` of a text pair, special tokens added by the tokenizer's
+        post-processor (BERT: ``[CLS] first [SEP] second [SEP]``, types 0 then 1), as
+        transformers' ``tokenizer(first, second)`` gives them; with ``max_tokens``, truncated
+        as ``truncation=True, max_length=max_tokens`` does (longest first)."""
+        backend = self._backend if max_tokens is None else self._truncator(max_tokens)
+        encoding = backend.encode_batch([(first, second)])[0]
+        return list(encoding.ids), list(encoding.type_ids)
+
+    def _truncator(self, max_tokens: int) -> _HFTokenizer:
+        """A copy of the backend that truncates to ``max_tokens`` (longest first), kept for
+        the last ``max_tokens`` asked."""
         if self._truncating is None or self._truncating[0] != max_tokens:
             backend = _HFTokenizer.from_str(self._backend.to_str())
             backend.no_padding()
             backend.enable_truncation(max_tokens)
             self._truncating = (max_tokens, backend)
-        return list(self._truncating[1].encode_batch([text])[0].ids)
+        return self._truncating[1]
 
     def token_text(self, token_id: int) -> str:
         """One token's own text, special tokens included (for logprobs); ``""`` if unknown.

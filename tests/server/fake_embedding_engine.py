@@ -76,9 +76,17 @@ class FakeEmbeddingEngine(FakeEngine):
         elif isinstance(message, Shutdown):
             self.shutdowns += 1
 
+    def vector(self, request: EmbedRequest) -> list[float]:
+        """What the engine answers ``request`` with."""
+        return fake_vector(request.token_ids)
+
+    def announce(self) -> EngineReady:
+        """The ``EngineReady`` this engine sends."""
+        return EngineReady(self.max_model_len, self.vocab_size, [], task="embed")
+
     def _become_ready(self, sock: zmq.Socket[bytes]) -> None:
         self.ready = True
-        ready = EngineReady(self.max_model_len, self.vocab_size, [], task="embed")
+        ready = self.announce()
         for peer in self._peers_waiting:
             sock.send_multipart([peer, encode(ready)])
         self._peers_waiting = []
@@ -89,7 +97,8 @@ class FakeEmbeddingEngine(FakeEngine):
         by_peer: dict[bytes, list[EmbeddingResult]] = {}
         for rid, (peer, request) in list(self._queued.items()):
             ids = request.token_ids
-            by_peer.setdefault(peer, []).append(EmbeddingResult(rid, fake_vector(ids), len(ids)))
+            result = EmbeddingResult(rid, self.vector(request), len(ids))
+            by_peer.setdefault(peer, []).append(result)
             self.embedded.append(rid)
             del self._queued[rid]
         for peer, results in by_peer.items():
