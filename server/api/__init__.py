@@ -10,7 +10,12 @@
 * ``chat_tools.py``: ``tool_choice`` to a plan (a grammar when forced), output to ``tool_calls``;
 * ``structured.py``: ``response_format``, ``structured_outputs``, ``guided_*`` to one grammar;
 * ``logprobs.py``: the engine's per-token logprobs in both OpenAI shapes;
-* ``embeddings.py``: ``POST /v1/embeddings`` for encoder replicas.
+* ``embeddings.py``: ``POST /v1/embeddings`` for encoder replicas;
+* ``responses_protocol.py``: ``POST /v1/responses`` request body (input items, tools, text);
+* ``responses.py``: ``/v1/responses``: input items as a chat request, planned and run as chat;
+* ``responses_output.py``: the ``response`` object, its output items and their stream events;
+* ``responses_stream.py``: ``/v1/responses`` with ``stream``: the spec's SSE events;
+* ``responses_store.py``: the bounded LRU store behind ``previous_response_id``, GET, DELETE.
 
 Bodies are validated by pydantic and nowhere else; what needs the engine's numbers (vocabulary,
 context length) the route modules check, each a 400 naming the field. Each route module

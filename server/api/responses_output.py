@@ -12,6 +12,11 @@ for a message; ``response.output_item.added``, ``response.function_call_argument
 dicts without ``sequence_number`` (the stream numbers them). A whole answer goes through the
 same builder, so the JSON answer and the stream's final response have the same items.
 Item ids: ``msg_<hex>``, ``fc_<hex>``; call ids ``call_<hex>`` (:func:`chat_tools.call_id`).
+
+Extension point for reasoning output (issue #45 item 2): a reasoning parser's thinking goes to
+:meth:`OutputBuilder.feed` as its own ``reasoning`` item (``response.reasoning_text.delta``
+events) opened before the message; ``reasoning`` input items are skipped today
+(:func:`server.api.responses._messages`).
 """
 
 from __future__ import annotations

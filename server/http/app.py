@@ -2,7 +2,9 @@
 
 :func:`build_app` is a factory (no module globals): the front door, then one ``_add_*`` function
 per route family. ``POST /v1/completions`` (:mod:`server.api.completions`) and
-``/v1/chat/completions`` (:mod:`server.api.chat`) answer JSON or SSE; ``POST /v1/embeddings``
+``/v1/chat/completions`` (:mod:`server.api.chat`) answer JSON or SSE, as does
+``/v1/responses`` (:mod:`server.api.responses`, a chat request underneath; ``GET`` and
+``DELETE /v1/responses/{id}`` on its store); ``POST /v1/embeddings``
 needs an encoder replica; ``GET /health`` is 503 unless the engine is ready and the replica
 alive; ``GET /v1/models`` and ``GET /metrics`` (Prometheus) complete the set.
 
@@ -10,8 +12,8 @@ Every request first passes the front door (:mod:`server.http.middleware`). A gen
 checked in order: body (400) → model name (404) → engine serviceable (503) → vocabulary/context
 (400; the tokenizing and templating run off the event loop, :class:`~server.http.offload.Offload`)
 → load shedding (429 + ``Retry-After``, :mod:`server.http.limits`), and ended by
-``request_timeout_s`` (504, or an SSE error event once streaming). A chat request with
-images or videos passes the model, engine and request-count checks before anything is
+``request_timeout_s`` (504, or an SSE error event once streaming). A chat (or Responses) request
+with images or videos passes the model, engine and request-count checks before anything is
 fetched or decoded (:func:`_admit_media`), then its tokens are counted. An embedding checks its task
 and inputs in place of vocabulary/context. A client that disconnects aborts its request.
 """
@@ -83,8 +85,7 @@ def build_app(
     (default: :func:`server.text.tool_parsers.detect`); ``image_model``: how a VLM takes images
     (``None``: text only); ``disable_docs`` (``--disable-fastapi-docs``) drops ``/docs``,
     ``/redoc`` and ``/openapi.json`` (else they need the API key when there is one);
-    ``response_store``: where ``/v1/responses`` keeps responses (default: a fresh
-    :class:`ResponseStore` with its default bounds).
+    ``response_store``: what ``/v1/responses`` keeps (default: one with the default bounds).
     ``ValueError`` at start-up if the chat template does not compile.
     """
     metrics = metrics or Metrics()
@@ -115,8 +116,7 @@ def build_app(
     _add_completion_route(app, serving, schemas, limits)
     _add_embedding_route(app, serving, schemas, limits)
     _add_chat_route(app, serving, template, schemas, limits)
-    store = ResponseStore() if response_store is None else response_store
-    _add_responses_routes(app, serving, template, schemas, limits, store)
+    _add_responses_routes(app, serving, template, schemas, limits, response_store)
     schemas.install(app)
     return app
 
@@ -262,10 +262,11 @@ def _add_responses_routes(
     template: ChatTemplate | None,
     schemas: BodySchemas,
     limits: Limits,
-    store: ResponseStore,
+    response_store: ResponseStore | None,
 ) -> None:
     """``POST /v1/responses`` (JSON or SSE, through the chat machinery), and ``GET`` and
-    ``DELETE /v1/responses/{response_id}`` on ``store``."""
+    ``DELETE /v1/responses/{response_id}`` on ``response_store``."""
+    store = ResponseStore() if response_store is None else response_store
 
     @app.post("/v1/responses", response_model=None, openapi_extra=schemas.body(ResponsesRequest))
     async def create_response(request: Request) -> Response:
@@ -294,6 +295,12 @@ def _add_responses_routes(
             ticket,
             limits.request_timeout_s,
         )
+
+    _add_stored_response_routes(app, store)
+
+
+def _add_stored_response_routes(app: FastAPI, store: ResponseStore) -> None:
+    """``GET`` and ``DELETE /v1/responses/{response_id}``: 404 unless ``store`` has it."""
 
     def stored(response_id: str) -> ResponseObject:
         entry = store.get(response_id)
