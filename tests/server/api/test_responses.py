@@ -131,6 +131,21 @@ async def test_stream_events_in_order(sdk: SDK) -> None:
     assert stored.output_text == text
 
 
+async def test_max_output_tokens_ends_incomplete(sdk: SDK) -> None:
+    whole = await sdk.call(lambda c: c.responses.create(input="one two", max_output_tokens=2))
+    assert whole.status == "incomplete" and whole.output[0].status == "incomplete"
+    assert whole.incomplete_details is not None
+    assert whole.incomplete_details.reason == "max_output_tokens"
+    body = {"input": "one two", "max_output_tokens": 2, "stream": True}
+    headers = {"authorization": f"Bearer {API_KEY}"}
+    async with sdk.served.http.stream("POST", "/v1/responses", json=body, headers=headers) as r:
+        lines = [line async for line in r.aiter_lines() if line]
+    events = [json.loads(line[len("data: ") :]) for line in lines[1::2]]
+    assert [f"event: {e['type']}" for e in events] == lines[::2]  # each data after its event
+    assert events[-1]["type"] == "response.incomplete"
+    assert events[-1]["response"]["usage"]["output_tokens"] == 2
+
+
 async def test_parse_with_a_pydantic_format(sdk: SDK) -> None:
     answer = '{"city": "Paris", "celsius": 21}'
     parsed = await sdk.call(
@@ -199,6 +214,17 @@ async def test_previous_response_chain_and_eviction(sdk: SDK, served_tokenizer: 
         lambda c: c.responses.create(input="five", previous_response_id=second.id)
     )
     assert prompt_of(sdk, served_tokenizer, third.id).startswith("<user>one<assistant>one")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_an_engine_refusal_is_a_400(
+    serve: ServeFactory, tokenizer: Tokenizer, stream: bool
+) -> None:
+    refused = tokenizer.encode("Hello", add_special_tokens=False)[0]
+    served = await serve(refuse_token=refused)
+    body = {"input": "Hello", "stream": stream}
+    error = assert_error(await served.http.post("/v1/responses", json=body), 400)
+    assert error["code"] == "engine_refused"
 
 
 BAD: list[tuple[dict[str, Any], str]] = [

@@ -123,6 +123,6 @@ def _responses(url: str) -> None:
         previous_response_id=asked.id,
         **greedy,
     )
-    print(final.output_text)
-    assert final.status == "completed" and final.output_text, final
+    assert final.status == "completed" and final.output_text, final  # the template took it all
+    assert final.previous_response_id == asked.id
     sdk.close()
