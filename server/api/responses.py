@@ -46,7 +46,6 @@ from server.text.chat_template import ChatTemplate
 
 #: Chat fields a 400 from the chat machinery may name → the Responses field they came from.
 _PARAMS = {
-    "messages": "input",
     "prompt": "input",
     "max_completion_tokens": "max_output_tokens",
     "max_tokens": "max_output_tokens",
@@ -169,14 +168,19 @@ def chat_request(body: ResponsesRequest, items: list[dict[str, Any]]) -> ChatCom
 
 
 def renamed(error: APIError) -> APIError:
-    """``error`` naming the Responses field where it names a chat field."""
+    """``error`` naming the Responses field where it names a chat field (any part of
+    ``messages`` is ``input``: the indices differ)."""
     param = error.info.param
     if param is None:
         return error
-    new = _PARAMS.get(param) or _TOOL_PARAMETERS.sub(r"tools[\1].parameters", param)
+    if param.startswith("messages"):
+        new, old = "input", r"\bmessages(\[\d+\]|\.\w+)*"
+    else:
+        new = _PARAMS.get(param) or _TOOL_PARAMETERS.sub(r"tools[\1].parameters", param)
+        old = rf"\b{re.escape(param)}\b"
     if new == param:
         return error
-    message = re.sub(rf"\b{re.escape(param)}\b", new, error.info.message)
+    message = re.sub(old, new, error.info.message)
     return APIError(
         error.status_code, message, type=error.info.type, param=new, code=error.info.code
     )

@@ -276,7 +276,10 @@ def _add_responses_routes(
         ticket = _admit_media(serving, chat_body, limits.admission)
         try:
             media = serving.image_model, serving.media_options
-            images = await multimodal.load_chat_images(chat_body, *media)
+            try:
+                images = await multimodal.load_chat_images(chat_body, *media)
+            except APIError as exc:
+                raise responses.renamed(exc) from None
             plan = await serving.offload.run(
                 responses.prepare,
                 *(serving, template, body, chat_body, items, item_id("resp"), images),

@@ -227,11 +227,18 @@ async def test_an_engine_refusal_is_a_400(
     assert error["code"] == "engine_refused"
 
 
+IMAGE = {"type": "input_image", "image_url": "data:image/png;base64,iVBORw0KGgo="}
+IMAGE_URL = "input[0].content[0].image_url"
 BAD: list[tuple[dict[str, Any], str]] = [
     ({"input": []}, "input"),
     ({"input": [{"type": "item_reference", "id": "x"}]}, "input"),
     ({"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}]}, "input"),
     ({"input": [{"role": "tool", "content": "x"}]}, "input"),
+    ({"input": [{"role": "user", "content": [IMAGE]}]}, "input"),  # a text-only model
+    (
+        {"input": [{"role": "user", "content": [{"type": "input_image", "file_id": "f"}]}]},
+        IMAGE_URL,
+    ),
     ({"input": "x", "tools": [{"type": "web_search"}]}, "tools"),
     ({"input": "x", "tool_choice": {"type": "web_search_preview"}}, "tool_choice"),
     (
