@@ -35,7 +35,6 @@ from server.api.protocol import MAX_STOP_STRINGS, Penalty, unsupported
 Role = Literal["user", "system", "developer", "assistant"]
 ROLES = ("user", "system", "developer", "assistant")
 ITEM_TYPES = ("message", "function_call", "function_call_output", "reasoning")
-TOOL_CHOICES = ("none", "auto", "required")
 _PART_TYPES = ("input_text", "output_text", "input_image", "refusal")
 
 
@@ -76,7 +75,8 @@ def _check_item(item: Any, param: str) -> None:
             f"{param}.role must be one of {', '.join(ROLES)} (a tool's result is a "
             "function_call_output item)",
         )
-    _parts(item.get("content" if kind == "message" else "output"), f"{param}.content")
+    key = "content" if kind == "message" else "output"
+    _parts(item.get(key), f"{param}.{key}")
 
 
 class ResponsesMessageItem(BaseModel):
