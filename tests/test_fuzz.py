@@ -1,4 +1,5 @@
-"""Fuzz every route from ``/openapi.json`` (schemathesis): no 5xx, and the server lives on.
+"""Fuzz every route from ``/openapi.json`` (schemathesis): no 5xx, every 4xx an OpenAI error
+body, and the server lives on.
 
 A real uvicorn server (in a background thread with its own event loop) serves
 the app over the fake engine of :mod:`tests.server.fake_engine`; schemathesis
@@ -88,6 +89,10 @@ def _fuzz(base_url: str, operations: list[Any]) -> None:
         def check(case: schemathesis.Case) -> None:
             response = case.call(base_url=base_url, timeout=30)
             assert response.status_code < 500, (case.path, case.body, response.text)
+            if response.status_code >= 400:
+                error = response.json().get("error")
+                assert isinstance(error, dict), (case.path, case.body, response.text)
+                assert set(error) == {"message", "type", "param", "code"}, response.text
 
         check()
 
@@ -98,8 +103,9 @@ def test_no_5xx_on_any_route(base_url: str) -> None:
     operations = [result.ok() for result in schema.get_all_operations()]
     paths = {op.path for op in operations}
     assert {"/v1/completions", "/v1/chat/completions", "/health"} <= paths
+    assert "/v1/responses/{response_id}" in paths
     bodies = {op.path for op in operations if op.body}
-    assert {"/v1/completions", "/v1/chat/completions", "/v1/embeddings"} <= bodies
+    assert {"/v1/completions", "/v1/chat/completions", "/v1/embeddings", "/v1/responses"} <= bodies
     assert set(POOLING_ROUTES) <= bodies
     _fuzz(base_url, operations)
     with httpx.Client(base_url=base_url) as http:

@@ -13,6 +13,11 @@
 * ``embeddings.py``: ``POST /v1/embeddings`` for encoder replicas;
 * ``pooling_protocol.py``: ``/v1/score``, ``/v1/rerank``, ``/classify`` bodies (vLLM's shapes);
 * ``scoring.py``: score, rerank and classify on a cross-encoder: text pairs, checks, answers.
+* ``responses_protocol.py``: ``POST /v1/responses`` request body (input items, tools, text);
+* ``responses.py``: ``/v1/responses``: input items as a chat request, planned and run as chat;
+* ``responses_output.py``: the ``response`` object, its output items and their stream events;
+* ``responses_stream.py``: ``/v1/responses`` with ``stream``: the spec's SSE events;
+* ``responses_store.py``: the bounded LRU store behind ``previous_response_id``, GET, DELETE.
 
 Bodies are validated by pydantic and nowhere else; what needs the engine's numbers (vocabulary,
 context length) the route modules check, each a 400 naming the field. Each route module

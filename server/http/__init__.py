@@ -2,6 +2,8 @@
 
 * ``app.py``: ``build_app``: the routes only, the work in :mod:`server.api`;
 * ``pooling_routes.py``: the classifier routes (score, rerank, classify) and their aliases;
+* ``respond.py``: a body parsed (400 naming the field), then JSON or SSE within the deadline,
+  aborted when the client leaves, the load-shedding ticket released;
 * ``middleware.py``: the front door: request id, API key, body-size limit, draining, metrics;
 * ``request_context.py``: the current request's id for headers and logs; POSTs in flight;
 * ``errors.py``: one OpenAI-style error type and body, handlers for everything else;

@@ -2,8 +2,10 @@
 
 :func:`build_app` is a factory (no module globals): the front door, then one ``_add_*`` function
 per route family. ``POST /v1/completions`` (:mod:`server.api.completions`) and
-``/v1/chat/completions`` (:mod:`server.api.chat`) answer JSON or SSE; ``POST /v1/embeddings``
-needs an encoder replica, the classifier routes (``/v1/score``, ``/v1/rerank``, ``/classify``:
+``/v1/chat/completions`` (:mod:`server.api.chat`) answer JSON or SSE, as does
+``/v1/responses`` (:mod:`server.api.responses`, a chat request underneath; ``GET`` and
+``DELETE /v1/responses/{id}`` on its store); ``POST /v1/embeddings`` needs an encoder replica,
+the classifier routes (``/v1/score``, ``/v1/rerank``, ``/classify``:
 :mod:`server.http.pooling_routes`) a cross-encoder; ``GET /health`` is 503 unless the engine
 is ready and the replica alive; ``GET /v1/models``, ``GET /metrics`` (Prometheus) end the set.
 
@@ -11,192 +13,53 @@ Every request first passes the front door (:mod:`server.http.middleware`). A gen
 checked in order: body (400) → model name (404) → engine serviceable (503) → vocabulary/context
 (400; the tokenizing and templating run off the event loop, :class:`~server.http.offload.Offload`)
 → load shedding (429 + ``Retry-After``, :mod:`server.http.limits`), and ended by
-``request_timeout_s`` (504, or an SSE error event once streaming). A chat request with
-images or videos passes the model, engine and request-count checks before anything is
+``request_timeout_s`` (504, or an SSE error event once streaming). A chat (or Responses) request
+with images or videos passes the model, engine and request-count checks before anything is
 fetched or decoded (:func:`_admit_media`), then its tokens are counted. An embedding checks its task
 and inputs in place of vocabulary/context. A client that disconnects aborts its request.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-from collections.abc import AsyncGenerator, Awaitable, Callable
-from dataclasses import dataclass
-from typing import TypeVar
-
 from fastapi import FastAPI, Request, Response
-from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import BaseModel, ValidationError
+from fastapi.responses import JSONResponse
 
-from server.api import chat, completions, embeddings
+from server.api import chat, completions, embeddings, responses, responses_stream
 from server.api.chat_protocol import ChatCompletionRequest
 from server.api.choices import ChoiceRequests
 from server.api.completion_protocol import CompletionRequest
 from server.api.embeddings import EmbeddingRequest
 from server.api.protocol import ModelCard, ModelList, new_id
+from server.api.responses_output import ResponseDeleted, ResponseObject, item_id
+from server.api.responses_protocol import ResponsesRequest
+from server.api.responses_store import ResponseStore
 from server.api.serving import ServedModel
 from server.engine.client import Engine
 from server.http import ttft_trace
-from server.http.errors import APIError, install_error_handlers, validation_error
+from server.http.errors import APIError, install_error_handlers
 from server.http.lifecycle import Lifecycle
-from server.http.limits import Admission, Ticket, timeout_error, with_deadline
+from server.http.limits import Admission, Ticket
 from server.http.metrics import Metrics
 from server.http.middleware import DEFAULT_MAX_REQUEST_BYTES, FrontDoor
 from server.http.openapi import BodySchemas
 from server.http.pooling_routes import POOLING_ROUTES, add_pooling_routes
+from server.http.respond import Limits, parse_body, respond, respond_json, work_tokens
 from server.media import multimodal
 from server.media.fetch import MediaOptions
 from server.text import tool_parsers
 from server.text.chat_template import ChatTemplate
 from server.text.tokenizer import Tokenizer
 
-T = TypeVar("T")
-B = TypeVar("B", bound=BaseModel)
-
-#: How often a non-streamed request checks whether its client is still there.
-DISCONNECT_POLL_S = 0.5
-
 ROUTES = (
     "/v1/completions",
     "/v1/chat/completions",
+    "/v1/responses",
     "/v1/embeddings",
     *POOLING_ROUTES,
     "/v1/models",
     "/health",
     "/metrics",
 )
-
-
-class _ClientGone(Exception):
-    pass
-
-
-async def _unless_disconnected(request: Request, work: Awaitable[T]) -> T:
-    """Await ``work``; cancel it (aborting the generation) if the client goes away."""
-    task = asyncio.ensure_future(work)
-    try:
-        while True:
-            done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
-            if done:
-                return task.result()
-            if await request.is_disconnected():
-                raise _ClientGone()
-    finally:
-        if not task.done():
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-
-
-async def _chain(first: bytes, rest: AsyncGenerator[bytes, None]) -> AsyncGenerator[bytes, None]:
-    """``first`` then ``rest``; closing this closes ``rest`` (which aborts the request)."""
-    async with contextlib.aclosing(rest):
-        yield first
-        async for frame in rest:
-            yield frame
-
-
-async def _parse(request: Request, model: type[B]) -> B:
-    return _validate(await request.body(), model)
-
-
-@ttft_trace.span("body_read", "validated")
-def _validate(raw: bytes, model: type[B]) -> B:
-    """``raw`` as a ``model``, or the 400 naming the field."""
-    try:
-        return model.model_validate_json(raw)
-    except ValidationError as exc:
-        raise validation_error(list(exc.errors())) from None
-
-
-@ttft_trace.first("first_frame")
-async def _released(
-    frames: AsyncGenerator[bytes, None], ticket: Ticket
-) -> AsyncGenerator[bytes, None]:
-    """``frames``, then ``ticket`` released (however the stream ends)."""
-    try:
-        async with contextlib.aclosing(frames):
-            async for frame in frames:
-                yield frame
-    finally:
-        ticket.release()
-
-
-async def _respond(
-    request: Request,
-    streamed: bool,
-    frames: Callable[[], AsyncGenerator[bytes, None]],
-    whole: Callable[[], Awaitable[BaseModel]],
-    ticket: Ticket,
-    timeout_s: float | None,
-) -> Response:
-    """Send ``frames()`` as SSE or ``whole()`` as JSON; abort if the client leaves or the
-    ``timeout_s`` deadline passes; ``ticket`` is released when the response is done."""
-    if streamed:
-        return await _respond_streamed(request, frames, ticket, timeout_s)
-    return await _respond_json(request, whole, ticket, timeout_s)
-
-
-async def _respond_streamed(
-    request: Request,
-    frames: Callable[[], AsyncGenerator[bytes, None]],
-    ticket: Ticket,
-    timeout_s: float | None,
-) -> Response:
-    """``frames()`` as SSE, ended at the ``timeout_s`` deadline; see :func:`_respond`."""
-    loop = asyncio.get_running_loop()
-    deadline = None if timeout_s is None else loop.time() + timeout_s
-    stream = _released(with_deadline(frames(), deadline, timeout_s), ticket)
-    try:  # the first frame decides the status: a refusal is still a 4xx
-        first = await _unless_disconnected(request, anext(stream))
-    except _ClientGone:
-        await stream.aclose()
-        return Response(status_code=499)
-    except StopAsyncIteration:  # cannot happen: a stream always ends with [DONE]
-        first = b""
-    except BaseException:
-        await stream.aclose()
-        raise
-    return StreamingResponse(
-        _chain(first, stream),
-        media_type="text/event-stream",
-        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-    )
-
-
-async def _respond_json(
-    request: Request,
-    whole: Callable[[], Awaitable[BaseModel]],
-    ticket: Ticket,
-    timeout_s: float | None,
-) -> Response:
-    """``whole()`` as JSON: 504 (cancelled, so aborted) past the ``timeout_s`` deadline,
-    499 if the client left first; ``ticket`` is released either way."""
-    loop = asyncio.get_running_loop()
-    deadline = None if timeout_s is None else loop.time() + timeout_s
-    try:
-        async with asyncio.timeout_at(deadline):
-            result = await _unless_disconnected(request, whole())
-    except _ClientGone:
-        return Response(status_code=499)
-    except TimeoutError:
-        raise timeout_error(timeout_s or 0.0) from None
-    finally:
-        ticket.release()
-    return JSONResponse(result.model_dump())
-
-
-def _work_tokens(work: ChoiceRequests) -> int:
-    """Tokens a plan may hold: each choice's prompt plus its ``max_tokens``."""
-    return sum(len(r.prompt_token_ids) + r.max_tokens for r in work.requests)
-
-
-@dataclass(frozen=True)
-class _Limits:
-    """What every work route applies between its checks and the engine."""
-
-    admission: Admission
-    request_timeout_s: float | None
 
 
 def build_app(
@@ -216,6 +79,7 @@ def build_app(
     media_options: MediaOptions | None = None,
     disable_docs: bool = False,
     scheduling_policy: str = "fcfs",
+    response_store: ResponseStore | None = None,
 ) -> FastAPI:
     """An OpenAI-compatible app serving ``served_model_name`` through ``engine_client``.
 
@@ -225,12 +89,13 @@ def build_app(
     (default: :func:`server.text.tool_parsers.detect`); ``image_model``: how a VLM takes images
     (``None``: text only); ``disable_docs`` (``--disable-fastapi-docs``) drops ``/docs``,
     ``/redoc`` and ``/openapi.json`` (else they need the API key when there is one);
-    ``scheduling_policy``: the engine's (a request's ``priority`` needs ``priority``).
+    ``scheduling_policy``: the engine's (a request's ``priority`` needs ``priority``);
+    ``response_store``: what ``/v1/responses`` keeps (default: one with the default bounds).
     ``ValueError`` at start-up if the chat template does not compile.
     """
     metrics = metrics or Metrics()
     lifecycle = lifecycle or Lifecycle()
-    limits = _Limits(admission or Admission(), request_timeout_s)
+    limits = Limits(admission or Admission(), request_timeout_s)
     schemas = BodySchemas()
     parser = tool_call_parser or tool_parsers.detect(tokenizer.chat_template)
     serving = ServedModel(
@@ -257,6 +122,7 @@ def build_app(
     _add_completion_route(app, serving, schemas, limits)
     _add_embedding_route(app, serving, schemas, limits)
     _add_chat_route(app, serving, template, schemas, limits)
+    _add_responses_routes(app, serving, template, schemas, limits, response_store)
     schemas.install(app)
     return app
 
@@ -310,38 +176,38 @@ def _add_status_routes(app: FastAPI, serving: ServedModel, lifecycle: Lifecycle)
 
 
 def _add_completion_route(
-    app: FastAPI, serving: ServedModel, schemas: BodySchemas, limits: _Limits
+    app: FastAPI, serving: ServedModel, schemas: BodySchemas, limits: Limits
 ) -> None:
     """``POST /v1/completions``: JSON or SSE."""
 
     @app.post("/v1/completions", response_model=None, openapi_extra=schemas.body(CompletionRequest))
     async def create_completion(request: Request) -> Response:
-        body = await _parse(request, CompletionRequest)
+        body = await parse_body(request, CompletionRequest)
         work: ChoiceRequests = await serving.offload.run(
             completions.prepare, serving, body, new_id("cmpl")
         )
-        return await _respond(
+        return await respond(
             request,
             body.stream,
             lambda: completions.stream(serving, work, body),
             lambda: completions.complete(serving, work, body),
-            limits.admission.admit(_work_tokens(work)),
+            limits.admission.admit(work_tokens(work)),
             limits.request_timeout_s,
         )
 
 
 def _add_embedding_route(
-    app: FastAPI, serving: ServedModel, schemas: BodySchemas, limits: _Limits
+    app: FastAPI, serving: ServedModel, schemas: BodySchemas, limits: Limits
 ) -> None:
     """``POST /v1/embeddings`` and the classifier routes (:mod:`server.http.pooling_routes`):
     JSON, with the same shedding and deadline as generation."""
-    add_pooling_routes(app, serving, schemas, _parse, _respond_json, limits)
+    add_pooling_routes(app, serving, schemas, parse_body, respond_json, limits)
 
     @app.post("/v1/embeddings", response_model=None, openapi_extra=schemas.body(EmbeddingRequest))
     async def create_embedding(request: Request) -> Response:
-        body = await _parse(request, EmbeddingRequest)
+        body = await parse_body(request, EmbeddingRequest)
         work = await serving.offload.run(embeddings.prepare, serving, body)
-        return await _respond_json(
+        return await respond_json(
             request,
             lambda: embeddings.embed(serving, work, body),
             limits.admission.admit(work.tokens),
@@ -354,7 +220,7 @@ def _add_chat_route(
     serving: ServedModel,
     template: ChatTemplate | None,
     schemas: BodySchemas,
-    limits: _Limits,
+    limits: Limits,
 ) -> None:
     """``POST /v1/chat/completions``: JSON or SSE, rendered with ``template``."""
 
@@ -364,7 +230,7 @@ def _add_chat_route(
         openapi_extra=schemas.body(ChatCompletionRequest),
     )
     async def create_chat_completion(request: Request) -> Response:
-        body = await _parse(request, ChatCompletionRequest)
+        body = await parse_body(request, ChatCompletionRequest)
         ticket = _admit_media(serving, body, limits.admission)
         try:
             media = serving.image_model, serving.media_options
@@ -372,13 +238,13 @@ def _add_chat_route(
             work = await serving.offload.run(
                 chat.prepare, serving, template, body, new_id("chatcmpl"), images
             )
-            tokens = _work_tokens(work)
+            tokens = work_tokens(work)
             ticket = limits.admission.admit(tokens) if ticket is None else ticket.grow(tokens)
         except BaseException:
             if ticket is not None:
                 ticket.release()
             raise
-        return await _respond(
+        return await respond(
             request,
             body.stream,
             lambda: chat.stream(serving, work, body),
@@ -396,3 +262,75 @@ def _admit_media(
         return None
     serving.check(body.model)
     return admission.admit(0)
+
+
+def _add_responses_routes(
+    app: FastAPI,
+    serving: ServedModel,
+    template: ChatTemplate | None,
+    schemas: BodySchemas,
+    limits: Limits,
+    response_store: ResponseStore | None,
+) -> None:
+    """``POST /v1/responses`` (JSON or SSE, through the chat machinery), and ``GET`` and
+    ``DELETE /v1/responses/{response_id}`` on ``response_store``."""
+    store = ResponseStore() if response_store is None else response_store
+
+    @app.post("/v1/responses", response_model=None, openapi_extra=schemas.body(ResponsesRequest))
+    async def create_response(request: Request) -> Response:
+        body = await parse_body(request, ResponsesRequest)
+        items = responses.conversation(store, body)
+        chat_body = responses.chat_request(body, items)
+        ticket = _admit_media(serving, chat_body, limits.admission)
+        try:
+            media = serving.image_model, serving.media_options
+            try:
+                images = await multimodal.load_chat_images(chat_body, *media)
+            except APIError as exc:
+                raise responses.renamed(exc) from None
+            plan = await serving.offload.run(
+                responses.prepare,
+                *(serving, template, body, chat_body, items, item_id("resp"), images),
+            )
+            tokens = work_tokens(plan.work)
+            ticket = limits.admission.admit(tokens) if ticket is None else ticket.grow(tokens)
+        except BaseException:
+            if ticket is not None:
+                ticket.release()
+            raise
+        return await respond(
+            request,
+            body.stream,
+            lambda: responses_stream.stream(serving, plan, store),
+            lambda: responses.complete(serving, plan, store),
+            ticket,
+            limits.request_timeout_s,
+        )
+
+    _add_stored_response_routes(app, store)
+
+
+def _add_stored_response_routes(app: FastAPI, store: ResponseStore) -> None:
+    """``GET`` and ``DELETE /v1/responses/{response_id}``: 404 unless ``store`` has it."""
+
+    def stored(response_id: str) -> ResponseObject:
+        entry = store.get(response_id)
+        if entry is None:
+            raise APIError(
+                404,
+                f"Response with response_id '{response_id}' not found (unknown, deleted, evicted "
+                "or not stored).",
+                param="response_id",
+                code="response_not_found",
+            )
+        return entry.response
+
+    @app.get("/v1/responses/{response_id}")
+    async def get_response(response_id: str) -> ResponseObject:
+        return stored(response_id)
+
+    @app.delete("/v1/responses/{response_id}")
+    async def delete_response(response_id: str) -> ResponseDeleted:
+        stored(response_id)
+        store.delete(response_id)
+        return ResponseDeleted(id=response_id)
