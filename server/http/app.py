@@ -110,13 +110,7 @@ def build_app(
         scheduling_policy=scheduling_policy,
     )
     template = chat.load_template(serving)
-    app = FastAPI(
-        title="shardserve",
-        summary="OpenAI-compatible completions",
-        docs_url=None if disable_docs else "/docs",
-        redoc_url=None if disable_docs else "/redoc",
-        openapi_url=None if disable_docs else "/openapi.json",
-    )
+    app = _fastapi(disable_docs)
     _install_front_door(app, metrics, lifecycle, api_key, max_request_bytes)
     _add_status_routes(app, serving, lifecycle)
     _add_completion_route(app, serving, schemas, limits)
@@ -125,6 +119,17 @@ def build_app(
     _add_responses_routes(app, serving, template, schemas, limits, response_store)
     schemas.install(app)
     return app
+
+
+def _fastapi(disable_docs: bool) -> FastAPI:
+    """The bare app; ``disable_docs``: no ``/docs``, ``/redoc`` nor ``/openapi.json``."""
+    return FastAPI(
+        title="shardserve",
+        summary="OpenAI-compatible completions",
+        docs_url=None if disable_docs else "/docs",
+        redoc_url=None if disable_docs else "/redoc",
+        openapi_url=None if disable_docs else "/openapi.json",
+    )
 
 
 def _install_front_door(
