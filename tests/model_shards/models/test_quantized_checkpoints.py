@@ -22,6 +22,7 @@ boundary: :data:`ROUNDED_RTOL` leaves room for a few (measured: none, ~1e-6 ever
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -106,6 +107,10 @@ def _rank(peers: Comm, paths: dict[str, str], out_dir: str) -> None:
             worker = Worker.build(replica, cfg, peers, MAX_LEN)
             forms = _held_forms(worker)
             assert forms == EXPECTED_FORMS[(run, _kind(name, run))], f"{name} {run}: {forms}"
+            vocab = [m for m in worker.model.modules() if isinstance(m, VocabParallelEmbedding)]
+            assert len(vocab) == 2 and all(
+                ckpt_of(m.weight) is None and quant_of(m.weight) is None for m in vocab
+            ), f"{name} {run}: the embedding and LM head stay dense"
             serve_and_record(worker, f"{name}-{run}", out_dir)
 
 
@@ -195,27 +200,34 @@ def _round_inputs(
 Reference = list[tuple[torch.Tensor, list[int]]]
 
 
-@pytest.fixture(scope="module")
-def references(
-    checkpoints: dict[str, tuple[Path, Refs]],
-) -> dict[tuple[str, int, str], Reference]:
+class References:
     """``(layout, tp, rounding)`` → transformers' prompt logits and greedy tokens on the dense
     values, the activations of its quantized linears not rounded (``none``), rounded to FP8 as
     at that tp (``fp8``) or to the cpu kernels' int8 blocks (``int8``: blocks of 32 do not
-    straddle a rank's columns, so the same at every tp)."""
-    out: dict[tuple[str, int, str], Reference] = {}
-    done: dict[tuple[Path, int, str], Reference] = {}
-    for name, (_, refs) in checkpoints.items():
-        for (tp, rounding), ref in refs.items():
-            key = (ref, tp if rounding == "fp8" else 1, rounding)
-            if key not in done:
-                model = load_hf_model(ref)
-                if rounding != "none":
-                    rounder = quantize_activations if rounding == "fp8" else int8_blocks
-                    _round_inputs(model, ref, key[1], rounder)
-                done[key] = [greedy_and_logits(model, p, NEW_TOKENS) for p in PROMPTS]
-            out[(name, tp, rounding)] = done[key]
-    return out
+    straddle a rank's columns, so the same at every tp). Computed when first asked, once per
+    distinct weights (several layouts hold the same values)."""
+
+    def __init__(self, checkpoints: dict[str, tuple[Path, Refs]]) -> None:
+        self.checkpoints = checkpoints
+        self.done: dict[tuple[str, int, str], Reference] = {}
+
+    def __call__(self, name: str, tp: int, rounding: str) -> Reference:
+        ref = self.checkpoints[name][1][(tp, rounding)]
+        digest = hashlib.sha256((ref / "model.safetensors").read_bytes()).hexdigest()
+        scales = (ref / "input_scales.json").read_text()
+        key = (digest + scales, tp if rounding == "fp8" else 1, rounding)
+        if key not in self.done:
+            model = load_hf_model(ref)
+            if rounding != "none":
+                rounder = quantize_activations if rounding == "fp8" else int8_blocks
+                _round_inputs(model, ref, key[1], rounder)
+            self.done[key] = [greedy_and_logits(model, p, NEW_TOKENS) for p in PROMPTS]
+        return self.done[key]
+
+
+@pytest.fixture(scope="module")
+def references(checkpoints: dict[str, tuple[Path, Refs]]) -> References:
+    return References(checkpoints)
 
 
 @pytest.mark.timeout(300)
@@ -224,7 +236,7 @@ def test_quantized_checkpoints_match_transformers(
     tp: int,
     tmp_path: Path,
     checkpoints: dict[str, tuple[Path, Refs]],
-    references: dict[tuple[str, int, str], Reference],
+    references: References,
 ) -> None:
     paths = {name: str(served) for name, (served, _) in checkpoints.items()}
     run_world(_rank, tp, 1, paths, str(tmp_path), timeout=240)
@@ -236,7 +248,7 @@ def test_quantized_checkpoints_match_transformers(
             result = json.loads((tmp_path / f"{run}.json").read_text())
             ours = load_rows(tmp_path / f"{run}-logits.safetensors", result["seqs"])
             bound = ROUNDED_RTOL if rounding != "none" else 1e-4
-            for i, (ref_logits, ref_tokens) in enumerate(references[(name, tp, rounding)]):
+            for i, (ref_logits, ref_tokens) in enumerate(references(name, tp, rounding)):
                 rel = ((ours[i] - ref_logits).abs().max() / ref_logits.abs().max()).item()
                 tokens = result["tokens"][str(i)]
                 assert rel < bound, f"{run} prompt {i}: logits relative error {rel:.2e}"
