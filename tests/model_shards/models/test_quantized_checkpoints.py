@@ -18,6 +18,7 @@ on CPU without their GPU packages), each run to float rounding (logits within 1e
 
 Where activations are rounded, a float-rounding difference could move one across a rounding
 boundary: :data:`ROUNDED_RTOL` leaves room for a few (measured: none, ~1e-6 everywhere).
+A compressed-tensors FP8 Qwen2-MoE checks the experts, dequantized at load (tp=1, in-process).
 """
 
 from __future__ import annotations
@@ -34,20 +35,30 @@ import torch
 import transformers
 from safetensors.torch import load_file, save_file
 
+from model_shards.backends import ReferenceBackend
 from model_shards.config.model import ModelConfig
 from model_shards.config.replica import ReplicaConfig
+from model_shards.engine.coordinator import Coordinator
 from model_shards.layers.checkpoint_quant import ckpt_of
 from model_shards.layers.linear import LinearBase
 from model_shards.layers.loading import quant_of
 from model_shards.layers.vocab import VocabParallelEmbedding
 from model_shards.parallel.comm import Comm
+from model_shards.parallel.state import single_process_state
 from model_shards.quant.formats import GGMLType
 from model_shards.quant.fp8 import quantize_activations
 from model_shards.worker.decoder_worker import Worker
 from tests.checkpoints import build_tiny_llama, load_hf_model
-from tests.logits import load_rows
+from tests.families import qwen2_moe
+from tests.logits import load_rows, prompt_logits, record_logits
 from tests.model_shards.gguf.tiny import greedy_and_logits
-from tests.model_shards.models.parity_harness import MAX_LEN, NEW_TOKENS, PROMPTS, serve_and_record
+from tests.model_shards.models.parity_harness import (
+    MAX_LEN,
+    NEW_TOKENS,
+    PROMPTS,
+    generate_greedy,
+    serve_and_record,
+)
 from tests.model_shards.quant_checkpoints import LINEARS, SPECS, write_quantized
 from tests.world import run_world
 
@@ -178,8 +189,8 @@ def _round_inputs(
     row-parallel layer's input is split ``tp`` ways; FP8's dynamic scale is per token there)."""
     scales = json.loads((ref / "input_scales.json").read_text())
     for name, module in model.named_modules():
-        if not isinstance(module, torch.nn.Linear) or name == "lm_head":
-            continue
+        if not isinstance(module, torch.nn.Linear) or name.rpartition(".")[2] not in LINEARS:
+            continue  # the LM head, MoE routers: dense in the checkpoints
         s = scales.get(name)
         static = None if s is None else torch.tensor(s)
         split = tp if name.endswith(ROW_PARALLEL) else 1
@@ -253,3 +264,30 @@ def test_quantized_checkpoints_match_transformers(
                 tokens = result["tokens"][str(i)]
                 assert rel < bound, f"{run} prompt {i}: logits relative error {rel:.2e}"
                 assert tokens == ref_tokens, f"{run} prompt {i}"
+
+
+@pytest.mark.timeout(120)
+def test_moe_experts_in_fp8_are_dequantized_at_load(tmp_path: Path) -> None:
+    """A compressed-tensors FP8 Qwen2-MoE: attention and the shared expert W8A8 (their inputs
+    rounded), the routed experts dequantized at load into the stacked dense parameters
+    (transformers' fused experts module is no ``nn.Linear``: not rounded there either)."""
+    dense = qwen2_moe.build(tmp_path / "dense")
+    served, ref = tmp_path / "fp8", tmp_path / "fp8-ref"
+    write_quantized(dense, "ct-fp8-dynamic", served, ref, tmp_path / "fp8-blocks")
+    model = load_hf_model(ref)
+    _round_inputs(model, ref, 1, quantize_activations)
+    expected = [greedy_and_logits(model, p, NEW_TOKENS) for p in PROMPTS]
+    replica = ReplicaConfig(str(served), dtype="float32", max_num_seqs=4, block_size=4)
+    worker = Worker.build(
+        replica, ModelConfig.from_dir(served), Comm(single_process_state()), MAX_LEN,
+        ops=ReferenceBackend(),
+    )  # fmt: skip
+    assert _held_forms(worker) == {"Fp8Weight", "dense"}  # the MoE routers' gates are dense
+    recorder = record_logits(worker)
+    coord = Coordinator(worker, max_num_seqs=4, max_num_batched_tokens=64, max_model_len=MAX_LEN)
+    logits = prompt_logits(coord, recorder, PROMPTS)
+    tokens = generate_greedy(coord, PROMPTS)
+    for i, (ref_logits, ref_tokens) in enumerate(expected):
+        rel = ((logits[i] - ref_logits).abs().max() / ref_logits.abs().max()).item()
+        assert rel < ROUNDED_RTOL, f"prompt {i}: logits relative error {rel:.2e}"
+        assert tokens[str(i)] == ref_tokens, f"prompt {i}"
