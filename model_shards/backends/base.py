@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from model_shards.quant.checkpoint_weight import CheckpointWeight
 from model_shards.quant.formats import GGMLType
 from model_shards.quant.fp8 import Fp8Weight
 from model_shards.quant.int4 import Int4GroupWeight
@@ -213,6 +214,15 @@ class Backend(ABC):
         """``x [T, in]`` → ``x̂ W^T + b: [T, out]`` in ``x.dtype``, ``x̂`` the activations
         rounded to FP8 (``quant.fp8.quantize_activations``), ``W = weight.dequantize()``."""
         raise NotImplementedError(f"{self.name}: no FP8 weights")
+
+    def prepare_checkpoint_weight(
+        self, weight: CheckpointWeight, dtype: torch.dtype
+    ) -> CheckpointWeight | QuantizedWeight | torch.Tensor:
+        """After loading: the form this backend computes a checkpoint-quantized weight in:
+        ``weight`` itself (each part through :meth:`int4_linear` / :meth:`fp8_linear`; the
+        default), GGML blocks (:meth:`quantized_linear`) or a dense ``[out, in]`` tensor in
+        ``dtype`` (:meth:`linear`)."""
+        return weight
 
     # ---- mixture of experts ---------------------------------------------------------
     @abstractmethod

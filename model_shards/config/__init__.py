@@ -7,6 +7,8 @@ replica's flags.
 * ``hf_json.py``: what every ``config.json`` reader shares: errors naming the file, dtypes;
 * ``architectures.py``: the ``architectures`` names served and their family, listed once;
 * ``rope.py``: rotary parameters (default, linear, llama3, longrope / su, yarn);
+* ``quantization.py``: ``quantization_config`` (AWQ, GPTQ, compressed-tensors, FBGEMM FP8),
+  the ``--quantization`` choices;
 * ``moe.py``: a MoE checkpoint's experts, and the TP / expert-parallel layouts that fit them;
 * ``kv_layout.py``: KV groups: which layers share a block table (sliding windows), peak blocks;
 * ``scheduler.py``: ``SchedulerConfig`` (step limits, the pool, KV windows), ``SchedulerStats``;

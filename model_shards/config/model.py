@@ -22,6 +22,7 @@ from model_shards.config.hf_json import (
     checkpoint_dtype,
     read_json,
 )
+from model_shards.config.quantization import CheckpointQuant, parse_quantization_config
 from model_shards.config.rope import RopeConfig, parse_rope
 from model_shards.config.vlm import flatten_text_config, is_vlm, vision_tp_problem
 from model_shards.gguf.architectures import load_hf_config
@@ -45,6 +46,9 @@ class ModelConfig(TransformerShape):
     # multi-head latent attention (DeepSeek-V2): each token's K/V is one compressed latent of
     # head_dim = kv_lora_rank + qk_rope_head_dim values (num_kv_heads 1), K and V one buffer
     kv_latent: bool = False
+    # the checkpoint's quantization_config (AWQ, GPTQ, compressed-tensors, FBGEMM FP8); None:
+    # dense (or GGUF blocks)
+    quant: CheckpointQuant | None = None
     # the whole config.json, read-only: a family's own fields (QK-norm, windows, …) are
     # read from it by that family's model file
     extra: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
@@ -73,6 +77,7 @@ class ModelConfig(TransformerShape):
                 f"shardserve serves {', '.join(SUPPORTED_ARCHITECTURES)}"
             )
         torch_dtype = checkpoint_dtype(raw, source)
+        quant = parse_quantization_config(raw, source)
         try:
             if arch in _GPT2_ARCHITECTURES:
                 raw = _with_gpt2_names(raw)
@@ -105,6 +110,7 @@ class ModelConfig(TransformerShape):
                 eos_token_ids=eos_ids,
                 bos_token_id=raw.get("bos_token_id"),
                 kv_latent=mla,
+                quant=quant,
                 extra=MappingProxyType(dict(raw)),
             )
         except (KeyError, TypeError, ValueError) as exc:

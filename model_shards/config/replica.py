@@ -15,12 +15,15 @@ from model_shards.config.hf_json import CHECKPOINT_DTYPES
 from model_shards.config.kv_layout import KVLayout, peak_blocks
 from model_shards.config.model import ModelConfig, load_model_config
 from model_shards.config.moe import check_expert_layout
+from model_shards.config.quantization import (
+    CPU_ONLY_QUANTIZATION,
+    QUANTIZATION_CHOICES,
+    check_quantization_flag,
+)
 from model_shards.config.scheduler import check_step_limits
 from model_shards.gguf.files import is_gguf
 
 DTYPE_CHOICES: tuple[str, ...] = ("auto", *CHECKPOINT_DTYPES)
-# --quantization: weight-only GGML block types, quantized at load (model_shards.quant)
-QUANTIZATION_CHOICES: tuple[str, ...] = ("q8_0", "q4_0")
 
 
 def ranks_use_gpus(device: str, ranks: int, gpu_count: int, ranks_text: str) -> bool:
@@ -65,7 +68,8 @@ class ReplicaConfig:
     threads_per_rank: int | None = None  # CPU only; default: cores // world size, at least 1
     enable_expert_parallel: bool = False  # MoE: whole experts per TP rank (config/moe.py)
     dp_attention: bool = False  # -dp replicas share their experts (launch/dp_attention.py)
-    quantization: str | None = None  # --quantization: one of QUANTIZATION_CHOICES (CPU only)
+    # --quantization: one of QUANTIZATION_CHOICES (GGML blocks: CPU only; fp8: any device)
+    quantization: str | None = None
     grammar_compile_timeout_s: float = 10.0  # a structured-output grammar compiling longer: 400
     scheduling_policy: str = "fcfs"  # or "priority" (config.scheduler.SCHEDULING_POLICIES)
 
@@ -89,7 +93,7 @@ class ReplicaConfig:
                 f"--quantization {self.quantization!r} invalid; choose one of "
                 f"{QUANTIZATION_CHOICES}"
             )
-        if self.quantization is not None and self.device == "cuda":
+        if self.quantization in CPU_ONLY_QUANTIZATION and self.device == "cuda":
             raise ValueError(
                 f"--quantization {self.quantization}: quantized weights are served on CPU only; "
                 "drop the flag or use --device cpu"
@@ -113,6 +117,7 @@ class ReplicaConfig:
         if isinstance(model, ModelConfig):
             model.layer_partition(self.pp, self.pp_layer_partition)
             check_expert_layout(model, self.tp, self.enable_expert_parallel)
+            check_quantization_flag(self.quantization, model.quant)
         elif self.enable_expert_parallel:
             raise ValueError("--enable-expert-parallel: encoder (embedding) models have no experts")
         elif self.pp_layer_partition != "even":

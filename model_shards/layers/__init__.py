@@ -4,6 +4,7 @@ each parameter (``weight_loader``); every op is the backend's.
 - ``context``: ``ShardContext``, what every layer is built with (comm, backend, dtype)
 - ``linear``: replicated, column-, merged-column-, QKV- and row-parallel linears
 - ``loading``: how loaders fill a parameter: dense, or held quantized (GGUF, ``--quantization``)
+- ``checkpoint_quant``: weights held as AWQ / GPTQ / compressed-tensors / FP8 store them; GEMM
 - ``fused_sources``: column-parallel linears read from one fused checkpoint tensor (Phi-3)
 - ``conv1d``: linears whose checkpoint stores ``W^T`` (GPT-2's ``Conv1D``)
 - ``vocab``: vocabulary-parallel embedding and LM head, replicated embedding

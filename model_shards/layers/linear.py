@@ -11,11 +11,11 @@ Weights are stored PyTorch-style, ``W: [out, in]``, ``Y = X W^T + b``.
 A column layer followed by a row layer (attention, MLP) needs one all-reduce.
 Each parameter carries ``weight_loader(param, source[, shard_id])``, which
 reads only this rank's slice from the checkpoint, kept dense or quantized
-(:mod:`.loading`: GGUF blocks, ``--quantization``; the GEMM is then
-``ctx.ops.quantized_linear``). The GEMM is the backend's
-(``ctx.ops.linear``); after loading, :func:`prepare_weights` asks the backend for a
-faster layout of each weight (the CPU backend's packed panels), kept beside the
-parameter in ``packed`` (a quantized weight: its blocks reordered in place).
+(:mod:`.loading`: GGUF blocks, ``--quantization``, the GEMM then
+``ctx.ops.quantized_linear``; AWQ / GPTQ / FP8 checkpoints: :mod:`.checkpoint_quant`). The
+GEMM is the backend's (``ctx.ops.linear``); after loading, :func:`prepare_weights` asks the
+backend for a faster layout of each weight (the CPU backend's packed panels), kept beside
+the parameter in ``packed`` (a quantized weight: its blocks reordered in place).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from typing import Protocol, runtime_checkable
 import torch
 from torch import nn
 
+from model_shards.layers.checkpoint_quant import adopt_backend_form, checkpoint_gemm, ckpt_of
 from model_shards.layers.context import ShardContext
 from model_shards.layers.loading import check_dim, copy_checked, load_rows, quant_of
 from model_shards.parallel.comm import tp_all_reduce
@@ -48,7 +49,11 @@ class LinearBase(nn.Module):
     def prepare(self) -> bool:
         """After loading: let the backend lay ``weight`` out for its GEMM; ``True`` if it did.
         A weight held quantized (:mod:`.loading`) is laid out in place (its blocks reordered,
-        never dequantized; a tied embedding reads the same holder)."""
+        never dequantized; a tied embedding reads the same holder); a checkpoint-quantized one
+        first takes the backend's form (:mod:`.checkpoint_quant`)."""
+        adopt_backend_form(self.weight, self.ctx.ops, self.ctx.dtype)
+        if ckpt_of(self.weight) is not None:
+            return False
         quant = quant_of(self.weight)
         if quant is not None:
             return self.ctx.ops.pack_quantized(quant)
@@ -57,6 +62,9 @@ class LinearBase(nn.Module):
 
     def gemm(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """``x [T, in]`` → ``[T, out]``."""
+        ckpt = ckpt_of(self.weight)
+        if ckpt is not None:
+            return checkpoint_gemm(self.ctx.ops, x, ckpt, bias)
         quant = quant_of(self.weight)
         if quant is not None:
             return self.ctx.ops.quantized_linear(x, quant, bias)

@@ -14,6 +14,10 @@ head).
   start and end on a block boundary;
 * a dense tensor with ``--quantization q8_0|q4_0`` (``ctx.quantization``): the slice,
   quantized as it is read (:func:`store_rows`);
+* a weight of an AWQ / GPTQ / compressed-tensors / FP8 checkpoint
+  (``worker/quant_sources.py``: ``source.read_quantized``): its slice in the holder of its
+  format, kept by :mod:`.checkpoint_quant`;
+* a dense matrix with ``--quantization fp8``: the slice, in FP8 with per-channel scales;
 * otherwise the dense slice, dequantized by the source if it is quantized (the ``cuda``
   backend keeps no block types: its weights are dequantized to the model dtype at load).
 
@@ -29,6 +33,7 @@ from functools import cache
 import torch
 from torch import nn
 
+from model_shards.layers.checkpoint_quant import ckpt_of, hold_part
 from model_shards.layers.context import ShardContext
 from model_shards.quant.formats import (
     BLOCK_TYPES,
@@ -37,6 +42,7 @@ from model_shards.quant.formats import (
     block_size,
     ggml_type,
 )
+from model_shards.quant.fp8 import quantize_weight
 from model_shards.quant.quantize import quantize
 from model_shards.quant.weights import QuantizedTensor, QuantizedWeight
 from model_shards.worker.checkpoint import CheckpointError, TensorSource
@@ -100,6 +106,16 @@ def _check_cols(held: QuantizedWeight, cols: int, name: str) -> None:
         )
 
 
+def _check_fp8_rows(param: nn.Parameter, dense: torch.Tensor, name: str) -> None:
+    held = ckpt_of(param)
+    cols = held.in_features if held is not None else int(param.shape[1])
+    if dense.dim() != 2 or dense.shape[1] != cols or not dense.is_floating_point():
+        raise CheckpointError(
+            f"tensor {name!r}: checkpoint slice {dense.dtype} {list(dense.shape)}, expected "
+            f"a float [rows, {cols}]"
+        )
+
+
 def _read_blocks(
     source: TensorSource, qtype: GGMLType, dim: int, start: int, end: int
 ) -> torch.Tensor:
@@ -127,7 +143,11 @@ def store_rows(
     chosen = getattr(param, "quantization", None) or ctx.quantization  # the vocab's: its own
     method = QUANTIZATION_METHODS.get(chosen or "")
     if getattr(param, "keep_dense", False):
-        method = None
+        method, chosen = None, None
+    if chosen == "fp8" and (param.dim() == 2 or ckpt_of(param) is not None):
+        _check_fp8_rows(param, dense, name)
+        hold_part(param, offset, quantize_weight(dense))
+        return
     held = quant_of(param)
     if held is None and param.dim() == 2 and method is not None:
         if method in ctx.ops.quantized_types() and param.shape[1] % block_size(method) == 0:
@@ -166,7 +186,16 @@ def load_rows(
     the module docstring says. ``CheckpointError`` naming the tensor on a mismatch."""
     end = source.shape[dim] if end is None else end
     qtype = ggml_type(getattr(source, "ggml_type", None) or 0)
-    is_matrix = param.dim() == 2 or quant_of(param) is not None  # held: data is empty
+    # held: data is empty
+    is_matrix = param.dim() == 2 or quant_of(param) is not None or ckpt_of(param) is not None
+    read_quantized = getattr(source, "read_quantized", None)  # worker/quant_sources.py
+    if read_quantized is not None and is_matrix and not getattr(param, "keep_dense", False):
+        part = read_quantized(dim, start, end)
+        try:
+            hold_part(param, offset, part)
+        except ValueError as exc:
+            raise CheckpointError(f"tensor {source.name!r}: {exc}") from exc
+        return
     if qtype is not None and qtype in BLOCK_TYPES and is_matrix:
         if qtype in ctx.ops.quantized_types() and not getattr(param, "keep_dense", False):
             held = _held(param)

@@ -9,7 +9,11 @@ A leaf package (torch only): layers hold these tensors, backends compute with th
 - ``quantize``: float → Q8_0 / Q4_0 blocks (``--quantization``), bit for bit ``gguf.quants``'
 - ``int4``: ``Int4GroupWeight``, the holder AWQ / GPTQ / compressed-tensors W4A16 checkpoints
   unpack to (4-bit groups along the input, nibbles two per byte), its reference dequantization
-- ``fp8``: ``Fp8Weight`` (e4m3 weights, per-channel scales) and the W8A8 activation rounding
+- ``fp8``: ``Fp8Weight`` (e4m3 weights, per-channel scales), the W8A8 activation rounding and
+  ``--quantization fp8``'s weight quantizer
+- ``int4_packing``: the int32 words 4-bit checkpoints pack values in (AWQ's order too)
+- ``checkpoint_weight``: ``CheckpointWeight``, a layer's weight as row parts of those holders
+- ``int4_ggml``: 4-bit groups as Q4_0 / Q4_1 blocks (the CPU kernels), when and how exactly
 - ``panels``: the row-panel layout (sixteen rows' blocks interleaved, a byte permutation) that
   the CPU backend lays weights out in after loading
 """

@@ -47,8 +47,8 @@ BLOCK_TYPES = frozenset(BLOCK_SIZES) - FLOAT_TYPES  # the block-quantized ones
 QUANTIZATION_METHODS: dict[str, GGMLType] = {"q8_0": GGMLType.Q8_0, "q4_0": GGMLType.Q4_0}
 # ... and the type of the vocabulary table (embedding, and the LM head it may be tied to):
 # never below 8 bits, as llama-quantize keeps the output tensor at Q6_K or better, since the
-# logits are what every error ends in
-VOCAB_QUANTIZATION: dict[str, str] = {"q8_0": "q8_0", "q4_0": "q8_0"}
+# logits are what every error ends in; with fp8 it stays dense, as vLLM keeps the LM head
+VOCAB_QUANTIZATION: dict[str, str] = {"q8_0": "q8_0", "q4_0": "q8_0", "fp8": "dense"}
 
 
 def ggml_type(value: int) -> GGMLType | None:

@@ -50,3 +50,13 @@ def quantize_activations(x: torch.Tensor, input_scale: torch.Tensor | None) -> t
         s = input_scale.float().reshape(1, 1)
     q = (xf / s).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
     return q.float() * s
+
+
+def quantize_weight(w: torch.Tensor) -> Fp8Weight:
+    """``w [N, K]`` float → :class:`Fp8Weight` with per-channel scales ``max_k |w[n, k]| / 448``
+    (a zero row: scale 1), dynamic activations (``--quantization fp8``, as vLLM's)."""
+    wf = w.float()
+    scale = wf.abs().amax(dim=1) / FP8_MAX  # [N]
+    scale = torch.where(scale == 0, torch.ones_like(scale), scale)
+    q = (wf / scale[:, None]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    return Fp8Weight(q, scale)

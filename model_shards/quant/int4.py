@@ -22,8 +22,9 @@ class Int4GroupWeight:
     """``W [out_features, in_features]`` as 4-bit groups.
 
     ``qweight``: uint8 ``[N, K // 2]`` (nibbles as above); ``scales``: ``[N, K // group_size]``
-    float (the checkpoint's dtype); ``zeros``: uint8 ``[N, K // group_size]`` in 0..15, or
-    ``None`` for symmetric weights (zero 8); ``g_idx``: int64 ``[K]`` each input column's
+    float (the checkpoint's dtype); ``zeros``: uint8 ``[N, K // group_size]`` in 0..15 (16 where
+    a GPTQ v1 file stores 15 for ``zero - 1``, read as exllama and vLLM do), or ``None`` for
+    symmetric weights (zero 8); ``g_idx``: int64 ``[K]`` each input column's
     group (GPTQ ``desc_act``), ``None`` for ``k // group_size``.
     """
 

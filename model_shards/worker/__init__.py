@@ -5,6 +5,8 @@
 * ``checkpoint.py``: safetensors headers parsed here; each slice read with ``pread``;
 * ``gguf_checkpoint.py``: a GGUF checkpoint under HF names: slices un-permuted, dequantized
   (``read``) or raw blocks (``read_blocks``), each read with ``pread``;
+* ``quant_sources.py``: a quantized checkpoint's tensors (AWQ, GPTQ, compressed-tensors, FP8)
+  as one source per weight, its slices unpacked to the holders of ``model_shards/quant``;
 * ``open_checkpoint.py``: a ``--model`` path's checkpoint, safetensors or GGUF; the pre-spawn check;
 * ``loader.py``: checkpoint to this rank's parameters, strictly, reading only its slices;
 * ``kv_cache.py``: the paged K/V pool and block tables (one per KV group and sequence);

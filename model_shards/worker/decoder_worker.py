@@ -24,6 +24,7 @@ from model_shards.config import vision_budget
 from model_shards.config.encoder import EncoderConfig
 from model_shards.config.kv_layout import KVLayout, peak_blocks
 from model_shards.config.model import ModelConfig
+from model_shards.config.quantization import CPU_ONLY_QUANTIZATION
 from model_shards.config.replica import ReplicaConfig
 from model_shards.layers.attention import ForwardBatch
 from model_shards.layers.context import ShardContext
@@ -48,6 +49,7 @@ from model_shards.worker.loader import load_weights
 from model_shards.worker.media_inputs import MediaInputs
 from model_shards.worker.open_checkpoint import open_checkpoint
 from model_shards.worker.prompt_logprobs import score_prompts
+from model_shards.worker.quant_sources import QuantizedStore
 from model_shards.worker.sampler import SampleOutput, Sampler
 from model_shards.worker.step_result import (
     StepResult,
@@ -195,14 +197,15 @@ class Worker:
         if ops is None:
             ops = select_backend(ps.device, dtype, batch_invariant=replica.batch_invariant)
         ep, quantization = replica.enable_expert_parallel, replica.quantization
-        if quantization is not None and ps.device.type != "cpu":
+        if quantization in CPU_ONLY_QUANTIZATION and ps.device.type != "cpu":
             raise ValueError(f"--quantization {quantization}: CPU only, not on {ps.device}")
         ctx = ShardContext(comm, ops, dtype, ep, ep_comm, quantization)
         model_cls = MODEL_REGISTRY[cfg.architecture]
         with torch.device(ps.device):
             model = model_cls(cfg, ctx, max_model_len, replica.pp_layer_partition)
         with open_checkpoint(replica.model_dir) as checkpoint:
-            load_weights(model, checkpoint)
+            store = checkpoint if cfg.quant is None else QuantizedStore(checkpoint, cfg.quant)
+            load_weights(model, store)
             bytes_read = checkpoint.bytes_read
         prepare_weights(model)
         graph_backend = None if replica.enforce_eager else ops.graph_backend()

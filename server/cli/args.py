@@ -113,8 +113,9 @@ def _add_weight_flags(engine: Any) -> None:
         "--quantization",
         choices=QUANTIZATION_CHOICES,
         default=None,
-        help="CPU, decoder models: quantize every linear and vocab weight of a dense checkpoint "
-        "per block as it loads (weight-only, GGML's Q8_0 or Q4_0); GGUF weights stay as stored",
+        help="decoder models: quantize a dense checkpoint as it loads. q8_0, q4_0 (CPU): every "
+        "linear and vocab weight per block (weight-only, GGML's); fp8: linear weights in FP8 "
+        "e4m3 with per-channel scales, activations per token (W8A8). GGUF weights stay as stored",
     )
     engine.add_argument(
         "--pp-layer-partition",

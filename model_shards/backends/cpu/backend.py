@@ -14,21 +14,42 @@ AVX-512 VNNI, :meth:`CpuBackend.pack_quantized` lays each segment out as row pan
 (the same bytes, sixteen rows interleaved: :mod:`model_shards.quant.panels`), which
 ``kernels/quant_panels.cpp`` multiplies 1.3-2.5x faster with the same bits.
 
+Checkpoint-quantized weights (:meth:`CpuBackend.prepare_checkpoint_weight`), at load: 4-bit
+groups of a multiple of 32 become Q4_0 / Q4_1 blocks (:mod:`model_shards.quant.int4_ggml`: exact
+for symmetric weights, Q4_1's offset rounded to float16) for the kernels above; other 4-bit
+weights (act-order, odd groups) are dequantized in each product (the reference's
+``int4_linear``). FP8 weights are dequantized to the model dtype: served W8A16, the activations
+not rounded to FP8 (closer to the unquantized model than W8A8, and the dense GEMM is the fast
+one here).
+
 MoE (:meth:`CpuBackend.fused_moe`): the (token, expert) pairs sorted by expert, one packed GEMM
 per expert for gate/up and for down, one SiLU-and-mul over all rows, one weighted scatter-add.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
+from functools import cache
 
 import torch
 import torch.nn.functional as F
 
 from model_shards.backends.base import DecodeMeta, ExpertWeights, KVPool, PrefillMeta, RotaryStep
 from model_shards.backends.reference import ReferenceBackend
+from model_shards.quant.checkpoint_weight import CheckpointWeight
 from model_shards.quant.formats import BLOCK_TYPES, FLOAT_TYPES, GGMLType
+from model_shards.quant.fp8 import Fp8Weight
+from model_shards.quant.int4 import Int4GroupWeight
+from model_shards.quant.int4_ggml import to_ggml
 from model_shards.quant.weights import QuantizedTensor, QuantizedWeight
+
+log = logging.getLogger(__name__)
+
+
+@cache
+def _log_once(message: str) -> None:
+    log.info(message)
 
 
 @dataclass(frozen=True)
@@ -139,6 +160,28 @@ class CpuBackend(ReferenceBackend):
 
     def pack_quantized(self, weight: QuantizedWeight) -> bool:
         return self._panels and weight.to_panels(BLOCK_TYPES)
+
+    def prepare_checkpoint_weight(
+        self, weight: CheckpointWeight, dtype: torch.dtype
+    ) -> CheckpointWeight | QuantizedWeight | torch.Tensor:
+        """FP8: dense in ``dtype``; 4-bit: Q4_0 / Q4_1 blocks where every part converts, else
+        as is (the module docstring)."""
+        parts = [p for _, p in weight.parts]
+        if weight.covers_all and all(isinstance(p, Fp8Weight) for p in parts):
+            _log_once(f"cpu backend: FP8 weights dequantized at load to {dtype}")
+            return weight.dequantize().to(dtype)
+        blocks = [to_ggml(p) if isinstance(p, Int4GroupWeight) else None for p in parts]
+        if not all(b is not None for b in blocks):
+            _log_once(
+                "cpu backend: 4-bit weights with act-order or groups not a multiple of 32 "
+                "are dequantized in each product"
+            )
+            return weight
+        held = QuantizedWeight(weight.out_features, weight.in_features)
+        for (start, _), tensor in zip(weight.parts, blocks, strict=True):
+            assert tensor is not None
+            held.add(start, tensor)
+        return held
 
     def quantized_linear(
         self, x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | None

@@ -62,6 +62,8 @@ GPT2_CONFIG = {
     "n_head": 4,
     "n_positions": 128,
 }
+FP8_BLOCKS = {"quant_method": "fp8", "weight_block_size": [128, 128]}
+AWQ_CONFIG = {"quant_method": "awq", "bits": 4, "group_size": 32, "version": "gemv"}
 # each family's tiny config (the Llama one renamed, GPT-2's own spelling), then one field
 # of it the family refuses (checked by the family class before spawning)
 FAMILIES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
@@ -81,6 +83,8 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "bert": _model(root / "bert", BERT_CONFIG),
         "bert-int8": _model(root / "bert-int8", BERT_CONFIG, torch_dtype="int8"),
         "gguf-bert-vocab": _bert_vocab_gguf(root / "gguf-bert-vocab"),
+        "llama-fp8-blocks": _model(root / "llama-fp8-blocks", quantization_config=FP8_BLOCKS),
+        "llama-awq": _model(root / "llama-awq", quantization_config=AWQ_CONFIG),
     }
     for family, (fields, refused) in FAMILIES.items():
         base = GPT2_CONFIG if family == "gpt2" else None
@@ -187,6 +191,8 @@ CASES: list[tuple[list[str], str | None, list[str], tuple[str, ...]]] = [
     (SERVE, "llama", ["--quantization", "q8_0", "--device", "cuda"], ("--quantization",)),
     (SERVE, "llama", ["--quantization", "int4"], ("--quantization",)),
     (ENGINE, "llama", ["--quantization", "q4_0", "--device", "cuda"], ("--quantization",)),
+    (SERVE, "llama-fp8-blocks", [], ("quantization_config.weight_block_size", "[128, 128]")),
+    (ENGINE, "llama-awq", [], ("quantization_config.version = 'gemv'",)),
     (SERVE, None, ["--model", "/nonexistent/model"], ("--model",)),
     (SERVE, "llama", ["--tokenizer", "/nonexistent/tok"], ("--tokenizer /nonexistent/tok",)),
     (SERVE, "llama", ["--tokenizer", ""], ("--tokenizer",)),
