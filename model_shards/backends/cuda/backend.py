@@ -6,6 +6,8 @@ F.linear), and the draw of sampling on the device.
   step over the paged pool, RoPE fused with the K/V write; sliding windows (a windowed
   row reads only its window) and soft-capped scores (Gemma) in the same kernels;
 * RMSNorm with the residual add; SiLU-and-mul; the position-seeded exponential race;
+* 4-bit AWQ/GPTQ weights (:class:`~model_shards.quant.int4.Int4GroupWeight`): a W4A16 GEMM
+  dequantizing in the tile, split-K for decode, a fixed summation order (``int4_gemm.py``);
 * GGUF block-quantized weights: no kernel yet: :meth:`CudaBackend.quantized_types` keeps
   none, so layers dequantize them to the model dtype at load (logged once per type);
 * MoE experts: not a kernel yet: :meth:`CudaBackend.fused_moe` runs the reference's math
@@ -31,12 +33,14 @@ from model_shards.backends.cuda.triton_ops import (
     attention_decode,
     attention_prefill,
     gemm,
+    int4_gemm,
     norm,
     rotary,
     sampling,
 )
 from model_shards.backends.reference import ReferenceBackend
 from model_shards.quant.formats import GGMLType
+from model_shards.quant.int4 import Int4GroupWeight
 
 
 class CudaBackend(ReferenceBackend):
@@ -103,6 +107,12 @@ class CudaBackend(ReferenceBackend):
         if self.batch_invariant:
             return gemm.linear(x, weight, bias)
         return super().linear(x, weight, packed, bias)
+
+    def int4_linear(
+        self, x: torch.Tensor, weight: Int4GroupWeight, bias: torch.Tensor | None
+    ) -> torch.Tensor:
+        """The Triton W4A16 GEMM (dequantized in the tile, split-K for few output tiles)."""
+        return int4_gemm.int4_linear(x, weight, bias, batch_invariant=self.batch_invariant)
 
     def exponential_race(self, probs: torch.Tensor, seeds: torch.Tensor) -> torch.Tensor:
         return sampling.exponential_race(probs, seeds)

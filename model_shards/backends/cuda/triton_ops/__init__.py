@@ -6,7 +6,8 @@
 * ``norm.py``: RMSNorm with the fused residual add;
 * ``activation.py``: SiLU-and-mul of the gated MLP;
 * ``sampling.py``: the position-seeded exponential-race draw (splitmix64 uniforms);
-* ``gemm.py``: the batch-invariant dense GEMM of ``--batch-invariant``.
+* ``gemm.py``: the batch-invariant dense GEMM of ``--batch-invariant``;
+* ``int4_gemm.py``: the W4A16 GEMM of 4-bit AWQ/GPTQ weights, split-K for decode.
 
 Each module's wrapper takes the arguments of the matching
 :class:`model_shards.backends.base.Backend` method; the elementwise kernels round exactly as the
