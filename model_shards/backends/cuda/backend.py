@@ -5,6 +5,9 @@ F.linear), and the draw of sampling on the device.
   for long sequences: flash-decoding), one varlen launch for all prefill chunks of a
   step over the paged pool, RoPE fused with the K/V write; sliding windows (a windowed
   row reads only its window) and soft-capped scores (Gemma) in the same kernels;
+* FP8 K/V pools (``--kv-cache-dtype fp8``): e4m3 with per-tensor scales (``KVPool.k_scale``,
+  ``v_scale``), written by the rotary kernel and dequantized on load in the tile by both
+  attention kernels (``e4m3.py``);
 * RMSNorm with the residual add; SiLU-and-mul; the position-seeded exponential race;
 * 4-bit AWQ/GPTQ weights (:class:`~model_shards.quant.int4.Int4GroupWeight`): a W4A16 GEMM
   dequantizing in the tile, split-K for decode, a fixed summation order (``int4_gemm.py``);
@@ -70,7 +73,10 @@ class CudaBackend(ReferenceBackend):
         self, qkv: torch.Tensor, step: RotaryStep, pool: KVPool, heads: tuple[int, int]
     ) -> torch.Tensor:
         rows = (step.positions, step.cos_cached, step.sin_cached)
-        return rotary.rotary_and_cache(qkv, *rows, pool.k, pool.v, step.slot_mapping, *heads)
+        scales = (pool.k_scale, pool.v_scale)
+        return rotary.rotary_and_cache(
+            qkv, *rows, pool.k, pool.v, step.slot_mapping, *heads, kv_scales=scales
+        )
 
     def decode_attention(
         self,
@@ -93,6 +99,7 @@ class CudaBackend(ReferenceBackend):
             batch_invariant=self.batch_invariant,
             window=meta.window,
             softcap=softcap,
+            kv_scales=(pool.k_scale, pool.v_scale),
         )
 
     def prefill_attention(
@@ -104,7 +111,10 @@ class CudaBackend(ReferenceBackend):
         out: torch.Tensor,
         softcap: float | None = None,
     ) -> None:
-        attention_prefill.prefill_attention(q, pool.k, pool.v, meta, scale, out, softcap)
+        scales = (pool.k_scale, pool.v_scale)
+        attention_prefill.prefill_attention(
+            q, pool.k, pool.v, meta, scale, out, softcap, kv_scales=scales
+        )
 
     def quantized_types(self) -> frozenset[GGMLType]:
         return frozenset()  # dequantized to the model dtype at load until a GPU kernel exists
