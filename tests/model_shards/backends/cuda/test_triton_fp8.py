@@ -4,7 +4,8 @@ Triton's interpreter without a GPU: the activation rounding kernel is bitwise
 with clamping), and the Triton FP8 GEMM with its operands upcast to float32 in the tile
 (the interpreter's ``tl.dot`` has no FP8) matches the reference backend's ``fp8_linear``.
 
-The GEMM's native e4m3 ``tl.dot`` and ``torch._scaled_mm`` need an FP8 GPU (sm89+): their
+``fp8_gemm.scaled_mm`` is checked here through ``torch._scaled_mm``'s CPU implementation. The
+GEMM's native e4m3 ``tl.dot`` and the backend's cuBLASLt path need an FP8 GPU (sm89+): their
 tests below are skipped on CPU and run by ``make gpu-check``, whose parity part runs
 ``tests/model_shards/backends`` on the GPU (``benchmarks/gpu/parity.py``).
 
@@ -124,6 +125,20 @@ def _check_against_reference(
     bound = roundings * UNIT_ROUNDOFF[y.dtype] * (ref.abs() + bias) + 1e-5 * abs_dot + 1e-6
     err = (y.float() - ref).abs()
     assert torch.all(err <= bound), f"max excess {(err - bound).max().item()}"
+
+
+@pytest.mark.parametrize("static", [None, 0.05])
+def test_scaled_mm_wrapper(static: float | None) -> None:
+    """``fp8_gemm.scaled_mm``'s operands and scales as ``torch._scaled_mm`` takes them (it
+    runs on CPU too; on an FP8 GPU it is cuBLASLt): the reference's numbers within two
+    bfloat16 roundings (the product, then the bias added)."""
+    w = _weight(48, 96, seed=12, static=static)
+    x = _x(5, 96, torch.bfloat16, seed=13)
+    b = _x(1, 48, torch.bfloat16, seed=14)[0]
+    q, s = quantize_rows(x, w.input_scale)
+    y = scaled_mm(q, s, w, b)
+    assert y.shape == (5, 48) and y.dtype == torch.bfloat16
+    _check_against_reference(y, x, w, b, 2)
 
 
 @pytest.mark.skipif(not FP8_GPU, reason="native e4m3 operands need an sm89+ GPU (gpu-check)")

@@ -8,6 +8,9 @@ Tolerance, elementwise and derived rather than tuned: the kernel rounds each deq
 weight to ``x``'s dtype (unit roundoff ``u``: 2^-8 bfloat16, 2^-11 float16, 0 float32) and the
 output once, and sums in float32 in another order than the reference, so
 ``|y - ref| <= u (|x| @ |W|^T + |ref|) + 1e-5 |x| @ |W|^T``.
+
+The compiled kernel at a decode shape (K = 4096: eight partitions) is a GPU test, skipped on
+CPU (the interpreter would take minutes) and run by ``make gpu-check``'s parity part.
 """
 
 from __future__ import annotations
@@ -108,6 +111,26 @@ def test_split_and_one_pass_agree_bitwise_and_rows_ignore_their_batch() -> None:
         assert torch.equal(int4_linear(x[:rows], w, b, batch_invariant=True), one_pass[:rows])
     other = torch.cat([x[:2], _x(5, k, torch.bfloat16, seed=8)])
     assert torch.equal(int4_linear(other, w, b, batch_invariant=True)[:2], one_pass[:2])
+
+
+def _assert_within_bound(y: torch.Tensor, x: torch.Tensor, w: Int4GroupWeight) -> None:
+    ref = ReferenceBackend().int4_linear(x.float(), w, None)
+    abs_dot = x.float().abs() @ w.dequantize().abs().t()  # [M, N]
+    bound = UNIT_ROUNDOFF[x.dtype] * (abs_dot + ref.abs()) + 1e-5 * abs_dot + 1e-6
+    assert torch.all((y.float() - ref).abs() <= bound)
+
+
+@pytest.mark.skipif(DEVICE == "cpu", reason="a decode-sized compiled kernel (make gpu-check)")
+def test_gpu_decode_shape() -> None:
+    """M = 1 and 7 at K = 4096 (split-K, eight partitions), AWQ-like groups of 128 with zeros;
+    split and one pass bitwise equal, and a row the same alone and in the batch."""
+    w = _weight(512, 4096, 128, True, False, seed=21)
+    x = _x(7, 4096, torch.bfloat16, seed=22)
+    for rows in (1, 7):
+        _assert_within_bound(int4_linear(x[:rows], w, None), x[:rows], w)
+    one_pass = int4_linear(x, w, None, batch_invariant=True, split=False)
+    assert torch.equal(int4_linear(x, w, None, batch_invariant=True, split=True), one_pass)
+    assert torch.equal(int4_linear(x[:1], w, None, batch_invariant=True), one_pass[:1])
 
 
 def test_empty_batch_and_bad_arguments() -> None:
