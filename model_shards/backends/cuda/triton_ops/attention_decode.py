@@ -33,7 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
-from model_shards.backends.cuda.triton_ops.e4m3 import from_pool, is_fp8
+from model_shards.backends.cuda.triton_ops.e4m3 import as_bytes, from_pool, is_fp8
 
 BLOCK_N = 64  # context tile of both kernels (fixed: the reduction order of a row)
 AUTO_SPLIT_MIN_CONTEXT = 1024  # split only when the longest context exceeds this
@@ -321,6 +321,7 @@ def decode_attention(
         BLOCK_SIZE=block_size, BLOCK_G=block_g, BLOCK_D=block_d, F32_DOT=f32_dots(q),
         HAS_CAP=softcap is not None, KV_FP8=is_fp8(k_pool), num_warps=4,
     )
+    k_pool, v_pool = as_bytes(k_pool), as_bytes(v_pool)  # FP8: their bytes (e4m3.py)
     qk_scale = scale * _LOG2E
     cap2 = (softcap or 1.0) * _LOG2E
     if split is None:

@@ -33,7 +33,7 @@ from model_shards.backends.cuda.triton_ops.attention_decode import (
     pool_rows,
     softmax_step,
 )
-from model_shards.backends.cuda.triton_ops.e4m3 import is_fp8
+from model_shards.backends.cuda.triton_ops.e4m3 import as_bytes, is_fp8
 
 BLOCK_N = 64  # key tile
 MAX_BLOCK_M = 64  # query tile for long chunks (short chunks take down to 16)
@@ -122,12 +122,13 @@ def prefill_attention(
         return
     block_m = max(16, min(MAX_BLOCK_M, triton.next_power_of_2(meta.max_q_len)))
     tiles = triton.cdiv(meta.max_q_len, block_m)
+    fp8 = is_fp8(k_pool)
     _prefill_kernel[(meta.num_chunks * tiles, nh)](
-        q, k_pool, v_pool, out, meta.q_starts, meta.q_lens, meta.start_positions,
-        meta.block_tables, scale * _LOG2E, (softcap or 1.0) * _LOG2E, meta.window or 0,
-        *kv_scales, *q.stride(), *k_pool.stride(), *v_pool.stride(),
+        q, as_bytes(k_pool), as_bytes(v_pool), out, meta.q_starts, meta.q_lens,
+        meta.start_positions, meta.block_tables, scale * _LOG2E, (softcap or 1.0) * _LOG2E,
+        meta.window or 0, *kv_scales, *q.stride(), *k_pool.stride(), *v_pool.stride(),
         *out.stride(), meta.block_tables.stride(0), tiles, nh // nkv, d,
         BLOCK_SIZE=meta.block_size, BLOCK_M=block_m, BLOCK_N=BLOCK_N,
         BLOCK_D=max(16, triton.next_power_of_2(d)), F32_DOT=f32_dots(q),
-        HAS_CAP=softcap is not None, KV_FP8=is_fp8(k_pool), num_warps=4,
+        HAS_CAP=softcap is not None, KV_FP8=fp8, num_warps=4,
     )

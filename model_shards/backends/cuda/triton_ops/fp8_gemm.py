@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from model_shards.backends.cuda.triton_ops.e4m3 import round_e4m3
+from model_shards.backends.cuda.triton_ops.e4m3 import e4m3_bits, e4m3_value, round_e4m3
 from model_shards.backends.cuda.triton_ops.norm import round_to
 from model_shards.quant.fp8 import FP8_MAX, Fp8Weight
 
@@ -64,7 +64,7 @@ def _quant_rows_kernel(
         mask = k0 + offs < K
         xk = tl.load(x_row + k0 + offs, mask=mask, other=0.0).to(tl.float32)
         v = round_e4m3(tl.minimum(tl.maximum(tl.math.div_rn(xk, s), -FP8_MAX), FP8_MAX))
-        tl.store(q_ptr + row * stride_qm + k0 + offs, v.to(q_ptr.dtype.element_ty), mask=mask)
+        tl.store(q_ptr + row * stride_qm + k0 + offs, e4m3_bits(v), mask=mask)
 
 
 def quantize_rows(
@@ -82,7 +82,7 @@ def quantize_rows(
         return q, s
     static = input_scale.reshape(1).float() if input_scale is not None else s
     _quant_rows_kernel[(m,)](
-        x, q, s, static, x.stride(0), q.stride(0),
+        x, q.view(torch.uint8), s, static, x.stride(0), q.stride(0),
         K=k, STATIC=input_scale is not None, FP8_MAX=FP8_MAX,
         BLOCK=min(_QUANT_BLOCK, triton.next_power_of_2(k)),
     )  # fmt: skip
@@ -110,7 +110,8 @@ def _fp8_gemm_kernel(
     BLOCK_K: tl.constexpr,
 ):
     """One ``[BLOCK_M, BLOCK_N]`` tile of ``y``, K walked upwards from 0. ``OPERAND``:
-    ``"fp8"`` (native dot), ``"bf16"`` or ``"f32"`` (upcast in the tile)."""
+    ``"fp8"`` (e4m3 pointers, native dot), ``"bf16"`` or ``"f32"`` (bytes, decoded in the
+    tile)."""
     pid = tl.program_id(0)
     num_n = tl.cdiv(N, BLOCK_N)
     offs_m = (pid // num_n).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)  # [BM]
@@ -125,16 +126,16 @@ def _fp8_gemm_kernel(
             xq_ptr + offs_m[:, None] * stride_xm + offs_k[None, :],
             mask=mask_m[:, None] & mask_k[None, :],
             other=0.0,
-        )  # [BM, BK] e4m3
+        )  # [BM, BK] e4m3 (its bytes unless "fp8")
         b = tl.load(
             w_ptr + offs_n[None, :] * stride_wn + offs_k[:, None],
             mask=mask_k[:, None] & mask_n[None, :],
             other=0.0,
-        )  # [BK, BN] e4m3
+        )  # [BK, BN] e4m3 (its bytes unless "fp8")
         if OPERAND == "f32":
-            acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
-        elif OPERAND == "bf16":
-            acc = tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16), acc)
+            acc = tl.dot(e4m3_value(a), e4m3_value(b), acc, input_precision="ieee")
+        elif OPERAND == "bf16":  # exact: every e4m3 value is a bfloat16
+            acc = tl.dot(e4m3_value(a).to(tl.bfloat16), e4m3_value(b).to(tl.bfloat16), acc)
         else:
             acc = tl.dot(a, b, acc)
     sx = tl.load(sx_ptr + offs_m, mask=mask_m, other=0.0)  # [BM]
@@ -180,6 +181,8 @@ def fp8_matmul(
     y = torch.empty((m, n), dtype=out_dtype, device=xq.device)  # [M, N]
     if m == 0 or n == 0:
         return y
+    if operand != "fp8":  # the kernel decodes the bytes (e4m3.py)
+        xq, w = xq.view(torch.uint8), w.view(torch.uint8)
     grid = (triton.cdiv(m, _BLOCK_M) * triton.cdiv(n, _BLOCK_N),)
     _fp8_gemm_kernel[grid](
         xq, x_scale, w, weight.scale.float(), bias if bias is not None else y, y, m, n,

@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from model_shards.backends.cuda.triton_ops.e4m3 import is_fp8, to_pool
+from model_shards.backends.cuda.triton_ops.e4m3 import as_bytes, is_fp8, to_pool
 from model_shards.backends.cuda.triton_ops.norm import round_to
 
 
@@ -164,8 +164,8 @@ def rotary_and_cache(
             positions.contiguous(),
             cos_cached,
             sin_cached,
-            k_pool,
-            v_pool,
+            as_bytes(k_pool),  # FP8 pools: their bytes (e4m3.py)
+            as_bytes(v_pool),
             slot_mapping.contiguous(),
             *kv_scales,
             qkv.stride(0),
