@@ -59,7 +59,7 @@ class Int4Config:
     num_stages: int
 
 
-_BLOCK_K = 32  # fixed: part of the summation order
+_BLOCK_K = 64  # fixed: part of the summation order; 32 bytes of each weight row per tile
 _BY_M = (  # (largest M, config): small M is decode, split over K
     (16, Int4Config(16, 64, _BLOCK_K, 4, 4)),
     (32, Int4Config(32, 64, _BLOCK_K, 4, 4)),
@@ -99,6 +99,7 @@ def _dequant_tile(
     stride_qn,
     stride_sn,
     stride_zn,
+    K: tl.constexpr,
     GROUP: tl.constexpr,
     HAS_ZEROS: tl.constexpr,
     HAS_GIDX: tl.constexpr,
@@ -108,10 +109,11 @@ def _dequant_tile(
     """``W^T`` rows ``offs_k = k0 + arange(BK)``, columns ``offs_n [BN]`` → ``[BK, BN]``
     float32 (0 where masked)."""
     mask = mask_k[:, None] & mask_n[None, :]
-    byte = tl.load(
-        qw_ptr + offs_n[None, :] * stride_qn + (offs_k // 2)[:, None], mask=mask, other=0
-    )  # [BK, BN] uint8, each byte twice
-    q = ((byte >> ((offs_k % 2) * 4)[:, None].to(tl.uint8)) & 0xF).to(tl.float32)
+    offs_b = k0 // 2 + tl.arange(0, BLOCK_K // 2)  # [BK/2] bytes: k = 2b (low), 2b + 1 (high)
+    byte_mask = (offs_b < K // 2)[:, None] & mask_n[None, :]
+    byte = tl.load(qw_ptr + offs_n[None, :] * stride_qn + offs_b[:, None], mask=byte_mask, other=0)
+    q = tl.join(byte & 0xF, byte >> 4)  # [BK/2, BN, 2]
+    q = tl.reshape(tl.permute(q, (0, 2, 1)), (BLOCK_K, offs_n.shape[0])).to(tl.float32)  # [BK, BN]
     if GROUP_ALIGNED:  # one group per tile: one scale (and zero) per column
         g = k0 // GROUP
         s = tl.load(s_ptr + offs_n * stride_sn + g, mask=mask_n, other=0.0).to(tl.float32)
@@ -172,7 +174,7 @@ def _partition_sum(
         )  # [BM, BK]
         w = _dequant_tile(
             qw_ptr, s_ptr, z_ptr, gidx_ptr, k0, offs_k, offs_n, mask_k, mask_n, stride_qn,
-            stride_sn, stride_zn, GROUP, HAS_ZEROS, HAS_GIDX, GROUP_ALIGNED, BLOCK_K,
+            stride_sn, stride_zn, K, GROUP, HAS_ZEROS, HAS_GIDX, GROUP_ALIGNED, BLOCK_K,
         )  # fmt: skip
         if UPCAST:  # interpreter: its tl.dot multiplies 16-bit bit patterns (see gemm.py)
             a = a.to(tl.float32)

@@ -79,7 +79,7 @@ def cases(arch: int) -> list[tuple[str, Any, dict[str, str], dict[str, Any]]]:
     for split, gidx in ((True, False), (False, True)):
         ce = dict(K=4096, PARTITION=512, GROUP=128, HAS_ZEROS=True, HAS_GIDX=gidx)
         ce |= dict(GROUP_ALIGNED=not gidx, HAS_BIAS=True, SPLIT=split, UPCAST=False)
-        ce |= dict(PRECISION="tf32", BLOCK_M=16, BLOCK_N=64, BLOCK_K=32)
+        ce |= dict(PRECISION="tf32", BLOCK_M=16, BLOCK_N=64, BLOCK_K=64)
         found.append((f"int4 split={split} g_idx={gidx}", int4_gemm._int4_kernel, int4, ce))
     return found
 
