@@ -21,12 +21,6 @@ from model_shards.gguf.files import is_gguf
 DTYPE_CHOICES: tuple[str, ...] = ("auto", *CHECKPOINT_DTYPES)
 # --quantization: weight-only GGML block types, quantized at load (model_shards.quant)
 QUANTIZATION_CHOICES: tuple[str, ...] = ("q8_0", "q4_0")
-# --kv-cache-dtype: the model's dtype, or e4m3 with per-tensor scales (GPU ranks only)
-KV_CACHE_DTYPE_CHOICES: tuple[str, ...] = ("auto", "fp8")
-KV_FP8_ON_CPU = (
-    "--kv-cache-dtype fp8: the CPU backend keeps float K/V (FP8 K/V is served by CUDA ranks); "
-    "drop the flag or serve on GPUs"
-)
 
 
 def ranks_use_gpus(device: str, ranks: int, gpu_count: int, ranks_text: str) -> bool:
@@ -45,6 +39,14 @@ def ranks_use_gpus(device: str, ranks: int, gpu_count: int, ranks_text: str) -> 
             f"device(s) are visible; lower -dp/-tp/-pp or pass --device cpu to serve on CPU"
         )
     return False
+
+
+# --kv-cache-dtype: the model's dtype, or e4m3 with per-tensor scales (GPU ranks only)
+KV_CACHE_DTYPE_CHOICES: tuple[str, ...] = ("auto", "fp8")
+KV_FP8_ON_CPU = (
+    "--kv-cache-dtype fp8: the CPU backend keeps float K/V (FP8 K/V is served by CUDA ranks); "
+    "drop the flag or serve on GPUs"
+)
 
 
 @dataclass(frozen=True)
@@ -72,8 +74,8 @@ class ReplicaConfig:
     enable_expert_parallel: bool = False  # MoE: whole experts per TP rank (config/moe.py)
     dp_attention: bool = False  # -dp replicas share their experts (launch/dp_attention.py)
     quantization: str | None = None  # --quantization: one of QUANTIZATION_CHOICES (CPU only)
-    kv_cache_dtype: str = "auto"  # --kv-cache-dtype: one of KV_CACHE_DTYPE_CHOICES
     grammar_compile_timeout_s: float = 10.0  # a structured-output grammar compiling longer: 400
+    kv_cache_dtype: str = "auto"  # --kv-cache-dtype: one of KV_CACHE_DTYPE_CHOICES
 
     @property
     def world_size(self) -> int:
