@@ -21,6 +21,8 @@ from benchmarks.gpu.procs import REPO, Procs
 # backends' kernels against the reference first (about 200 quick tests, the Triton kernels
 # compiled for the device), then whole models. The first H200 run (2026-12-04) spent its
 # 75 s on one Llama layout and the family fixture's set-up (259 s there) with these last.
+# Some backend tests run only here (skipped on CPU): the FP8 GEMM's native e4m3 dot and the
+# cuBLASLt _scaled_mm path (sm89+), the W4A16 GEMM at a decode shape (tests/.../cuda/).
 PARITY_TESTS = (
     "tests/model_shards/backends",
     "tests/model_shards/models/test_llama_parity.py",

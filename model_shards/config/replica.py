@@ -44,6 +44,14 @@ def ranks_use_gpus(device: str, ranks: int, gpu_count: int, ranks_text: str) -> 
     return False
 
 
+# --kv-cache-dtype: the model's dtype, or e4m3 with per-tensor scales (GPU ranks only)
+KV_CACHE_DTYPE_CHOICES: tuple[str, ...] = ("auto", "fp8")
+KV_FP8_ON_CPU = (
+    "--kv-cache-dtype fp8: the CPU backend keeps float K/V (FP8 K/V is served by CUDA ranks); "
+    "drop the flag or serve on GPUs"
+)
+
+
 @dataclass(frozen=True)
 class ReplicaConfig:
     """One replica: a ``tp * pp`` world serving one model directory."""
@@ -72,6 +80,7 @@ class ReplicaConfig:
     quantization: str | None = None
     grammar_compile_timeout_s: float = 10.0  # a structured-output grammar compiling longer: 400
     scheduling_policy: str = "fcfs"  # or "priority" (config.scheduler.SCHEDULING_POLICIES)
+    kv_cache_dtype: str = "auto"  # --kv-cache-dtype: one of KV_CACHE_DTYPE_CHOICES
 
     @property
     def world_size(self) -> int:
@@ -98,6 +107,13 @@ class ReplicaConfig:
                 f"--quantization {self.quantization}: quantized weights are served on CPU only; "
                 "drop the flag or use --device cpu"
             )
+        if self.kv_cache_dtype not in KV_CACHE_DTYPE_CHOICES:
+            raise ValueError(
+                f"--kv-cache-dtype {self.kv_cache_dtype!r} invalid; choose one of "
+                f"{KV_CACHE_DTYPE_CHOICES}"
+            )
+        if self.kv_cache_dtype == "fp8" and self.device == "cpu":
+            raise ValueError(KV_FP8_ON_CPU)
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError(
                 f"--gpu-memory-utilization must be in (0, 1], got {self.gpu_memory_utilization}"
@@ -134,7 +150,14 @@ class ReplicaConfig:
                 f"--max-model-len {self.max_model_len} must be in "
                 f"1..{model.max_position_embeddings} (the model's max_position_embeddings)"
             )
+        if self.kv_cache_dtype == "fp8" and not isinstance(model, ModelConfig):
+            raise ValueError("--kv-cache-dtype fp8: encoder (embedding) models keep no KV cache")
         if isinstance(model, ModelConfig):
+            if self.kv_cache_dtype == "fp8" and model.kv_latent:
+                raise ValueError(
+                    "--kv-cache-dtype fp8: multi-head latent attention keeps its latent cache "
+                    "in the model dtype; drop the flag"
+                )
             self._check_kv_cache_memory(model)
         return model
 
@@ -151,6 +174,8 @@ class ReplicaConfig:
         itemsize = CHECKPOINT_DTYPES[name]
         if self.dtype == "auto" and self.device != "cpu":
             itemsize = min(itemsize, CHECKPOINT_DTYPES["bfloat16"])
+        if self.kv_cache_dtype == "fp8":
+            itemsize = 1  # e4m3: one byte per element
         layout = KVLayout.for_model(model)
         counts = model.layer_partition(self.pp, self.pp_layer_partition)
         starts = [sum(counts[:s]) for s in range(len(counts))]

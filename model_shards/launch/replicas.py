@@ -28,7 +28,7 @@ from multiprocessing.process import BaseProcess
 
 from model_shards.config.encoder import EncoderConfig
 from model_shards.config.model import ModelConfig
-from model_shards.config.replica import ReplicaConfig, ranks_use_gpus
+from model_shards.config.replica import KV_FP8_ON_CPU, ReplicaConfig, ranks_use_gpus
 from model_shards.launch.cpu_budget import CpuBudget, ThreadPlan, detect_budget, plan_threads
 from model_shards.launch.rank_process import run_rank
 from model_shards.worker.open_checkpoint import verify_checkpoint
@@ -53,7 +53,9 @@ def validate_replica(
     if config.device != "cpu":
         from model_shards.parallel.state import choose_backend
 
-        choose_backend(local_world_size or config.world_size, config.device)
+        backend = choose_backend(local_world_size or config.world_size, config.device)
+        if backend != "nccl" and config.kv_cache_dtype == "fp8":
+            raise ValueError(KV_FP8_ON_CPU)  # --device auto without GPUs
     return model
 
 
@@ -169,6 +171,8 @@ def plan_data_parallel(
     world = config.world_size
     ranks = dp * world
     use_gpus = ranks_use_gpus(config.device, ranks, gpu_count, f"dp*tp*pp = {ranks}")
+    if not use_gpus and config.kv_cache_dtype == "fp8":
+        raise ValueError(KV_FP8_ON_CPU)
     if not use_gpus:
         threads = cpu_thread_plan(config, dp, cpu_count).threads_per_rank
         cpu_config = replace(config, threads_per_rank=threads, device="cpu")

@@ -80,6 +80,18 @@ def resolve_dtype(
     return dtype
 
 
+def kv_pool_dtype(replica: ReplicaConfig, dtype: torch.dtype, ops: Backend) -> torch.dtype:
+    """The KV pools' dtype: the model's, or e4m3 with ``--kv-cache-dtype fp8`` (the ``cuda``
+    backend's kernels only: ``ValueError`` naming the flag on any other)."""
+    if replica.kv_cache_dtype != "fp8":
+        return dtype
+    if ops.name != "cuda":
+        raise ValueError(
+            f"--kv-cache-dtype fp8: the {ops.name} backend keeps float K/V; drop the flag"
+        )
+    return torch.float8_e4m3fn
+
+
 def broadcast_plan(plan: StepPlan, comm: Comm, pending: Pending) -> None:
     """Rank 0: send the plan to every rank without waiting for them to take it."""
     broadcast_bytes_from_root(encode(plan), comm, pending)
@@ -158,8 +170,14 @@ def _gpu_kv_budget(
 
 class Worker:
     def __init__(
-        self, model: DecoderModel, ctx: ShardContext, num_blocks: int, block_size: int
+        self,
+        model: DecoderModel,
+        ctx: ShardContext,
+        num_blocks: int,
+        block_size: int,
+        kv_dtype: torch.dtype | None = None,
     ) -> None:
+        """``kv_dtype``: the pools' (:func:`kv_pool_dtype`); default the model's."""
         self.model = model
         self.ctx = ctx
         self.comm = ctx.comm
@@ -169,7 +187,7 @@ class Worker:
         cfg = model.config
         layers = range(model.model.start, model.model.end)
         self.kv = PagedKVCache.for_stage(
-            cfg, layers, ps.tp_size, num_blocks, block_size, dtype, ps.device
+            cfg, layers, ps.tp_size, num_blocks, block_size, kv_dtype or dtype, ps.device
         )
         self.sampler = Sampler(ctx.ops)
         self.graphs: DecodeGraphs | None = None  # set by build() on a backend with graphs
@@ -199,6 +217,7 @@ class Worker:
         ep, quantization = replica.enable_expert_parallel, replica.quantization
         if quantization in CPU_ONLY_QUANTIZATION and ps.device.type != "cpu":
             raise ValueError(f"--quantization {quantization}: CPU only, not on {ps.device}")
+        kv_dtype = kv_pool_dtype(replica, dtype, ops)
         ctx = ShardContext(comm, ops, dtype, ep, ep_comm, quantization)
         model_cls = MODEL_REGISTRY[cfg.architecture]
         with torch.device(ps.device):
@@ -220,11 +239,11 @@ class Worker:
             replica,
             comm,
             model.eval(),
-            dtype,
+            kv_dtype,
             max_model_len,
             graphs=graph_backend is not None,
         )
-        worker = Worker(model, ctx, blocks, replica.block_size)
+        worker = Worker(model, ctx, blocks, replica.block_size, kv_dtype)
         if graph_backend is not None:
             worker.graphs = DecodeGraphs(
                 worker.model, worker.kv, replica.max_num_seqs, max_model_len, graph_backend

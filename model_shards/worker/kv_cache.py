@@ -4,12 +4,14 @@ Layout per layer: ``k, v: [num_blocks * block_size, nkv, D]`` — a flat array o
 slots; slot ``b * block_size + i`` is token ``i`` of block ``b``. A sequence's
 block table (kept in step with rank 0's by the plan's ``new_block_ids`` and
 ``freed_seq_ids``) maps position ``p`` to slot ``table[p // bs] * bs + p % bs``.
-The pool is zero-filled so padded reads in batched decode are finite.
+The pool is zero-filled so padded reads in batched decode are finite. With
+``--kv-cache-dtype fp8`` the pools are ``float8_e4m3fn`` holding ``k / k_scale`` and
+``v / v_scale`` (per-tensor scales of each layer, the checkpoint's or 1.0; ``cuda`` backend).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -22,11 +24,13 @@ from model_shards.messages import SeqChunk
 class KVPool:
     """One layer's paged K/V pools on this rank: ``k, v: [slots, nkv, D]``, slot
     ``b * block_size + i`` holding token ``i`` of block ``b`` (what the backends'
-    attention ops read and write)."""
+    attention ops read and write). FP8 pools hold ``k / k_scale`` and ``v / v_scale``."""
 
     k: torch.Tensor
     v: torch.Tensor
     block_size: int
+    k_scale: float = 1.0
+    v_scale: float = 1.0
 
 
 class PagedKVCache:
@@ -87,6 +91,13 @@ class PagedKVCache:
         return PagedKVCache(
             layers, num_blocks, block_size, nkv, cfg.head_dim, dtype, device, layout, cfg.kv_latent
         )
+
+    def set_kv_scales(self, layer: int, k_scale: float, v_scale: float) -> None:
+        """Layer ``layer``'s per-tensor K/V scales of an FP8 pool (the checkpoint's
+        ``k_scale``/``v_scale``), set after loading and before the first step."""
+        if not (k_scale > 0 and v_scale > 0):
+            raise ValueError(f"layer {layer}: KV scales must be positive, got {k_scale}, {v_scale}")
+        self.pools[layer] = replace(self.pools[layer], k_scale=k_scale, v_scale=v_scale)
 
     def group_tables(self, group: int) -> dict[int, list[int]]:
         """Block tables of KV group ``group`` by sequence id."""

@@ -19,6 +19,7 @@ from typing import Any
 
 from model_shards.config.replica import (
     DTYPE_CHOICES,
+    KV_CACHE_DTYPE_CHOICES,
     QUANTIZATION_CHOICES,
     ReplicaConfig,
 )
@@ -116,6 +117,13 @@ def _add_weight_flags(engine: Any) -> None:
         help="decoder models: quantize a dense checkpoint as it loads. q8_0, q4_0 (CPU): every "
         "linear and vocab weight per block (weight-only, GGML's); fp8: linear weights in FP8 "
         "e4m3 with per-channel scales, activations per token (W8A8). GGUF weights stay as stored",
+    )
+    engine.add_argument(
+        "--kv-cache-dtype",
+        choices=KV_CACHE_DTYPE_CHOICES,
+        default="auto",
+        help="K/V pool element: auto (the model's dtype) or fp8 (e4m3 with per-tensor scales "
+        "from the checkpoint, else 1.0; one byte per element; CUDA only)",
     )
     engine.add_argument(
         "--pp-layer-partition",
@@ -357,6 +365,7 @@ def replica_config(args: argparse.Namespace) -> ReplicaConfig:
         pp_layer_partition=args.pp_layer_partition,
         enable_expert_parallel=args.enable_expert_parallel,
         quantization=args.quantization,
+        kv_cache_dtype=args.kv_cache_dtype,
         threads_per_rank=args.cpu_threads_per_rank,
         dp_attention=getattr(args, "dp_attention", False),
         grammar_compile_timeout_s=args.grammar_compile_timeout,

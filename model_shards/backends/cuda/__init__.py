@@ -7,5 +7,7 @@
 ``--batch-invariant`` swaps cuBLAS for the Triton GEMM and keeps decode attention single-pass.
 Without a GPU the kernels run in Triton's interpreter (``TRITON_INTERPRET=1``), which is how
 the tests check them against the reference backend. MoE experts have no kernel yet: the
-reference's math, run densely so that decode graphs can capture it.
+reference's math, run densely so that decode graphs can capture it. Checkpoint-quantized
+weights have their GEMMs (4-bit W4A16, FP8 W8A8 with cuBLASLt's ``_scaled_mm`` on sm89+) and
+``--kv-cache-dtype fp8`` its e4m3 pools, read and written by the attention kernels.
 """

@@ -5,7 +5,15 @@ F.linear), and the draw of sampling on the device.
   for long sequences: flash-decoding), one varlen launch for all prefill chunks of a
   step over the paged pool, RoPE fused with the K/V write; sliding windows (a windowed
   row reads only its window) and soft-capped scores (Gemma) in the same kernels;
+* FP8 K/V pools (``--kv-cache-dtype fp8``): e4m3 with per-tensor scales (``KVPool.k_scale``,
+  ``v_scale``), written by the rotary kernel and dequantized on load in the tile by both
+  attention kernels (``e4m3.py``);
 * RMSNorm with the residual add; SiLU-and-mul; the position-seeded exponential race;
+* 4-bit AWQ/GPTQ weights (:class:`~model_shards.quant.int4.Int4GroupWeight`): a W4A16 GEMM
+  dequantizing in the tile, split-K for decode, a fixed summation order (``int4_gemm.py``);
+* FP8 W8A8 weights (:class:`~model_shards.quant.fp8.Fp8Weight`): activations rounded to e4m3
+  per token in Triton, then ``torch._scaled_mm`` (cuBLASLt, row-wise scales) on sm89+ GPUs,
+  else (and with ``--batch-invariant``) a Triton FP8 GEMM of fixed tiles (``fp8_gemm.py``);
 * GGUF block-quantized weights: no kernel yet: :meth:`CudaBackend.quantized_types` keeps
   none, so layers dequantize them to the model dtype at load (logged once per type);
 * MoE experts: not a kernel yet: :meth:`CudaBackend.fused_moe` runs the reference's math
@@ -30,13 +38,17 @@ from model_shards.backends.cuda.triton_ops import (
     activation,
     attention_decode,
     attention_prefill,
+    fp8_gemm,
     gemm,
+    int4_gemm,
     norm,
     rotary,
     sampling,
 )
 from model_shards.backends.reference import ReferenceBackend
 from model_shards.quant.formats import GGMLType
+from model_shards.quant.fp8 import Fp8Weight
+from model_shards.quant.int4 import Int4GroupWeight
 
 
 class CudaBackend(ReferenceBackend):
@@ -45,6 +57,9 @@ class CudaBackend(ReferenceBackend):
 
     def __init__(self, batch_invariant: bool = False) -> None:
         self.batch_invariant = batch_invariant
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        self.fp8_operand = fp8_gemm.fp8_operand(device)  # "fp8" on sm89+ GPUs
+        self.fp8_scaled_mm = self.fp8_operand == "fp8" and not batch_invariant
 
     def rms_norm(
         self, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
@@ -58,7 +73,10 @@ class CudaBackend(ReferenceBackend):
         self, qkv: torch.Tensor, step: RotaryStep, pool: KVPool, heads: tuple[int, int]
     ) -> torch.Tensor:
         rows = (step.positions, step.cos_cached, step.sin_cached)
-        return rotary.rotary_and_cache(qkv, *rows, pool.k, pool.v, step.slot_mapping, *heads)
+        scales = (pool.k_scale, pool.v_scale)
+        return rotary.rotary_and_cache(
+            qkv, *rows, pool.k, pool.v, step.slot_mapping, *heads, kv_scales=scales
+        )
 
     def decode_attention(
         self,
@@ -81,6 +99,7 @@ class CudaBackend(ReferenceBackend):
             batch_invariant=self.batch_invariant,
             window=meta.window,
             softcap=softcap,
+            kv_scales=(pool.k_scale, pool.v_scale),
         )
 
     def prefill_attention(
@@ -92,7 +111,10 @@ class CudaBackend(ReferenceBackend):
         out: torch.Tensor,
         softcap: float | None = None,
     ) -> None:
-        attention_prefill.prefill_attention(q, pool.k, pool.v, meta, scale, out, softcap)
+        scales = (pool.k_scale, pool.v_scale)
+        attention_prefill.prefill_attention(
+            q, pool.k, pool.v, meta, scale, out, softcap, kv_scales=scales
+        )
 
     def quantized_types(self) -> frozenset[GGMLType]:
         return frozenset()  # dequantized to the model dtype at load until a GPU kernel exists
@@ -103,6 +125,24 @@ class CudaBackend(ReferenceBackend):
         if self.batch_invariant:
             return gemm.linear(x, weight, bias)
         return super().linear(x, weight, packed, bias)
+
+    def int4_linear(
+        self, x: torch.Tensor, weight: Int4GroupWeight, bias: torch.Tensor | None
+    ) -> torch.Tensor:
+        """The Triton W4A16 GEMM (dequantized in the tile, split-K for few output tiles)."""
+        return int4_gemm.int4_linear(x, weight, bias, batch_invariant=self.batch_invariant)
+
+    def fp8_linear(
+        self, x: torch.Tensor, weight: Fp8Weight, bias: torch.Tensor | None
+    ) -> torch.Tensor:
+        """Activations to e4m3 per token (or the static scale) in Triton, then cuBLASLt's
+        row-scaled FP8 GEMM (bfloat16 ``x``, K and N multiples of 16, an FP8 GPU, not
+        ``--batch-invariant``), else the Triton FP8 GEMM of fixed tiles."""
+        xq, x_scale = fp8_gemm.quantize_rows(x, weight.input_scale)  # [T, in] e4m3, [T]
+        k, n = weight.in_features, weight.out_features
+        if self.fp8_scaled_mm and x.dtype == torch.bfloat16 and k % 16 == 0 and n % 16 == 0:
+            return fp8_gemm.scaled_mm(xq, x_scale, weight, bias)
+        return fp8_gemm.fp8_matmul(xq, x_scale, weight, bias, x.dtype, self.fp8_operand)
 
     def exponential_race(self, probs: torch.Tensor, seeds: torch.Tensor) -> torch.Tensor:
         return sampling.exponential_race(probs, seeds)

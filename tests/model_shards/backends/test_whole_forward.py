@@ -2,7 +2,8 @@
 and the cuda backend's Triton kernels (in Triton's interpreter on CPU) give the same
 prompt logits and greedy tokens on one tiny Llama, equal to transformers; and decode
 steps replayed through the CUDA-graph runner (a fake graph backend on CPU) equal the
-eager steps."""
+eager steps. ``--kv-cache-dtype fp8`` on the cuda backend gives what the reference gives
+with K/V rounded to e4m3."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 import torch
 
 from model_shards.backends import Backend, ReferenceBackend
+from model_shards.backends.base import KVPool, RotaryStep
 from model_shards.backends.cpu.backend import CpuBackend
 from model_shards.backends.cpu.build import build_and_load
 from model_shards.config.model import ModelConfig
@@ -53,16 +55,18 @@ def _worker(model_dir: Path, ops: Backend) -> Worker:
     return Worker.build(replica, cfg, Comm(single_process_state()), MAX_LEN, ops=ops)
 
 
-def _generate(worker: Worker) -> tuple[list[torch.Tensor], dict[str, list[int]]]:
+def _generate(
+    worker: Worker, prompts: list[list[int]] = PROMPTS, new_tokens: int = NEW_TOKENS
+) -> tuple[list[torch.Tensor], dict[str, list[int]]]:
     """Prompt logits of each prompt, then greedy tokens of all prompts batched together
     (prefill chunks of different lengths in one step, then decode-only steps)."""
     recorder = record_logits(worker)
     coord = Coordinator(worker, max_num_seqs=4, max_num_batched_tokens=64, max_model_len=MAX_LEN)
-    logits = prompt_logits(coord, recorder, PROMPTS)
-    for i, prompt in enumerate(PROMPTS):
+    logits = prompt_logits(coord, recorder, prompts)
+    for i, prompt in enumerate(prompts):
         params = SamplingParams(0.0)
-        coord.add_request(GenerateRequest(str(i), prompt, NEW_TOKENS, params, ignore_eos=True))
-    tokens: dict[str, list[int]] = {str(i): [] for i in range(len(PROMPTS))}
+        coord.add_request(GenerateRequest(str(i), prompt, new_tokens, params, ignore_eos=True))
+    tokens: dict[str, list[int]] = {str(i): [] for i in range(len(prompts))}
     while coord.has_work():
         for update in coord.step():
             tokens[update.output.request_id] += update.output.new_token_ids
@@ -94,6 +98,42 @@ def test_backend_whole_forward_equals_reference(
     for ours, ref in zip(logits, ref_logits, strict=True):
         assert ((ours - ref).abs().max() / ref.abs().max()).item() < 1e-4, name
     assert tokens == ref_tokens, name
+
+
+class _E4m3KVReference(ReferenceBackend):
+    """The reference backend on float pools that hold K/V rounded to e4m3 (scale 1)."""
+
+    def rotary_and_cache(
+        self, qkv: torch.Tensor, step: RotaryStep, pool: KVPool, heads: tuple[int, int]
+    ) -> torch.Tensor:
+        q = super().rotary_and_cache(qkv, step, pool, heads)
+        slots = step.slot_mapping[step.slot_mapping >= 0]
+        for buf in (pool.k, pool.v):
+            buf[slots] = buf[slots].clamp(-448, 448).to(torch.float8_e4m3fn).to(buf.dtype)
+        return q
+
+
+@pytest.mark.timeout(240)
+def test_fp8_kv_cache_whole_forward(model_dir: Path) -> None:
+    """``--kv-cache-dtype fp8`` through a worker of the cuda backend (interpreted): e4m3 pools
+    sized at one byte per element; prompt logits and greedy tokens those of the reference
+    backend whose float pools hold the same e4m3-rounded K/V."""
+    cfg = ModelConfig.from_dir(model_dir)
+    per_block = cfg.kv_block_bytes(1, cfg.num_layers, 4, 1)  # K and V of every layer, 1 byte
+    budget = 40 * per_block  # 10 blocks in float32: too few for one 64-token sequence
+    replica = ReplicaConfig(
+        str(model_dir), dtype="float32", max_num_seqs=4, block_size=4, kv_cache_memory=budget,
+        kv_cache_dtype="fp8",
+    )  # fmt: skip
+    comm = Comm(single_process_state())
+    worker = Worker.build(replica, cfg, comm, MAX_LEN, ops=_backend("cuda"))
+    assert worker.kv.num_blocks == 40
+    assert worker.kv.pools[0].k.dtype == torch.float8_e4m3fn
+    logits, tokens = _generate(worker, PROMPTS[:2], 3)
+    ref_logits, ref_tokens = _generate(_worker(model_dir, _E4m3KVReference()), PROMPTS[:2], 3)
+    for ours, ref in zip(logits, ref_logits, strict=True):
+        assert ((ours - ref).abs().max() / ref.abs().max()).item() < 1e-4
+    assert tokens == ref_tokens
 
 
 def test_decode_graph_replays_equal_eager_steps(

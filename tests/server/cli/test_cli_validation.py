@@ -175,6 +175,9 @@ CASES: list[tuple[list[str], str | None, list[str], tuple[str, ...]]] = [
     (SERVE, "llama", ["--gpu-memory-utilization", "0"], ("--gpu-memory-utilization",)),
     (SERVE, "llama", ["--gpu-memory-utilization", "1.5"], ("--gpu-memory-utilization",)),
     (SERVE, "llama", ["--gpu-memory-utilization", "nan"], ("--gpu-memory-utilization",)),
+    (SERVE, "llama", ["--kv-cache-dtype", "fp8", "--device", "cpu"], ("--kv-cache-dtype fp8",)),
+    (ENGINE, "llama", ["--kv-cache-dtype", "fp8", "--device", "cpu"], ("float K/V",)),
+    (SERVE, "llama", ["--kv-cache-dtype", "int8"], ("--kv-cache-dtype",)),
     # the model: its length, its layout, its directory, its dtype
     (SERVE, "llama", ["--max-model-len", "0"], ("--max-model-len",)),
     (SERVE, "llama", ["--max-model-len", "100000"], ("--max-model-len",)),

@@ -6,7 +6,10 @@
 * ``norm.py``: RMSNorm with the fused residual add;
 * ``activation.py``: SiLU-and-mul of the gated MLP;
 * ``sampling.py``: the position-seeded exponential-race draw (splitmix64 uniforms);
-* ``gemm.py``: the batch-invariant dense GEMM of ``--batch-invariant``.
+* ``gemm.py``: the batch-invariant dense GEMM of ``--batch-invariant``;
+* ``int4_gemm.py``: the W4A16 GEMM of 4-bit AWQ/GPTQ weights, split-K for decode;
+* ``fp8_gemm.py``: FP8 W8A8: per-token activation rounding to e4m3, the FP8 GEMM, ``_scaled_mm``;
+* ``e4m3.py``: e4m3 rounding, and the FP8 K/V pools' store and load (``--kv-cache-dtype fp8``).
 
 Each module's wrapper takes the arguments of the matching
 :class:`model_shards.backends.base.Backend` method; the elementwise kernels round exactly as the

@@ -33,6 +33,8 @@ import torch
 import triton
 import triton.language as tl
 
+from model_shards.backends.cuda.triton_ops.e4m3 import as_bytes, from_pool, is_fp8
+
 BLOCK_N = 64  # context tile of both kernels (fixed: the reduction order of a row)
 AUTO_SPLIT_MIN_CONTEXT = 1024  # split only when the longest context exceeds this
 AUTO_SPLIT_PARTITION = 512  # tokens per partition of the automatic split
@@ -50,13 +52,15 @@ def paged_slots(bt_row_ptr, pos, valid, BLOCK_SIZE: tl.constexpr):
 
 @triton.jit
 def pool_rows(
-    pool_ptr, slot, valid, kv_head, stride_s, stride_h, stride_d, D, BLOCK_D: tl.constexpr
+    pool_ptr, slot, valid, kv_head, stride_s, stride_h, stride_d, D, scale,
+    BLOCK_D: tl.constexpr, KV_FP8: tl.constexpr, DTYPE: tl.constexpr,
 ):
-    """One KV head at ``slot [N]`` of a pool ``[slots, nkv, D]`` → ``[N, BLOCK_D]``
-    (zeros where ``valid`` or the dim is masked)."""
+    """One KV head at ``slot [N]`` of a pool ``[slots, nkv, D]`` → ``[N, BLOCK_D]`` in
+    ``DTYPE`` (zeros where ``valid`` or the dim is masked); an FP8 pool times ``scale``."""
     offs_d = tl.arange(0, BLOCK_D)
     ptrs = pool_ptr + slot[:, None] * stride_s + kv_head * stride_h + offs_d[None, :] * stride_d
-    return tl.load(ptrs, mask=valid[:, None] & (offs_d < D)[None, :], other=0.0)
+    x = tl.load(ptrs, mask=valid[:, None] & (offs_d < D)[None, :], other=0.0)
+    return from_pool(x, scale, KV_FP8, DTYPE)
 
 
 @triton.jit
@@ -94,10 +98,11 @@ def softmax_step(
 
 @triton.jit
 def _attend_range(
-    q, k_ptr, v_ptr, bt_row_ptr, kv_head, lo, hi, qk_scale, cap2,
+    q, k_ptr, v_ptr, bt_row_ptr, kv_head, lo, hi, qk_scale, cap2, k_scale, v_scale,
     stride_ks, stride_kh, stride_kd, stride_vs, stride_vh, stride_vd, D,
     BLOCK_SIZE: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, F32_DOT: tl.constexpr, HAS_CAP: tl.constexpr,
+    KV_FP8: tl.constexpr, DTYPE: tl.constexpr,
 ):
     """Online softmax of ``q [BLOCK_G, BLOCK_D]`` over positions ``lo .. hi - 1`` read
     through one block table row → ``(m [BLOCK_G], l [BLOCK_G], acc [BLOCK_G, BLOCK_D])``
@@ -112,8 +117,10 @@ def _attend_range(
         pos = start + offs_n  # [BLOCK_N]
         valid = pos < hi
         slot = paged_slots(bt_row_ptr, pos, valid, BLOCK_SIZE)
-        k = pool_rows(k_ptr, slot, valid, kv_head, stride_ks, stride_kh, stride_kd, D, BLOCK_D)
-        v = pool_rows(v_ptr, slot, valid, kv_head, stride_vs, stride_vh, stride_vd, D, BLOCK_D)
+        k = pool_rows(k_ptr, slot, valid, kv_head, stride_ks, stride_kh, stride_kd, D, k_scale,
+                      BLOCK_D, KV_FP8, DTYPE)
+        v = pool_rows(v_ptr, slot, valid, kv_head, stride_vs, stride_vh, stride_vd, D, v_scale,
+                      BLOCK_D, KV_FP8, DTYPE)
         keep = tl.broadcast_to(valid[None, :], (BLOCK_G, BLOCK_N))
         m_i, l_i, acc = softmax_step(
             q, k, v, keep, m_i, l_i, acc, qk_scale, cap2, F32_DOT, HAS_CAP
@@ -137,11 +144,12 @@ def _load_group_q(
 
 @triton.jit
 def _decode_kernel(
-    q_ptr, k_ptr, v_ptr, bt_ptr, ctx_ptr, out_ptr, qk_scale, cap2, window,
+    q_ptr, k_ptr, v_ptr, bt_ptr, ctx_ptr, out_ptr, qk_scale, cap2, window, k_scale, v_scale,
     stride_qb, stride_qh, stride_qd, stride_ks, stride_kh, stride_kd,
     stride_vs, stride_vh, stride_vd, stride_btb, stride_ob, stride_oh, stride_od, GROUP, D,
     BLOCK_SIZE: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, F32_DOT: tl.constexpr, HAS_CAP: tl.constexpr,
+    KV_FP8: tl.constexpr,
 ):
     """Grid ``(B, nkv)``: the whole context (its last ``window`` positions when
     ``window > 0``) of one row for one query-head group."""
@@ -154,8 +162,9 @@ def _decode_kernel(
     lo = tl.where(window > 0, tl.maximum(ctx - window, 0), 0)
     _, l_i, acc = _attend_range(
         q, k_ptr, v_ptr, bt_ptr + b * stride_btb, kv_head, lo, ctx, qk_scale, cap2,
-        stride_ks, stride_kh, stride_kd, stride_vs, stride_vh, stride_vd, D,
-        BLOCK_SIZE, BLOCK_G, BLOCK_N, BLOCK_D, F32_DOT, HAS_CAP,
+        k_scale, v_scale, stride_ks, stride_kh, stride_kd, stride_vs, stride_vh, stride_vd, D,
+        BLOCK_SIZE, BLOCK_G, BLOCK_N, BLOCK_D, F32_DOT, HAS_CAP, KV_FP8,
+        q_ptr.dtype.element_ty,
     )
     o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # padding rows: acc == 0
     offs_g = tl.arange(0, BLOCK_G)
@@ -168,11 +177,12 @@ def _decode_kernel(
 
 @triton.jit
 def _decode_split_kernel(
-    q_ptr, k_ptr, v_ptr, bt_ptr, ctx_ptr, m_ptr, l_ptr, acc_ptr, qk_scale, cap2,
+    q_ptr, k_ptr, v_ptr, bt_ptr, ctx_ptr, m_ptr, l_ptr, acc_ptr, qk_scale, cap2, k_scale, v_scale,
     stride_qb, stride_qh, stride_qd, stride_ks, stride_kh, stride_kd,
     stride_vs, stride_vh, stride_vd, stride_btb, nh, num_parts, split, GROUP, D,
     BLOCK_SIZE: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, F32_DOT: tl.constexpr, HAS_CAP: tl.constexpr,
+    KV_FP8: tl.constexpr,
 ):
     """Grid ``(B, nkv, P)``: partition ``j`` (positions ``j*split ..``) of one row and
     group → partials ``m, l: [B, nh, P]``, ``acc: [B, nh, P, D]`` (float32). A partition
@@ -188,8 +198,9 @@ def _decode_split_kernel(
     hi = tl.minimum(lo + split, ctx)
     m_i, l_i, acc = _attend_range(
         q, k_ptr, v_ptr, bt_ptr + b * stride_btb, kv_head, lo, hi, qk_scale, cap2,
-        stride_ks, stride_kh, stride_kd, stride_vs, stride_vh, stride_vd, D,
-        BLOCK_SIZE, BLOCK_G, BLOCK_N, BLOCK_D, F32_DOT, HAS_CAP,
+        k_scale, v_scale, stride_ks, stride_kh, stride_kd, stride_vs, stride_vh, stride_vd, D,
+        BLOCK_SIZE, BLOCK_G, BLOCK_N, BLOCK_D, F32_DOT, HAS_CAP, KV_FP8,
+        q_ptr.dtype.element_ty,
     )
     offs_g = tl.arange(0, BLOCK_G)
     offs_d = tl.arange(0, BLOCK_D)
@@ -264,6 +275,9 @@ def choose_split(
 
 
 def _check(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor) -> None:
+    if k_pool.dtype != v_pool.dtype or not (k_pool.dtype == q.dtype or is_fp8(k_pool)):
+        raise ValueError(f"pools must both be in q's dtype ({q.dtype}) or both FP8, got "
+                         f"{k_pool.dtype} and {v_pool.dtype}")
     if q.dim() != 3 or k_pool.dim() != 3 or v_pool.shape != k_pool.shape:
         shapes = f"{tuple(q.shape)}, {tuple(k_pool.shape)}, {tuple(v_pool.shape)}"
         raise ValueError(f"want q [B, nh, D] and equal pools [slots, nkv, D], got {shapes}")
@@ -277,6 +291,7 @@ def decode_attention(
     context_lens: torch.Tensor, block_size: int, scale: float, *, split_kv: int | None = None,
     batch_invariant: bool = False, max_context_len: int | None = None,
     window: int | None = None, softcap: float | None = None,
+    kv_scales: tuple[float, float] = (1.0, 1.0),
 ) -> torch.Tensor:
     """``q: [B, nh, D]`` → ``[B, nh, D]`` in q's dtype (contract of
     ``Backend.decode_attention``); ``block_tables [B, nblk]`` int32/int64.
@@ -286,7 +301,8 @@ def decode_attention(
     ``max_context_len`` is an upper bound of ``context_lens`` from host metadata; without
     it the table width ``nblk * block_size`` is used (no device sync either way).
     ``window``/``softcap``: the contract's; a windowed row reads only its window, always
-    in the single pass (the window bounds its context)."""
+    in the single pass (the window bounds its context). FP8 pools (:mod:`.e4m3`) are read
+    as ``e4m3 · scale``, ``kv_scales = (k_scale, v_scale)``, rounded to q's dtype."""
     _check(q, k_pool, v_pool)
     b, nh, d = q.shape
     nkv = k_pool.shape[1]
@@ -303,14 +319,15 @@ def decode_attention(
     pools = (*k_pool.stride(), *v_pool.stride())
     common = dict(
         BLOCK_SIZE=block_size, BLOCK_G=block_g, BLOCK_D=block_d, F32_DOT=f32_dots(q),
-        HAS_CAP=softcap is not None, num_warps=4,
+        HAS_CAP=softcap is not None, KV_FP8=is_fp8(k_pool), num_warps=4,
     )
+    k_pool, v_pool = as_bytes(k_pool), as_bytes(v_pool)  # FP8: their bytes (e4m3.py)
     qk_scale = scale * _LOG2E
     cap2 = (softcap or 1.0) * _LOG2E
     if split is None:
         _decode_kernel[(b, nkv)](
             q, k_pool, v_pool, block_tables, context_lens, out, qk_scale, cap2, window or 0,
-            *q.stride(), *pools,
+            *kv_scales, *q.stride(), *pools,
             block_tables.stride(0), *out.stride(), group, d, BLOCK_N=BLOCK_N, **common,
         )
         return out
@@ -321,7 +338,7 @@ def decode_attention(
     block_n = max(16, min(BLOCK_N, triton.next_power_of_2(split)))
     _decode_split_kernel[(b, nkv, parts)](
         q, k_pool, v_pool, block_tables, context_lens, m_part, l_part, acc_part, qk_scale,
-        cap2, *q.stride(), *pools, block_tables.stride(0), nh, parts, split, group, d,
+        cap2, *kv_scales, *q.stride(), *pools, block_tables.stride(0), nh, parts, split, group, d,
         BLOCK_N=block_n, **common,
     )
     _decode_reduce_kernel[(b, nh)](

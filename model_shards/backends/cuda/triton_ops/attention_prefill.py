@@ -33,6 +33,7 @@ from model_shards.backends.cuda.triton_ops.attention_decode import (
     pool_rows,
     softmax_step,
 )
+from model_shards.backends.cuda.triton_ops.e4m3 import as_bytes, is_fp8
 
 BLOCK_N = 64  # key tile
 MAX_BLOCK_M = 64  # query tile for long chunks (short chunks take down to 16)
@@ -42,11 +43,12 @@ _LOG2E = 1.4426950408889634
 @triton.jit
 def _prefill_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr, q_starts_ptr, q_lens_ptr, starts_ptr, bt_ptr, qk_scale,
-    cap2, window, stride_qt, stride_qh, stride_qd, stride_ks, stride_kh, stride_kd,
-    stride_vs, stride_vh, stride_vd, stride_ot, stride_oh, stride_od, stride_btn,
+    cap2, window, k_scale, v_scale, stride_qt, stride_qh, stride_qd,
+    stride_ks, stride_kh, stride_kd, stride_vs, stride_vh, stride_vd,
+    stride_ot, stride_oh, stride_od, stride_btn,
     tiles, group, D, BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, F32_DOT: tl.constexpr,
-    HAS_CAP: tl.constexpr,
+    HAS_CAP: tl.constexpr, KV_FP8: tl.constexpr,
 ):
     """One query tile of one chunk for one query head (see the module docstring);
     ``window > 0``: each query sees only positions ``> t - window``, and the key loop
@@ -68,6 +70,7 @@ def _prefill_kernel(
         q_ptr + rows[:, None] * stride_qt + h * stride_qh + offs_d[None, :] * stride_qd,
         mask=q_mask, other=0.0,
     )  # [BLOCK_M, BLOCK_D]
+    dtype = q_ptr.dtype.element_ty
     if F32_DOT:  # see attention_decode.f32_dots
         q = q.to(tl.float32)
     q_pos = start + offs_m  # [BLOCK_M]
@@ -82,8 +85,10 @@ def _prefill_kernel(
         pos = k0 + offs_n  # [BLOCK_N] key positions
         valid = pos < kv_end
         slot = paged_slots(bt_row, pos, valid, BLOCK_SIZE)
-        k = pool_rows(k_ptr, slot, valid, kv_head, stride_ks, stride_kh, stride_kd, D, BLOCK_D)
-        v = pool_rows(v_ptr, slot, valid, kv_head, stride_vs, stride_vh, stride_vd, D, BLOCK_D)
+        k = pool_rows(k_ptr, slot, valid, kv_head, stride_ks, stride_kh, stride_kd, D, k_scale,
+                      BLOCK_D, KV_FP8, dtype)
+        v = pool_rows(v_ptr, slot, valid, kv_head, stride_vs, stride_vh, stride_vd, D, v_scale,
+                      BLOCK_D, KV_FP8, dtype)
         keep = valid[None, :] & (pos[None, :] <= q_pos[:, None])  # [BLOCK_M, BLOCK_N]
         keep &= (window <= 0) | (pos[None, :] > q_pos[:, None] - window)
         m_i, l_i, acc = softmax_step(
@@ -97,28 +102,33 @@ def _prefill_kernel(
 def prefill_attention(
     q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, meta: PrefillMeta,
     scale: float, out: torch.Tensor, softcap: float | None = None,
+    kv_scales: tuple[float, float] = (1.0, 1.0),
 ) -> None:
     """Write the chunks' rows of ``out: [T, nh, D]`` from ``q: [T, nh, D]`` (contract of
     ``Backend.prefill_attention``, ``meta.window`` and ``softcap`` included); ``meta``'s
-    tensors on q's device, int32 or int64."""
+    tensors on q's device, int32 or int64. FP8 pools: as in ``decode_attention``."""
     if q.dim() != 3 or out.shape != q.shape or k_pool.dim() != 3 or v_pool.shape != k_pool.shape:
         raise ValueError(f"want q, out [T, nh, D] and equal pools [slots, nkv, D], got "
                          f"{tuple(q.shape)}, {tuple(out.shape)}, {tuple(k_pool.shape)}, "
                          f"{tuple(v_pool.shape)}")
     _, nh, d = q.shape
     nkv = k_pool.shape[1]
+    if k_pool.dtype != v_pool.dtype or not (k_pool.dtype == q.dtype or is_fp8(k_pool)):
+        raise ValueError(f"pools must both be in q's dtype ({q.dtype}) or both FP8, got "
+                         f"{k_pool.dtype} and {v_pool.dtype}")
     if k_pool.shape[2] != d or nh % nkv != 0:
         raise ValueError(f"head dims must match and nh ({nh}) be a multiple of nkv ({nkv})")
     if meta.num_chunks == 0 or meta.max_q_len == 0:
         return
     block_m = max(16, min(MAX_BLOCK_M, triton.next_power_of_2(meta.max_q_len)))
     tiles = triton.cdiv(meta.max_q_len, block_m)
+    fp8 = is_fp8(k_pool)
     _prefill_kernel[(meta.num_chunks * tiles, nh)](
-        q, k_pool, v_pool, out, meta.q_starts, meta.q_lens, meta.start_positions,
-        meta.block_tables, scale * _LOG2E, (softcap or 1.0) * _LOG2E, meta.window or 0,
-        *q.stride(), *k_pool.stride(), *v_pool.stride(),
+        q, as_bytes(k_pool), as_bytes(v_pool), out, meta.q_starts, meta.q_lens,
+        meta.start_positions, meta.block_tables, scale * _LOG2E, (softcap or 1.0) * _LOG2E,
+        meta.window or 0, *kv_scales, *q.stride(), *k_pool.stride(), *v_pool.stride(),
         *out.stride(), meta.block_tables.stride(0), tiles, nh // nkv, d,
         BLOCK_SIZE=meta.block_size, BLOCK_M=block_m, BLOCK_N=BLOCK_N,
         BLOCK_D=max(16, triton.next_power_of_2(d)), F32_DOT=f32_dots(q),
-        HAS_CAP=softcap is not None, num_warps=4,
+        HAS_CAP=softcap is not None, KV_FP8=fp8, num_warps=4,
     )

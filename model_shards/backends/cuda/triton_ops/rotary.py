@@ -16,7 +16,8 @@ the reference's; float32 agrees to a rounding of each term.
 
 Program ``(t, h)``: ``h < nh`` rotates q head ``h`` in place; ``h ≥ nh`` rotates k head
 ``h - nh`` in place, stores it at ``k_pool[slot_mapping[t], h - nh]`` and the raw v
-head at ``v_pool[slot, h - nh]``, unless ``slot < 0`` (a padding row: nothing stored).
+head at ``v_pool[slot, h - nh]``, unless ``slot < 0`` (a padding row: nothing stored);
+an FP8 pool gets them divided by its scale, in e4m3 (:mod:`.e4m3`).
 Every row is rotated, padding included, so ``positions`` must be valid everywhere.
 """
 
@@ -26,6 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
+from model_shards.backends.cuda.triton_ops.e4m3 import as_bytes, is_fp8, to_pool
 from model_shards.backends.cuda.triton_ops.norm import round_to
 
 
@@ -59,6 +61,8 @@ def _rotary_cache_kernel(
     k_pool_ptr: tl.tensor,
     v_pool_ptr: tl.tensor,
     slot_ptr: tl.tensor,
+    k_scale: float,
+    v_scale: float,
     stride_qkv: int,
     stride_cos: int,
     stride_sin: int,
@@ -70,6 +74,7 @@ def _rotary_cache_kernel(
     NUM_KV_HEADS: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_HALF: tl.constexpr,
+    KV_FP8: tl.constexpr,
 ) -> None:
     """One program: head ``program_id(1)`` of token ``program_id(0)``."""
     tok = tl.program_id(0).to(tl.int64)
@@ -94,15 +99,15 @@ def _rotary_cache_kernel(
     store = mask & (kv_head >= 0) & (slot >= 0)
     k_dst = k_pool_ptr + slot * stride_k_slot + kv_head * stride_k_head
     k_dtype = k_pool_ptr.dtype.element_ty
-    tl.store(k_dst + offs, a.to(k_dtype), mask=store)
-    tl.store(k_dst + HALF + offs, b.to(k_dtype), mask=store)
+    tl.store(k_dst + offs, to_pool(a, k_scale, KV_FP8, k_dtype), mask=store)
+    tl.store(k_dst + HALF + offs, to_pool(b, k_scale, KV_FP8, k_dtype), mask=store)
     v_src = head_ptr + NUM_KV_HEADS * HEAD_DIM
     v_dst = v_pool_ptr + slot * stride_v_slot + kv_head * stride_v_head
     v_dtype = v_pool_ptr.dtype.element_ty
-    v_lo = tl.load(v_src + offs, mask=store, other=0.0)
-    v_hi = tl.load(v_src + HALF + offs, mask=store, other=0.0)
-    tl.store(v_dst + offs, v_lo.to(v_dtype), mask=store)
-    tl.store(v_dst + HALF + offs, v_hi.to(v_dtype), mask=store)
+    v_lo = tl.load(v_src + offs, mask=store, other=0.0).to(tl.float32)
+    v_hi = tl.load(v_src + HALF + offs, mask=store, other=0.0).to(tl.float32)
+    tl.store(v_dst + offs, to_pool(v_lo, v_scale, KV_FP8, v_dtype), mask=store)
+    tl.store(v_dst + HALF + offs, to_pool(v_hi, v_scale, KV_FP8, v_dtype), mask=store)
 
 
 def _check(
@@ -124,6 +129,8 @@ def _check(
     if qkv.stride(1) != 1:
         raise ValueError("rotary_and_cache: qkv needs unit stride along its columns")
     for name, pool in (("k_pool", k_pool), ("v_pool", v_pool)):
+        if pool.dtype != qkv.dtype and not is_fp8(pool):
+            raise ValueError(f"rotary_and_cache: {name} is {pool.dtype}; want {qkv.dtype} or FP8")
         if pool.dim() != 3 or pool.shape[1:] != (num_kv_heads, d) or pool.stride(2) != 1:
             raise ValueError(
                 f"rotary_and_cache: {name} {tuple(pool.shape)} must be [slots, {num_kv_heads}, "
@@ -144,9 +151,11 @@ def rotary_and_cache(
     slot_mapping: torch.Tensor,
     num_heads: int,
     num_kv_heads: int,
+    kv_scales: tuple[float, float] = (1.0, 1.0),
 ) -> torch.Tensor:
     """Rotate q and k of ``qkv`` in place, store k and v at ``slot_mapping`` (negative:
-    skipped) and return ``q: [T, nh, D]``, a view of ``qkv``."""
+    skipped) and return ``q: [T, nh, D]``, a view of ``qkv``. FP8 pools store
+    ``e4m3(k / k_scale)``, ``e4m3(v / v_scale)`` (:mod:`.e4m3`), ``kv_scales = (k, v)``."""
     _check(qkv, cos_cached, sin_cached, k_pool, v_pool, num_heads, num_kv_heads)
     t, d = qkv.shape[0], k_pool.shape[-1]
     if t > 0:
@@ -155,9 +164,10 @@ def rotary_and_cache(
             positions.contiguous(),
             cos_cached,
             sin_cached,
-            k_pool,
-            v_pool,
+            as_bytes(k_pool),  # FP8 pools: their bytes (e4m3.py)
+            as_bytes(v_pool),
             slot_mapping.contiguous(),
+            *kv_scales,
             qkv.stride(0),
             cos_cached.stride(0),
             sin_cached.stride(0),
@@ -169,6 +179,7 @@ def rotary_and_cache(
             NUM_KV_HEADS=num_kv_heads,
             HEAD_DIM=d,
             BLOCK_HALF=triton.next_power_of_2(d // 2),
+            KV_FP8=is_fp8(k_pool),
             num_warps=1,
         )
     return qkv.view(t, -1, d)[:, :num_heads]
