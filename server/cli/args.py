@@ -1,11 +1,11 @@
 """The ``shardserve`` command line: every subcommand's flags, their parsers and checks.
 
-``serve`` and ``engine`` share the replica flags (:func:`add_replica_flags`,
-turned into a :class:`~model_shards.config.replica.ReplicaConfig` by
-:func:`replica_config`); ``serve`` adds the HTTP, data-parallel and resilience
-flags, ``engine`` where frontends connect and the torchrun nodes. A bad value
-is an argparse error naming the flag (exit 2); a bad combination is a
-``ValueError`` naming the flags (:func:`check_serve_flags`, then
+``serve``, ``run-batch`` (serve's flags and its files) and ``engine`` share the replica
+flags (:func:`add_replica_flags`, turned into a
+:class:`~model_shards.config.replica.ReplicaConfig` by :func:`replica_config`); ``serve``
+adds the HTTP, data-parallel and resilience flags, ``engine`` where frontends connect and
+the torchrun nodes. A bad value is an argparse error naming the flag (exit 2); a bad
+combination is a ``ValueError`` naming the flags (:func:`check_serve_flags`, then
 ``ReplicaConfig.validate``), before anything starts.
 
 Imports run one way: ``server.cli.serve`` → ``server.cli.engine`` → this module.
@@ -33,6 +33,7 @@ from server.cli.flag_types import port as _port
 from server.cli.flag_types import positive_float as _positive_float
 from server.cli.flag_types import positive_int as _positive_int
 from server.cli.flag_types import size as _size
+from server.cli.frontend_flags import add_output_parser_flags, add_run_batch_flags
 from server.http.middleware import DEFAULT_MAX_REQUEST_BYTES
 from server.media.multimodal import add_media_flags
 
@@ -152,13 +153,26 @@ def build_parser() -> argparse.ArgumentParser:
         add_help=False,
     )
     _add_serve_parser(commands)
+    _add_run_batch_parser(commands)
     _add_engine_parser(commands)
     _add_ping_parser(commands)
     return parser
 
 
+def _add_run_batch_parser(commands: Any) -> None:
+    batch = commands.add_parser(
+        "run-batch", help="run an OpenAI batch file (JSONL) through the model, as vLLM's"
+    )
+    add_run_batch_flags(batch)
+    _add_serve_flags(batch)  # the engine starts as serve starts it
+
+
 def _add_serve_parser(commands: Any) -> None:
     serve = commands.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API")
+    _add_serve_flags(serve)
+
+
+def _add_serve_flags(serve: Any) -> None:
     add_replica_flags(serve)
     _add_replica_source_flags(serve)
     serve.add_argument("--host", default="127.0.0.1")
@@ -201,17 +215,7 @@ def _add_serve_parser(commands: Any) -> None:
         default=DEFAULT_MAX_REQUEST_BYTES,
         help="larger request bodies get a 413 (default: 8 MiB)",
     )
-    serve.add_argument(
-        "--tool-call-parser",
-        choices=TOOL_CALL_PARSERS,
-        default=None,
-        help="how tool_choice auto reads the model's tool calls (default: from the chat template)",
-    )
-    serve.add_argument(
-        "--enable-auto-tool-choice",
-        action="store_true",
-        help="accepted for vLLM compatibility (auto tool choice is on whenever a parser is known)",
-    )
+    add_output_parser_flags(serve)
     add_media_flags(serve)
     _add_resilience_flags(serve)
 
@@ -241,10 +245,6 @@ def _add_replica_source_flags(serve: Any) -> None:
         "(repeat for several replicas); the tokenizer still comes from --model",
     )
     add_engine_token_flag(serve)
-
-
-#: ``--tool-call-parser`` values (vLLM's names; :mod:`server.text.tool_parsers`).
-TOOL_CALL_PARSERS = ("hermes", "llama3_json", "mistral")
 
 
 def _add_resilience_flags(serve: argparse.ArgumentParser) -> None:

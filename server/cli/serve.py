@@ -331,6 +331,7 @@ def _http_server(
         request_timeout_s=args.request_timeout,
         lifecycle=lifecycle,
         tool_call_parser=args.tool_call_parser,
+        reasoning_parser=args.reasoning_parser,
         image_model=args.image_model,
         media_options=media_options(args),
         disable_docs=args.disable_fastapi_docs,

@@ -45,7 +45,7 @@ from server.http.middleware import DEFAULT_MAX_REQUEST_BYTES, FrontDoor
 from server.http.openapi import BodySchemas
 from server.media import multimodal
 from server.media.fetch import MediaOptions
-from server.text import tool_parsers
+from server.text import reasoning, tool_parsers
 from server.text.chat_template import ChatTemplate
 from server.text.tokenizer import Tokenizer
 
@@ -209,6 +209,7 @@ def build_app(
     request_timeout_s: float | None = None,
     lifecycle: Lifecycle | None = None,
     tool_call_parser: str | None = None,
+    reasoning_parser: str | None = None,
     image_model: multimodal.ImageModel | None = None,
     media_options: MediaOptions | None = None,
     disable_docs: bool = False,
@@ -218,9 +219,10 @@ def build_app(
     ``api_key`` guards every ``/v1/*`` route; ``admission`` sheds load (default: no limit);
     ``request_timeout_s`` ends a generation or embedding (default: never); ``lifecycle``: the
     draining state the CLI flips on SIGTERM; ``tool_call_parser`` reads ``auto`` tool calls
-    (default: :func:`server.text.tool_parsers.detect`); ``image_model``: how a VLM takes images
-    (``None``: text only); ``disable_docs`` (``--disable-fastapi-docs``) drops ``/docs``,
-    ``/redoc`` and ``/openapi.json`` (else they need the API key when there is one).
+    (default: :func:`server.text.tool_parsers.detect`); ``reasoning_parser`` splits the
+    ``<think>`` block off chat answers (:mod:`server.text.reasoning`); ``image_model``: how a
+    VLM takes images (``None``: text only); ``disable_docs`` (``--disable-fastapi-docs``) drops
+    ``/docs``, ``/redoc`` and ``/openapi.json`` (else they need the API key when there is one).
     ``ValueError`` at start-up if the chat template does not compile.
     """
     metrics = metrics or Metrics()
@@ -237,6 +239,7 @@ def build_app(
         parser,
         image_model,
         media_options or MediaOptions(),
+        reasoning=reasoning.reasoning_parser(reasoning_parser),
     )
     template = chat.load_template(serving)
     app = FastAPI(

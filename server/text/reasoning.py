@@ -43,13 +43,20 @@ class ReasoningStream:
     pending: str = ""
     _out: tuple[list[str], list[str]] = field(default_factory=lambda: ([], []), repr=False)
 
-    def feed(self, piece: str) -> tuple[str, str]:
-        """The reasoning and content that ``piece`` (after what came before) makes certain."""
+    def feed(self, piece: str, *, last: bool = False) -> tuple[str, str]:
+        """The reasoning and content that ``piece`` (after what came before) makes certain;
+        with ``last``, everything left (:meth:`finish`)."""
+        self._split(piece)
+        if last:
+            self._emit(self.pending)
+            self.pending = ""
+        return self._take()
+
+    def _split(self, piece: str) -> None:
         text, self.pending = self.pending + piece, ""
-        reasoning, content = self._out
         while text:
             if self.done:
-                content.append(text)
+                self._out[1].append(text)
                 break
             tag = END if self.in_reasoning else START
             at = text.find(tag)
@@ -64,13 +71,10 @@ class ReasoningStream:
                 self.in_reasoning, self.done = False, True
             else:
                 self.in_reasoning = True
-        return self._take()
 
     def finish(self) -> tuple[str, str]:
         """What is held back once the output is whole (a partial tag is text after all)."""
-        self._emit(self.pending)
-        self.pending = ""
-        return self._take()
+        return self.feed("", last=True)
 
     def _emit(self, text: str) -> None:
         if text:
@@ -94,8 +98,7 @@ class ReasoningParser:
 
     def split(self, text: str) -> tuple[str | None, str | None]:
         """``(reasoning, content)`` of a whole answer, ``None`` for a part it lacks."""
-        stream = self.stream()
-        reasoning, content = (a + b for a, b in zip(stream.feed(text), stream.finish(), strict=True))
+        reasoning, content = self.stream().feed(text, last=True)
         return reasoning or None, content or None
 
 
@@ -113,21 +116,16 @@ class _DeepSeekStream(ReasoningStream):
 
     _opened: bool = False
 
-    def feed(self, piece: str) -> tuple[str, str]:
+    def feed(self, piece: str, *, last: bool = False) -> tuple[str, str]:
         if not self._opened:
             text, self.pending = self.pending + piece, ""
             head = text.lstrip()
-            if START.startswith(head):  # may still become "<think>": wait
+            if START.startswith(head) and not last:  # may still become "<think>": wait
                 self.pending = text
                 return "", ""
             self._opened = True
             piece = head.removeprefix(START) if head.startswith(START) else text
-        return super().feed(piece)
-
-    def finish(self) -> tuple[str, str]:
-        if not self._opened:  # nothing but (part of) "<think>" and spaces came
-            self.pending = "" if self.pending.strip() == START else self.pending
-        return super().finish()
+        return super().feed(piece, last=last)
 
 
 class Qwen3Parser(ReasoningParser):
@@ -149,7 +147,5 @@ def reasoning_parser(name: str | None) -> ReasoningParser | None:
     if name is None:
         return None
     if name not in PARSERS:
-        raise ValueError(
-            f"--reasoning-parser {name!r} is not one of {', '.join(sorted(PARSERS))}"
-        )
+        raise ValueError(f"--reasoning-parser {name!r} is not one of {', '.join(sorted(PARSERS))}")
     return PARSERS[name]()
