@@ -96,6 +96,30 @@ def _template_variables(body: ChatCompletionRequest) -> dict[str, Any] | None:
     return body.chat_template_kwargs
 
 
+def _render(
+    serving: ServedModel, template: ChatTemplate | None, body: ChatCompletionRequest
+) -> str:
+    """The prompt text of ``body``'s conversation, or the 400 naming ``messages``."""
+    if template is None:
+        raise APIError.bad_request(
+            f"the model `{serving.model_name}` has no chat template (no 'chat_template' in "
+            "tokenizer_config.json and no chat_template.jinja); use /v1/completions instead",
+            param="messages",
+            code="no_chat_template",
+        )
+    try:
+        text = template.render(
+            template_messages(serving.tokenizer, body, serving.image_model),
+            add_generation_prompt=body.add_generation_prompt,
+            tools=[t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None,
+            variables=_template_variables(body),
+        )
+    except ChatTemplateError as exc:
+        raise APIError.bad_request(f"'messages': {exc}", param="messages") from exc
+    serving.check_prompt_chars(text, "messages")
+    return text
+
+
 def prepare(
     serving: ServedModel,
     template: ChatTemplate | None,
@@ -115,23 +139,7 @@ def prepare(
             "drop the structured-output field",
             param="tool_choice",
         )
-    if template is None:
-        raise APIError.bad_request(
-            f"the model `{serving.model_name}` has no chat template (no 'chat_template' in "
-            "tokenizer_config.json and no chat_template.jinja); use /v1/completions instead",
-            param="messages",
-            code="no_chat_template",
-        )
-    try:
-        text = template.render(
-            template_messages(serving.tokenizer, body, serving.image_model),
-            add_generation_prompt=body.add_generation_prompt,
-            tools=[t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None,
-            variables=_template_variables(body),
-        )
-    except ChatTemplateError as exc:
-        raise APIError.bad_request(f"'messages': {exc}", param="messages") from exc
-    serving.check_prompt_chars(text, "messages")
+    text = _render(serving, template, body)
     stop_token_ids = list(body.stop_token_ids or [])
     check_ids(stop_token_ids, vocab_size, "stop_token_ids")
     check_ids(list(body.logit_bias_ids), vocab_size, "logit_bias")
