@@ -10,7 +10,8 @@
 * ``chat_tools.py``: ``tool_choice`` to a plan (a grammar when forced), output to ``tool_calls``;
 * ``structured.py``: ``response_format``, ``structured_outputs``, ``guided_*`` to one grammar;
 * ``logprobs.py``: the engine's per-token logprobs in both OpenAI shapes;
-* ``embeddings.py``: ``POST /v1/embeddings`` for encoder replicas.
+* ``embeddings.py``: ``POST /v1/embeddings`` for encoder replicas;
+* ``batch.py``: OpenAI's batch file format: input lines to requests on the app, output records.
 
 Bodies are validated by pydantic and nowhere else; what needs the engine's numbers (vocabulary,
 context length) the route modules check, each a 400 naming the field. Each route module
