@@ -70,7 +70,8 @@ def load_template(serving: ServedModel) -> ChatTemplate | None:
 @dataclass(frozen=True)
 class ChatPlan(ChoiceRequests):
     """A chat request's choices, how its tool calls are made and read, and its reasoning
-    parser (none for a named or required tool call: the output is the call)."""
+    parser (none for a named or required tool call: the output is the call; none for one
+    that starts inside the block, ``deepseek_r1``, under a structured-output grammar)."""
 
     tools: ToolPlan = field(default_factory=ToolPlan)
     reasoning: ReasoningParser | None = None
@@ -164,6 +165,8 @@ def prepare(
     )
     requests = with_media(work.requests, media)
     thinks = serving.reasoning if tools.mode in ("none", "auto") else None
+    if thinks is not None and grammar is not None and thinks.starts_in_reasoning:
+        thinks = None  # a grammar shapes the output from its first token: no open block
     return ChatPlan(work.response_id, work.n, requests, work.grammar_param, tools, thinks)
 
 

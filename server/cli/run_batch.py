@@ -10,7 +10,7 @@ from the same flags and driven through ``httpx.ASGITransport`` (no socket): at m
 ``--max-concurrency`` lines in flight, each record appended to the output and flushed as it
 completes, a progress bar on stderr (tqdm when installed, else a counter). A bad line gets
 its own error record and the rest go on. Exit 0 once every line has a record, 1 if the
-engine dies or is not ready in time.
+engine dies or is not ready in time; SIGINT/SIGTERM stop it (the ranks too), exit 128 + signal.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ import httpx
 
 from server.api.batch import Job, done_custom_ids, parse_line, run_job
 from server.cli.engine_token import export_engine_token, new_engine_token
+from server.cli.signals import ServeState, SignalGuard, Stop
 from server.cli.startup import (
     READY_TIMEOUT_S,
     ReplicaHandle,
@@ -100,19 +101,28 @@ def run_batch(args: argparse.Namespace) -> int:
     if not todo:
         return 0
     handles: Sequence[ReplicaHandle] = ()
+    guard = SignalGuard(ServeState())
     try:
         if not args.engine:
             args.engine_token = new_engine_token()  # this run's; the ranks inherit it
             export_engine_token(args.engine_token)
             try:
-                handles = start_replicas(config, args.data_parallel_size)
+                with guard.held():
+                    handles = start_replicas(config, args.data_parallel_size)
             except ValueError as exc:
                 error(str(exc))
                 return 2
         return asyncio.run(_run(args, handles, tokenizer, name, todo))
+    except Stop as stop:
+        error(f"interrupted by {stop}; {args.output_file} holds the lines done (run it again)")
+        return 128 + stop.signum
     finally:
-        for started in handles:
-            started.stop()
+        guard.ignore()
+        try:
+            for started in handles:
+                started.stop()
+        finally:
+            guard.restore()
 
 
 async def _run(
@@ -138,7 +148,7 @@ async def _run(
             return 1
         app = app_from_flags(args, router, tokenizer, name, ready.max_model_len, metrics)
         headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
-        transport = httpx.ASGITransport(app=app)
+        transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)  # a 500 record
         async with httpx.AsyncClient(
             transport=transport, base_url="http://run-batch", headers=headers, timeout=None
         ) as http:

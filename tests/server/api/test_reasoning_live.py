@@ -131,6 +131,9 @@ async def test_deepseek_r1_starts_inside_the_reasoning(
     unterminated = await _whole(sdk, "still thinking")
     assert unterminated.message.content is None
     assert unterminated.message.model_extra["reasoning"] == "still thinking"
+    shaped = {"structured_outputs": {"regex": "[a-z ]+"}}  # from the first token: no block
+    plain = await _whole(sdk, "plain words", extra_body=shaped)
+    assert plain.message.content == "plain words" and not plain.message.model_extra
     sdk.client.close()
 
 
