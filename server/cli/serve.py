@@ -16,6 +16,9 @@ spawned) → validate the checkpoint and the devices, spawn the replicas'
 ranks → wait for every ``EngineReady`` (exit 1 naming the ranks'
 exit codes if one dies first, or after ``READY_TIMEOUT_S``) → run uvicorn.
 
+The checks, the spawning and the app it shares with ``run-batch`` are
+:mod:`server.cli.startup`'s.
+
 Serving: each spawned replica is watched by a
 :class:`~server.engine.supervisor.ReplicaSupervisor` (a dead rank is restarted with
 its replica, up to ``--max-restarts`` times, requests replayed);
