@@ -18,6 +18,7 @@
 * ``responses_output.py``: the ``response`` object, its output items and their stream events;
 * ``responses_stream.py``: ``/v1/responses`` with ``stream``: the spec's SSE events;
 * ``responses_store.py``: the bounded LRU store behind ``previous_response_id``, GET, DELETE.
+* ``batch.py``: OpenAI's batch file format: input lines to requests on the app, output records.
 
 Bodies are validated by pydantic and nowhere else; what needs the engine's numbers (vocabulary,
 context length) the route modules check, each a 400 naming the field. Each route module

@@ -14,7 +14,10 @@ handled as in :mod:`server.api.completions`.
 Roles must be OpenAI's (:data:`server.api.chat_protocol.ROLES`; else a 400 naming
 ``messages[i].role``). vLLM's ``prompt_logprobs`` (not with ``stream``) scores the rendered
 prompt once for all choices: the response's top-level ``prompt_logprobs``, as vLLM's.
-``tools`` go to the template; ``tool_choice`` and the output's
+``chat_template_kwargs`` go to the template as extra variables. With a reasoning parser
+(``--reasoning-parser``, :mod:`server.text.reasoning`) the ``<think>`` block is split off
+first: ``reasoning_content``/``reasoning`` deltas come before the content's, and tool calls
+are read from the content only. ``tools`` go to the template; ``tool_choice`` and the output's
 tool calls are :mod:`server.api.chat_tools`'; ``response_format`` and the other
 structured-output fields constrain the output (:mod:`server.api.structured`).
 """
@@ -25,9 +28,11 @@ import contextlib
 import json
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
+from typing import Any
 
 from server.api.chat_protocol import (
     ROLES,
+    AssistantMessage,
     ChatChoice,
     ChatChunkChoice,
     ChatCompletionChunk,
@@ -49,7 +54,8 @@ from server.api.serving import (
 )
 from server.http.errors import APIError
 from server.media.multimodal import PreparedImage, prompt_ids, template_messages, with_media
-from server.text.chat_template import ChatTemplate, ChatTemplateError
+from server.text.chat_template import SERVER_VARIABLES, ChatTemplate, ChatTemplateError
+from server.text.reasoning import ReasoningParser, ReasoningStream
 
 
 def load_template(serving: ServedModel) -> ChatTemplate | None:
@@ -63,9 +69,12 @@ def load_template(serving: ServedModel) -> ChatTemplate | None:
 
 @dataclass(frozen=True)
 class ChatPlan(ChoiceRequests):
-    """A chat request's choices and how its tool calls are made and read."""
+    """A chat request's choices, how its tool calls are made and read, and its reasoning
+    parser (none for a named or required tool call: the output is the call; none for one
+    that starts inside the block, ``deepseek_r1``, under a structured-output grammar)."""
 
     tools: ToolPlan = field(default_factory=ToolPlan)
+    reasoning: ReasoningParser | None = None
 
 
 def _check_roles(body: ChatCompletionRequest) -> None:
@@ -75,6 +84,41 @@ def _check_roles(body: ChatCompletionRequest) -> None:
                 f"'messages[{i}].role' must be one of {', '.join(ROLES)}, not {m.role!r}",
                 param=f"messages[{i}].role",
             )
+
+
+def _template_variables(body: ChatCompletionRequest) -> dict[str, Any] | None:
+    """``chat_template_kwargs``, or a 400 if it sets a variable the server sets."""
+    for name in body.chat_template_kwargs or {}:
+        if name in SERVER_VARIABLES:
+            raise APIError.bad_request(
+                f"'chat_template_kwargs' may not set {name!r}: use the request's own field",
+                param="chat_template_kwargs",
+            )
+    return body.chat_template_kwargs
+
+
+def _render(
+    serving: ServedModel, template: ChatTemplate | None, body: ChatCompletionRequest
+) -> str:
+    """The prompt text of ``body``'s conversation, or the 400 naming ``messages``."""
+    if template is None:
+        raise APIError.bad_request(
+            f"the model `{serving.model_name}` has no chat template (no 'chat_template' in "
+            "tokenizer_config.json and no chat_template.jinja); use /v1/completions instead",
+            param="messages",
+            code="no_chat_template",
+        )
+    try:
+        text = template.render(
+            template_messages(serving.tokenizer, body, serving.image_model),
+            add_generation_prompt=body.add_generation_prompt,
+            tools=[t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None,
+            variables=_template_variables(body),
+        )
+    except ChatTemplateError as exc:
+        raise APIError.bad_request(f"'messages': {exc}", param="messages") from exc
+    serving.check_prompt_chars(text, "messages")
+    return text
 
 
 def prepare(
@@ -96,22 +140,7 @@ def prepare(
             "drop the structured-output field",
             param="tool_choice",
         )
-    if template is None:
-        raise APIError.bad_request(
-            f"the model `{serving.model_name}` has no chat template (no 'chat_template' in "
-            "tokenizer_config.json and no chat_template.jinja); use /v1/completions instead",
-            param="messages",
-            code="no_chat_template",
-        )
-    try:
-        text = template.render(
-            template_messages(serving.tokenizer, body, serving.image_model),
-            add_generation_prompt=body.add_generation_prompt,
-            tools=[t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None,
-        )
-    except ChatTemplateError as exc:
-        raise APIError.bad_request(f"'messages': {exc}", param="messages") from exc
-    serving.check_prompt_chars(text, "messages")
+    text = _render(serving, template, body)
     stop_token_ids = list(body.stop_token_ids or [])
     check_ids(stop_token_ids, vocab_size, "stop_token_ids")
     check_ids(list(body.logit_bias_ids), vocab_size, "logit_bias")
@@ -136,7 +165,23 @@ def prepare(
         priority=serving.check_priority(body.priority),
     )
     requests = with_media(work.requests, media)
-    return ChatPlan(work.response_id, work.n, requests, work.grammar_param, tools)
+    thinks = serving.reasoning if tools.mode in ("none", "auto") else None
+    if thinks is not None and grammar is not None and thinks.starts_in_reasoning:
+        thinks = None  # a grammar shapes the output from its first token: no open block
+    return ChatPlan(work.response_id, work.n, requests, work.grammar_param, tools, thinks)
+
+
+def answer(work: ChatPlan, text: str) -> AssistantMessage:
+    """The message of a whole answer: the reasoning split off first, tool calls read from
+    the rest (the content)."""
+    if work.reasoning is None:
+        return message(work.tools, text)
+    reasoning, content = work.reasoning.split(text)
+    out = message(work.tools, content or "")
+    update: dict[str, Any] = {"reasoning_content": reasoning, "reasoning": reasoning}
+    if not out.content and not out.tool_calls:
+        update["content"] = content
+    return out.model_copy(update=update)
 
 
 async def complete(
@@ -144,7 +189,7 @@ async def complete(
 ) -> ChatCompletionResponse:
     """Run every choice to the end and return the whole ``chat.completion``."""
     results = await serving.collect(work, body.stop_strings)
-    messages = [message(work.tools, r.text) for r in results]
+    messages = [answer(work, r.text) for r in results]
     choices = [
         ChatChoice(
             index=r.index,
@@ -188,6 +233,7 @@ async def stream(
     tokens = dict.fromkeys(range(len(work.requests)), 0)
     started: set[int] = set()
     streams = {i: ToolStream(work.tools) for i in range(len(work.requests))}
+    thinking = {i: work.reasoning.stream() for i in streams} if work.reasoning else {}
     deltas = serving.merge(work, body.stop_strings)
     async with contextlib.aclosing(deltas):
         try:
@@ -200,7 +246,8 @@ async def stream(
                 logprobs = None
                 if delta.logprobs is not None:
                     logprobs = chat_logprobs(serving.tokenizer, delta.logprobs)
-                pieces = _pieces(streams[index], delta.text, delta.finish_reason is not None)
+                last = delta.finish_reason is not None
+                pieces = _pieces(streams[index], thinking.get(index), delta.text, last)
                 for piece in pieces[:-1]:
                     yield chunk(ChatChunkChoice(index=index, delta=piece))
                 reason = finish_reason(streams[index].called, delta.finish_reason)
@@ -219,9 +266,18 @@ async def stream(
     yield sse("[DONE]")
 
 
-def _pieces(stream: ToolStream, text: str, last: bool) -> list[ChatDelta]:
-    """The deltas one text delta makes (at least one: an empty one carries the rest)."""
+def _pieces(
+    stream: ToolStream, thinking: ReasoningStream | None, text: str, last: bool
+) -> list[ChatDelta]:
+    """The deltas one text delta makes (at least one: an empty one carries the rest):
+    reasoning first, then content and tool calls (from the content only)."""
+    out = []
+    if thinking is not None:
+        reasoning, text = thinking.feed(text, last=last)
+        if reasoning:
+            out.append(ChatDelta(reasoning_content=reasoning, reasoning=reasoning))
     if stream.plan.mode == "none":
-        return [ChatDelta(content=text) if text else ChatDelta()]
-    pieces = stream.feed(text) + (stream.finish() if last else [])
-    return pieces or [ChatDelta()]
+        out += [ChatDelta(content=text)] if text else []
+    else:
+        out += stream.feed(text) + (stream.finish() if last else [])
+    return out or [ChatDelta()]

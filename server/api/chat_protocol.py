@@ -12,7 +12,12 @@ untouched.
 ``none``, ``auto``, ``required`` or a named function (:mod:`server.api.chat_tools`);
 an assistant message's ``tool_calls[].function.arguments`` JSON string is given to
 the template as an object (as vLLM does). Roles are checked by :mod:`server.api.chat`.
-``add_generation_prompt`` is a vLLM extension (default true).
+``add_generation_prompt`` is a vLLM extension (default true), as is ``chat_template_kwargs``
+(extra template variables such as ``enable_thinking``; not the ones the server sets). An
+assistant message with ``tool_calls`` and ``content: null`` reaches the template with
+``content`` an empty string (as vLLM's), so templates that concatenate it work. With a
+``--reasoning-parser``, the answer's ``<think>`` block is ``reasoning_content`` and
+``reasoning`` (message and deltas), absent otherwise.
 """
 
 from __future__ import annotations
@@ -95,6 +100,8 @@ class ChatMessage(BaseModel):
         out = {**(self.model_extra or {}), "role": self.role, "content": content}
         if "tool_calls" in out:
             out["tool_calls"] = _arguments_as_objects(out["tool_calls"])
+            if content is None and self.role == "assistant":
+                out["content"] = ""
         return out
 
 
@@ -133,6 +140,8 @@ class ChatCompletionRequest(SamplingFields):
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool = True
     add_generation_prompt: bool = True
+    # vLLM's: extra variables for the chat template (e.g. enable_thinking)
+    chat_template_kwargs: dict[str, Any] | None = None
     # vLLM's: the rendered prompt scored, top-N per token (0..20), not with stream
     prompt_logprobs: Annotated[StrictInt, Field(ge=0, le=MAX_LOGPROBS)] | None = None
 
@@ -190,6 +199,9 @@ def _without_none(keys: tuple[str, ...], data: Any) -> Any:
     return data
 
 
+_OPTIONAL = ("tool_calls", "reasoning_content", "reasoning")  # left out when None
+
+
 class FunctionCall(BaseModel):
     name: str
     arguments: str  # JSON text
@@ -207,10 +219,13 @@ class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None
     tool_calls: list[ToolCall] | None = None
+    # --reasoning-parser: the <think> block (vLLM's two names for it), absent without one
+    reasoning_content: str | None = None
+    reasoning: str | None = None
 
     @model_serializer(mode="wrap")
     def _dump(self, handler: SerializerFunctionWrapHandler) -> Any:
-        return _without_none(("tool_calls",), handler(self))
+        return _without_none(_OPTIONAL, handler(self))
 
 
 class FunctionCallDelta(BaseModel):
@@ -261,10 +276,12 @@ class ChatDelta(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
     tool_calls: list[ToolCallDelta] | None = None
+    reasoning_content: str | None = None
+    reasoning: str | None = None
 
     @model_serializer(mode="wrap")
     def _dump(self, handler: SerializerFunctionWrapHandler) -> Any:
-        return _without_none(("tool_calls",), handler(self))
+        return _without_none(_OPTIONAL, handler(self))
 
 
 class ChatChunkChoice(BaseModel):

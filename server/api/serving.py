@@ -30,6 +30,7 @@ from server.http.metrics import Metrics
 from server.http.offload import Offload
 from server.media.fetch import MediaOptions
 from server.text.generation import TextDelta
+from server.text.reasoning import ReasoningParser
 from server.text.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
@@ -57,6 +58,7 @@ class ServedModel:
     image_model: ImageModel | None = None  # a vision-language model's image intake
     media_options: MediaOptions = field(default_factory=MediaOptions)  # the media flags
     offload: Offload = field(default_factory=Offload)  # the threads requests are prepared in
+    reasoning: ReasoningParser | None = None  # --reasoning-parser
     scheduling_policy: str = "fcfs"  # the engine's --scheduling-policy
 
     def check_priority(self, priority: int) -> int:

@@ -1,14 +1,16 @@
-"""The ``shardserve`` command line: every subcommand's flags, their parsers and checks.
+"""The ``shardserve`` command line: every subcommand's flags and their parsers.
 
-``serve`` and ``engine`` share the replica flags (:func:`add_replica_flags`,
-turned into a :class:`~model_shards.config.replica.ReplicaConfig` by
-:func:`replica_config`); ``serve`` adds the HTTP, data-parallel and resilience
-flags, ``engine`` where frontends connect and the torchrun nodes. A bad value
-is an argparse error naming the flag (exit 2); a bad combination is a
-``ValueError`` naming the flags (:func:`check_serve_flags`, then
+``serve``, ``run-batch`` (serve's flags and its files) and ``engine`` share the replica
+flags (:func:`add_replica_flags`, turned into a
+:class:`~model_shards.config.replica.ReplicaConfig` by
+:func:`server.cli.flag_checks.replica_config`); ``serve``
+adds the HTTP, data-parallel and resilience flags, ``engine`` where frontends connect and
+the torchrun nodes. A bad value is an argparse error naming the flag (exit 2); a bad
+combination is a ``ValueError`` naming the flags (:mod:`server.cli.flag_checks`, then
 ``ReplicaConfig.validate``), before anything starts.
 
-Imports run one way: ``server.cli.serve`` → ``server.cli.engine`` → this module.
+Imports run one way: ``server.cli.serve`` → ``server.cli.engine`` → ``flag_checks`` → this
+module.
 """
 
 from __future__ import annotations
@@ -21,10 +23,8 @@ from model_shards.config.replica import (
     DTYPE_CHOICES,
     KV_CACHE_DTYPE_CHOICES,
     QUANTIZATION_CHOICES,
-    ReplicaConfig,
 )
 from model_shards.config.scheduler import SCHEDULING_POLICIES
-from model_shards.launch import packaged_model
 from server.cli.engine_token import add_engine_token_flag
 from server.cli.flag_types import host_port as _host_port
 from server.cli.flag_types import listen_port as _listen_port
@@ -35,6 +35,7 @@ from server.cli.flag_types import port as _port
 from server.cli.flag_types import positive_float as _positive_float
 from server.cli.flag_types import positive_int as _positive_int
 from server.cli.flag_types import size as _size
+from server.cli.frontend_flags import add_output_parser_flags, add_run_batch_flags
 from server.http.middleware import DEFAULT_MAX_REQUEST_BYTES
 from server.media.multimodal import add_media_flags
 
@@ -169,13 +170,26 @@ def build_parser() -> argparse.ArgumentParser:
         add_help=False,
     )
     _add_serve_parser(commands)
+    _add_run_batch_parser(commands)
     _add_engine_parser(commands)
     _add_ping_parser(commands)
     return parser
 
 
+def _add_run_batch_parser(commands: Any) -> None:
+    batch = commands.add_parser(
+        "run-batch", help="run an OpenAI batch file (JSONL) through the model, as vLLM's"
+    )
+    add_run_batch_flags(batch)
+    _add_serve_flags(batch)  # the engine starts as serve starts it
+
+
 def _add_serve_parser(commands: Any) -> None:
     serve = commands.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API")
+    _add_serve_flags(serve)
+
+
+def _add_serve_flags(serve: Any) -> None:
     add_replica_flags(serve)
     _add_replica_source_flags(serve)
     serve.add_argument("--host", default="127.0.0.1")
@@ -218,17 +232,7 @@ def _add_serve_parser(commands: Any) -> None:
         default=DEFAULT_MAX_REQUEST_BYTES,
         help="larger request bodies get a 413 (default: 8 MiB)",
     )
-    serve.add_argument(
-        "--tool-call-parser",
-        choices=TOOL_CALL_PARSERS,
-        default=None,
-        help="how tool_choice auto reads the model's tool calls (default: from the chat template)",
-    )
-    serve.add_argument(
-        "--enable-auto-tool-choice",
-        action="store_true",
-        help="accepted for vLLM compatibility (auto tool choice is on whenever a parser is known)",
-    )
+    add_output_parser_flags(serve)
     add_media_flags(serve)
     _add_resilience_flags(serve)
 
@@ -258,10 +262,6 @@ def _add_replica_source_flags(serve: Any) -> None:
         "(repeat for several replicas); the tokenizer still comes from --model",
     )
     add_engine_token_flag(serve)
-
-
-#: ``--tool-call-parser`` values (vLLM's names; :mod:`server.text.tool_parsers`).
-TOOL_CALL_PARSERS = ("hermes", "llama3_json", "mistral")
 
 
 def _add_resilience_flags(serve: argparse.ArgumentParser) -> None:
@@ -340,64 +340,3 @@ def _add_ping_parser(commands: Any) -> None:
     ping.add_argument("--timeout", type=_positive_float, default=5.0, help="seconds (default 5)")
     add_engine_token_flag(ping)
     ping.add_argument("--log-level", choices=LOG_LEVELS, default="warning")
-
-
-def replica_config(args: argparse.Namespace) -> ReplicaConfig:
-    """The replica the flags describe (not validated); the packaged default model if no
-    ``--model`` (``ValueError`` naming the pip command if it is not installed)."""
-    model_dir = args.model if args.model is not None else str(packaged_model.packaged_gguf())
-    return ReplicaConfig(
-        model_dir=model_dir,
-        tp=args.tensor_parallel_size,
-        pp=args.pipeline_parallel_size,
-        dtype=args.dtype,
-        device=args.device,
-        max_num_seqs=args.max_num_seqs,
-        max_model_len=args.max_model_len,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        block_size=args.block_size,
-        kv_cache_memory=args.kv_cache_memory,
-        gpu_memory_utilization=args.gpu_memory_utilization,
-        enforce_eager=args.enforce_eager,
-        batch_invariant=args.batch_invariant,
-        enable_prefix_caching=args.prefix_caching,
-        pipeline_overlap=args.pipeline_overlap,
-        pp_layer_partition=args.pp_layer_partition,
-        enable_expert_parallel=args.enable_expert_parallel,
-        quantization=args.quantization,
-        kv_cache_dtype=args.kv_cache_dtype,
-        threads_per_rank=args.cpu_threads_per_rank,
-        dp_attention=getattr(args, "dp_attention", False),
-        grammar_compile_timeout_s=args.grammar_compile_timeout,
-        scheduling_policy=args.scheduling_policy,
-    )
-
-
-def engine_address_problem(address: str) -> str | None:
-    """Why ``address`` is no engine address a frontend can connect to, or ``None``."""
-    if address.startswith("ipc://") and len(address) > len("ipc://"):
-        return None
-    host, colon, port = address.removeprefix("tcp://").rpartition(":")
-    if not address.startswith("tcp://") or not (host and colon and port):
-        return f"expected {ENGINE_ADDRESS_FORMS}"
-    if not (port.isdigit() and 1 <= int(port) <= 65535):
-        return f"port {port!r} is not in 1..65535"
-    return None
-
-
-def check_serve_flags(args: argparse.Namespace) -> None:
-    """``ValueError`` naming the flag when ``serve``'s ``--engine`` is misused."""
-    for i, address in enumerate(args.engine):
-        problem = engine_address_problem(address)
-        if problem:
-            raise ValueError(f"--engine {address}: {problem}")
-        if address in args.engine[:i]:
-            raise ValueError(f"--engine {address} is given twice; each --engine is one replica")
-    if args.engine and args.data_parallel_size != 1:
-        raise ValueError(
-            "--data-parallel-size starts replicas; with --engine, give one --engine per replica"
-        )
-    if args.dp_attention:
-        from model_shards.launch.dp_attention import check_dp_attention_args
-
-        check_dp_attention_args(args)

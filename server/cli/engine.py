@@ -26,8 +26,8 @@ import socket
 import sys
 from dataclasses import replace
 
-from server.cli.args import engine_address_problem, replica_config
 from server.cli.engine_token import check_engine_token, export_engine_token
+from server.cli.flag_checks import engine_address_problem, replica_config
 
 logger = logging.getLogger("shardserve")
 

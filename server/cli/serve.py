@@ -16,6 +16,9 @@ spawned) → validate the checkpoint and the devices, spawn the replicas'
 ranks → wait for every ``EngineReady`` (exit 1 naming the ranks'
 exit codes if one dies first, or after ``READY_TIMEOUT_S``) → run uvicorn.
 
+The checks, the spawning and the app it shares with ``run-batch`` are
+:mod:`server.cli.startup`'s.
+
 Serving: each spawned replica is watched by a
 :class:`~server.engine.supervisor.ReplicaSupervisor` (a dead rank is restarted with
 its replica, up to ``--max-restarts`` times, requests replayed);
@@ -45,38 +48,34 @@ import importlib
 import logging
 import socket
 import sys
-from collections.abc import Callable, Sequence
-from pathlib import Path
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from model_shards.config.replica import ReplicaConfig
-from model_shards.launch.packaged_model import SERVED_NAME
-from server.cli.args import build_parser, check_serve_flags, replica_config
-from server.cli.engine_token import check_engine_token, export_engine_token, new_engine_token
+from server.cli.args import build_parser
+from server.cli.engine_token import export_engine_token, new_engine_token
 from server.cli.signals import ServeState, SignalGuard, Stop, raise_if_signalled
-from server.engine.supervisor import SpawnedReplica
+from server.cli.startup import (
+    READY_TIMEOUT_S,
+    ReplicaHandle,
+    app_from_flags,
+    check_start_up,
+    error,
+    replica_clients,
+    start_replicas,
+)
 from server.http.request_context import RequestIdFilter
-from server.media.multimodal import ImageModel, media_options
-from server.text.chat_template import ChatTemplate
 from server.text.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
-    from server.engine.router import Replica, Router
-    from server.engine.stats import EngineStatsBoard
+    from server.engine.router import Router
     from server.http.draining import DrainingServer
     from server.http.metrics import Metrics
 
 logger = logging.getLogger("shardserve")
 
-READY_TIMEOUT_S = 300.0
-HEARTBEAT_S = 5.0  # how often a frontend pings an --engine it did not start
-HEARTBEAT_TIMEOUT_S = 60.0  # silence after which that engine counts as dead
 GRACEFUL_SHUTDOWN_S = 5
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s [%(request_id)s]: %(message)s"
 BENCH_MODULE = "deploy.loadtest"  # what ``shardserve bench`` runs
-
-
-ReplicaHandle = SpawnedReplica  # what the CLI uses of model_shards.launch.replicas.ReplicaHandle
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -92,6 +91,10 @@ def main(argv: list[str] | None = None) -> int:
         from server.cli.engine import run_engine, run_ping
 
         return run_engine(args) if args.command == "engine" else run_ping(args)
+    if args.command == "run-batch":
+        from server.cli.run_batch import run_batch
+
+        return run_batch(args)
     return serve(args)
 
 
@@ -99,10 +102,6 @@ def _run_bench(argv: list[str]) -> int:
     """``shardserve bench ARGS``: the load generator's ``main(ARGS)`` (it owns its flags),
     imported by name only here, so that the server never imports its load tester."""
     return int(importlib.import_module(BENCH_MODULE).main(argv))
-
-
-def _error(message: str) -> None:
-    print(f"shardserve: error: {message}", file=sys.stderr, flush=True)
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -127,14 +126,14 @@ def serve(args: argparse.Namespace) -> int:
     handles: Sequence[ReplicaHandle] = ()
     try:
         try:
-            config, tokenizer, name = _check_start_up(args)
+            config, tokenizer, name = check_start_up(args)
         except ValueError as exc:
-            _error(str(exc))
+            error(str(exc))
             return 2
         try:
             sock = _bind(args.host, args.port)
         except OSError as exc:
-            _error(f"--host {args.host} --port {args.port}: cannot listen ({exc.strerror or exc})")
+            error(f"--host {args.host} --port {args.port}: cannot listen ({exc.strerror or exc})")
             return 2
         with sock:
             if not args.engine:
@@ -142,16 +141,16 @@ def serve(args: argparse.Namespace) -> int:
                 export_engine_token(args.engine_token)
                 try:
                     with guard.held():
-                        handles = _start_replicas(config, args.data_parallel_size)
+                        handles = start_replicas(config, args.data_parallel_size)
                 except ValueError as exc:
-                    _error(str(exc))
+                    error(str(exc))
                     return 2
             return asyncio.run(_serve_async(args, handles, tokenizer, name, sock, state))
     except Stop as stop:
         if state.serving:
             logger.info("stopped by %s", stop)
             return 0
-        _error(f"interrupted by {stop} during start-up")
+        error(f"interrupted by {stop} during start-up")
         return 128 + stop.signum
     finally:
         guard.ignore()
@@ -162,60 +161,6 @@ def serve(args: argparse.Namespace) -> int:
                 started.stop()
         finally:
             guard.restore()
-
-
-def _check_start_up(args: argparse.Namespace) -> tuple[ReplicaConfig, Tokenizer, str]:
-    """Every check that needs neither a socket nor a process: the flags, the replica,
-    the tokenizer and its chat template; ``ValueError`` naming the flag. Returns the
-    replica's config, the tokenizer and the model name served in the API."""
-    check_serve_flags(args)
-    config = replica_config(args)
-    if args.engine:  # that replica was validated by its own command; these flags go unused
-        config.check_flags()
-        check_engine_token(args.engine_token, "with --engine (the engine's own)")
-    else:
-        config.validate()
-    if args.tokenizer is not None:
-        tokenizer = Tokenizer.from_dir(args.tokenizer, flag="--tokenizer")
-    else:
-        tokenizer = Tokenizer.from_dir(config.model_dir)
-    args.image_model = ImageModel.from_dir(config.model_dir)  # or exit 2 before spawning
-    if tokenizer.chat_template is not None:  # compiles, or exit 2 before spawning
-        ChatTemplate(tokenizer.chat_template, tokenizer.special_tokens)
-    return config, tokenizer, served_name(args)
-
-
-def served_name(args: argparse.Namespace) -> str:
-    """``--served-model-name``, else the packaged model's name without ``--model``, else the
-    ``--model`` directory's name (a GGUF file's, less ``.gguf``)."""
-    if args.served_model_name:
-        return str(args.served_model_name)
-    if args.model is None:
-        return SERVED_NAME
-    path = Path(args.model).resolve()
-    return path.stem if path.suffix == ".gguf" and path.is_file() else path.name
-
-
-def _start_replicas(config: ReplicaConfig, dp: int) -> Sequence[ReplicaHandle]:
-    """Spawn ``dp`` replicas of ``config`` (``ValueError`` first if the checkpoint or the
-    devices do not fit: ``start_replicas`` validates again) and log their ranks. With
-    ``--dp-attention`` the ``dp`` replicas are one world sharing their experts."""
-    if config.dp_attention:
-        from model_shards.launch.dp_attention import start_dp_attention as start
-    else:
-        from model_shards.launch.replicas import start_replicas as start
-
-    handles = start(config, dp)
-    for i, handle in enumerate(handles):
-        logger.info(
-            "started replica %d tp=%d pp=%d at %s; rank pids %s",
-            i,
-            config.tp,
-            config.pp,
-            handle.address,
-            handle.pids(),
-        )
-    return handles
 
 
 async def _serve_async(
@@ -234,13 +179,13 @@ async def _serve_async(
     from server.http.metrics import Metrics
 
     metrics = Metrics()
-    router = Router(_replica_clients(args, handles, EngineStatsBoard(metrics)), metrics)
+    router = Router(replica_clients(args, handles, EngineStatsBoard(metrics)), metrics)
     try:
         try:
             ready = await router.connect(timeout_s=READY_TIMEOUT_S)
         except (EngineDeadError, TimeoutError) as exc:
             codes = f"; rank exit codes: {_exitcodes(handles)}" if handles else ""
-            _error(f"{exc}{codes}")
+            error(f"{exc}{codes}")
             return 1
         server = _http_server(args, router, tokenizer, name, ready.max_model_len, metrics)
         host, port = sock.getsockname()[:2]
@@ -251,54 +196,6 @@ async def _serve_async(
         return 0
     finally:
         await router.close(send_shutdown=bool(handles))  # never stop another's --engine
-
-
-def _replica_clients(
-    args: argparse.Namespace, handles: Sequence[ReplicaHandle], board: EngineStatsBoard
-) -> list[Replica]:
-    """What the router routes to: a supervisor per spawned replica (restarting it when a
-    rank dies), else a heartbeating client per ``--engine``."""
-    from server.engine.client import EngineClient
-    from server.engine.supervisor import ReplicaSupervisor
-
-    window_s = args.batch_window_ms / 1000
-
-    def spawned_client(replica: int) -> Callable[[SpawnedReplica], EngineClient]:
-        def make(handle: SpawnedReplica) -> EngineClient:
-            return EngineClient(
-                handle.address,
-                is_alive=handle.is_alive,
-                describe_death=handle.death,
-                batch_window_s=window_s,
-                on_stats=board.reporter(replica),
-                token=args.engine_token,
-            )
-
-        return make
-
-    if handles:
-        return [
-            ReplicaSupervisor(
-                h,
-                spawned_client(i),
-                name=f"replica {i}",
-                max_restarts=args.max_restarts,
-                ready_timeout_s=READY_TIMEOUT_S,
-                on_down=lambda i=i: board.forget(i),  # type: ignore[misc]
-            )
-            for i, h in enumerate(handles)
-        ]
-    return [
-        EngineClient(
-            address,
-            batch_window_s=window_s,
-            heartbeat_s=HEARTBEAT_S,
-            heartbeat_timeout_s=HEARTBEAT_TIMEOUT_S,
-            on_stats=board.reporter(i),
-            token=args.engine_token,
-        )
-        for i, address in enumerate(args.engine)
-    ]
 
 
 def _http_server(
@@ -313,29 +210,11 @@ def _http_server(
     server that drains requests in flight on the first signal."""
     import uvicorn
 
-    from server.http.app import build_app
     from server.http.draining import DrainingServer
     from server.http.lifecycle import Lifecycle
-    from server.http.limits import Admission
 
     lifecycle = Lifecycle()
-    app = build_app(
-        router,
-        tokenizer,
-        name,
-        max_model_len,
-        api_key=args.api_key,
-        max_request_bytes=args.max_request_bytes,
-        metrics=metrics,
-        admission=Admission(args.max_queued_requests, args.max_queued_tokens),
-        request_timeout_s=args.request_timeout,
-        lifecycle=lifecycle,
-        tool_call_parser=args.tool_call_parser,
-        image_model=args.image_model,
-        media_options=media_options(args),
-        disable_docs=args.disable_fastapi_docs,
-        scheduling_policy=args.scheduling_policy,
-    )
+    app = app_from_flags(args, router, tokenizer, name, max_model_len, metrics, lifecycle)
     config = uvicorn.Config(
         app,
         log_level=args.log_level,

@@ -46,7 +46,7 @@ from server.http.pooling_routes import POOLING_ROUTES, add_pooling_routes
 from server.http.respond import Limits, parse_body, respond, respond_json, work_tokens
 from server.media import multimodal
 from server.media.fetch import MediaOptions
-from server.text import tool_parsers
+from server.text import reasoning, tool_parsers
 from server.text.chat_template import ChatTemplate
 from server.text.tokenizer import Tokenizer
 
@@ -75,6 +75,7 @@ def build_app(
     request_timeout_s: float | None = None,
     lifecycle: Lifecycle | None = None,
     tool_call_parser: str | None = None,
+    reasoning_parser: str | None = None,
     image_model: multimodal.ImageModel | None = None,
     media_options: MediaOptions | None = None,
     disable_docs: bool = False,
@@ -86,9 +87,10 @@ def build_app(
     ``api_key`` guards every ``/v1/*`` route; ``admission`` sheds load (default: no limit);
     ``request_timeout_s`` ends a generation or embedding (default: never); ``lifecycle``: the
     draining state the CLI flips on SIGTERM; ``tool_call_parser`` reads ``auto`` tool calls
-    (default: :func:`server.text.tool_parsers.detect`); ``image_model``: how a VLM takes images
-    (``None``: text only); ``disable_docs`` (``--disable-fastapi-docs``) drops ``/docs``,
-    ``/redoc`` and ``/openapi.json`` (else they need the API key when there is one);
+    (default: :func:`server.text.tool_parsers.detect`); ``reasoning_parser`` splits the
+    ``<think>`` block off chat answers (:mod:`server.text.reasoning`); ``image_model``: how a
+    VLM takes images (``None``: text only); ``disable_docs`` (``--disable-fastapi-docs``) drops
+    ``/docs``, ``/redoc`` and ``/openapi.json`` (else they need the API key when there is one);
     ``scheduling_policy``: the engine's (a request's ``priority`` needs ``priority``);
     ``response_store``: what ``/v1/responses`` keeps (default: one with the default bounds).
     ``ValueError`` at start-up if the chat template does not compile.
@@ -108,6 +110,7 @@ def build_app(
         image_model,
         media_options or MediaOptions(),
         scheduling_policy=scheduling_policy,
+        reasoning=reasoning.reasoning_parser(reasoning_parser),
     )
     template = chat.load_template(serving)
     app = _fastapi(disable_docs)

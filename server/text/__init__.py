@@ -5,7 +5,9 @@
 * ``detokenizer.py``: incremental detokenization: token ids in, text deltas out;
 * ``stop.py``: stop strings matched on streamed text, never emitted in part;
 * ``generation.py``: one request's token stream to text deltas: detokenize, then stop strings;
-* ``tool_parsers.py``: tool calls in the ``--tool-call-parser`` formats (hermes, llama3_json, ...).
+* ``tool_parsers.py``: tool calls in the ``--tool-call-parser`` formats (hermes, llama3_json, ...);
+* ``reasoning.py``: the ``<think>`` block split off an answer, whole or as it streams
+  (``--reasoning-parser`` deepseek_r1, qwen3).
 
 Each reproduces what transformers (vLLM, for the parsers) gives for the same checkpoint,
 without importing transformers. Only :mod:`.generation` talks to the engine: a stop-string

@@ -12,8 +12,9 @@ The environment copies transformers': a Jinja2 ``ImmutableSandboxedEnvironment``
 block tag that renders its body, ``raise_exception(msg)``, a ``tojson``
 filter that does not escape HTML, ``strftime_now(fmt)``, and the variables
 ``messages``, ``tools`` (the request's tool definitions, or None), ``documents`` (None),
-``add_generation_prompt``
-and the tokenizer's special tokens (``bos_token``, ``eos_token``, ...).
+``add_generation_prompt``,
+the tokenizer's special tokens (``bos_token``, ``eos_token``, ...) and a request's extra
+variables (``chat_template_kwargs``).
 A template that fails (``raise_exception`` included) raises
 :class:`ChatTemplateError` with a message for the client.
 """
@@ -30,6 +31,9 @@ import jinja2.ext
 import jinja2.nodes
 import jinja2.parser
 from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+#: The variables the server sets; a request's own template variables may not name them.
+SERVER_VARIABLES = ("messages", "tools", "documents", "add_generation_prompt")
 
 
 class ChatTemplateError(ValueError):
@@ -100,13 +104,16 @@ class ChatTemplate:
         *,
         add_generation_prompt: bool,
         tools: list[dict[str, Any]] | None = None,
+        variables: dict[str, Any] | None = None,
     ) -> str:
         """The prompt text for ``messages`` (and ``tools``, OpenAI-shaped function
-        definitions, as transformers passes them); :class:`ChatTemplateError` if the
-        template fails."""
+        definitions, as transformers passes them; ``variables``: extra template variables,
+        a request's ``chat_template_kwargs``, never one of :data:`SERVER_VARIABLES`);
+        :class:`ChatTemplateError` if the template fails."""
         try:
             return self._template.render(
                 **self._special_tokens,
+                **(variables or {}),
                 messages=messages,
                 tools=tools,
                 documents=None,

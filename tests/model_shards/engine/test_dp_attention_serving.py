@@ -18,7 +18,8 @@ import pytest
 
 from model_shards.config.replica import ReplicaConfig
 from model_shards.launch.dp_attention import check_dp_attention_model, start_dp_attention
-from server.cli.args import build_parser, check_serve_flags
+from server.cli.args import build_parser
+from server.cli.flag_checks import check_serve_flags
 from tests.families import mixtral
 from tests.live_server import live_server
 

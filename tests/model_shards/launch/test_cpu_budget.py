@@ -16,7 +16,8 @@ from model_shards.launch.cpu_budget import (
     spin_budget_s,
 )
 from model_shards.launch.replicas import cpu_thread_plan, plan_data_parallel
-from server.cli.args import build_parser, replica_config
+from server.cli.args import build_parser
+from server.cli.flag_checks import replica_config
 
 
 def write(root: Path, rel: str, text: str) -> None:

@@ -222,7 +222,8 @@ def test_tools_render_as_transformers(tmp_path: Path) -> None:
 
 
 def test_tool_call_parser_flag() -> None:
-    from server.cli.args import TOOL_CALL_PARSERS, build_parser
+    from server.cli.args import build_parser
+    from server.cli.frontend_flags import TOOL_CALL_PARSERS
 
     assert set(TOOL_CALL_PARSERS) == set(PARSERS)
     args = build_parser().parse_args(["serve", "--tool-call-parser", "llama3_json"])

@@ -24,7 +24,8 @@ import pytest
 
 from model_shards.launch.packaged_model import SERVED_NAME
 from server.cli.args import build_parser
-from server.cli.serve import main, served_name
+from server.cli.serve import main
+from server.cli.startup import served_name
 from tests.server.conftest import write_tiny_model_config, write_tiny_tokenizer
 
 REPO = Path(__file__).resolve().parents[3]
