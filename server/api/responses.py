@@ -201,8 +201,16 @@ def prepare(
     except APIError as exc:
         raise renamed(exc) from None
     grammar_param = work.grammar_param and _PARAMS.get(work.grammar_param, work.grammar_param)
-    work = chat.ChatPlan(work.response_id, work.n, work.requests, grammar_param, work.tools)
+    work = chat.ChatPlan(
+        work.response_id, work.n, work.requests, grammar_param, work.tools, work.reasoning
+    )
     return ResponsesPlan(work, chat_body, body, items)
+
+
+def output_builder(plan: ResponsesPlan) -> OutputBuilder:
+    """The builder of one answer's items: the plan's tool plan and reasoning parser."""
+    thinks = plan.work.reasoning
+    return OutputBuilder(plan.work.tools, thinks.stream() if thinks is not None else None)
 
 
 def _echoed(body: ResponsesRequest) -> dict[str, Any]:
@@ -262,7 +270,7 @@ async def complete(
 ) -> ResponseObject:
     """Run the request to the end; the ``response`` object (stored if asked)."""
     (result,) = await serving.collect(plan.work, plan.chat_body.stop_strings)
-    builder = OutputBuilder(plan.work.tools)
+    builder = output_builder(plan)
     incomplete = result.finish_reason == "length"
     builder.feed(result.text, last=True, incomplete=incomplete)
     usage = ResponseUsage.of(plan.work.prompt_tokens, result.completion_tokens)

@@ -13,10 +13,11 @@ dicts without ``sequence_number`` (the stream numbers them). A whole answer goes
 same builder, so the JSON answer and the stream's final response have the same items.
 Item ids: ``msg_<hex>``, ``fc_<hex>``; call ids ``call_<hex>`` (:func:`chat_tools.call_id`).
 
-Extension point for reasoning output (issue #45 item 2): a reasoning parser's thinking goes to
-:meth:`OutputBuilder.feed` as its own ``reasoning`` item (``response.reasoning_text.delta``
-events) opened before the message; ``reasoning`` input items are skipped today
-(:func:`server.api.responses._messages`).
+With ``--reasoning-parser`` (:mod:`server.text.reasoning`) the builder splits the ``<think>``
+block off first: it becomes a ``reasoning`` item (id ``rs_<hex>``, one ``reasoning_text``
+content part; ``response.reasoning_text.delta``… then ``response.reasoning_text.done``) before
+the message and calls, which are read from the rest. ``reasoning`` input items are not
+rendered (:func:`server.api.responses._messages`).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from pydantic import BaseModel, Field
 from server.api.chat_protocol import ChatDelta
 from server.api.chat_tools import ToolPlan, ToolStream
 from server.api.protocol import now
+from server.text.reasoning import ReasoningStream
 
 Status = Literal["in_progress", "completed", "incomplete", "failed"]
 
@@ -62,7 +64,20 @@ class OutputFunctionCall(BaseModel):
     status: Status
 
 
-OutputItem = OutputMessage | OutputFunctionCall
+class ReasoningText(BaseModel):
+    type: Literal["reasoning_text"] = "reasoning_text"
+    text: str
+
+
+class OutputReasoning(BaseModel):
+    type: Literal["reasoning"] = "reasoning"
+    id: str
+    summary: list[Any] = Field(default_factory=list)
+    content: list[ReasoningText]
+    status: Status
+
+
+OutputItem = OutputMessage | OutputFunctionCall | OutputReasoning
 
 
 class InputTokensDetails(BaseModel):
@@ -141,6 +156,7 @@ class OutputBuilder:
     """One choice's text → output items and their events (module docstring)."""
 
     tools: ToolPlan
+    reasoning: ReasoningStream | None = None  # the request's parser's, if any
     items: list[OutputItem] = field(default_factory=list)
     _stream: ToolStream | None = None
     _open: OutputItem | None = None
@@ -153,11 +169,14 @@ class OutputBuilder:
         status ``incomplete`` with ``incomplete``: the answer hit ``max_output_tokens``). An
         answer with neither text nor calls is one empty message."""
         assert self._stream is not None
+        events: list[Event] = []
+        if self.reasoning is not None:
+            thought, text = self.reasoning.feed(text, last=last)
+            events += self._think(thought) if thought else []
         if self.tools.mode == "none":
             pieces = [ChatDelta(content=text)] if text else []
         else:
             pieces = self._stream.feed(text) + (self._stream.finish() if last else [])
-        events: list[Event] = []
         for piece in pieces:
             if piece.content:
                 events += self._text(piece.content)
@@ -167,7 +186,7 @@ class OutputBuilder:
                 if call.function.arguments:
                     events += self._arguments(call.function.arguments)
         if last:
-            if not self.items:
+            if not any(not isinstance(item, OutputReasoning) for item in self.items):
                 events += self._message()
             events += self._close("incomplete" if incomplete else "completed")
         return events
@@ -192,6 +211,18 @@ class OutputBuilder:
         where = self._where(self._open) | {"content_index": 0}
         delta = {"type": "response.output_text.delta", **where, "delta": text, "logprobs": []}
         return [*events, delta]
+
+    def _think(self, text: str) -> list[Event]:
+        events: list[Event] = []
+        if not isinstance(self._open, OutputReasoning):
+            thinking = OutputReasoning(
+                id=item_id("rs"), content=[ReasoningText(text="")], status="in_progress"
+            )
+            events = self._close() + self._added(thinking)
+        assert isinstance(self._open, OutputReasoning)
+        self._open.content[0].text += text
+        where = self._where(self._open) | {"content_index": 0}
+        return [*events, {"type": "response.reasoning_text.delta", **where, "delta": text}]
 
     def _call(self, call_id: str, name: str) -> list[Event]:
         events = self._close()
@@ -233,6 +264,10 @@ class OutputBuilder:
                 {"type": "response.output_text.done", **at, "text": part.text, "logprobs": []}
             )
             events.append({"type": "response.content_part.done", **at, "part": part.model_dump()})
+        elif isinstance(item, OutputReasoning):
+            at = where | {"content_index": 0}
+            text = item.content[0].text
+            events.append({"type": "response.reasoning_text.done", **at, "text": text})
         else:
             events.append(
                 {"type": "response.function_call_arguments.done", **where}

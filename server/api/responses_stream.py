@@ -17,8 +17,8 @@ import json
 from collections.abc import AsyncGenerator
 from typing import Any
 
-from server.api.responses import ResponsesPlan, keep, response_object
-from server.api.responses_output import OutputBuilder, ResponseError, ResponseUsage, Status
+from server.api.responses import ResponsesPlan, keep, output_builder, response_object
+from server.api.responses_output import ResponseError, ResponseUsage, Status
 from server.api.responses_store import ResponseStore
 from server.api.serving import ENGINE_ERRORS, ServedModel, engine_api_error
 
@@ -33,7 +33,7 @@ async def stream(
         event["sequence_number"] = next(numbers)
         return f"event: {event['type']}\ndata: {json.dumps(event)}\n\n".encode()
 
-    builder = OutputBuilder(plan.work.tools)
+    builder = output_builder(plan)
     deltas = serving.merge(plan.work, plan.chat_body.stop_strings)
     async with contextlib.aclosing(deltas):
         try:

@@ -117,6 +117,32 @@ async def test_tool_calls_after_reasoning(qwen3: SDK) -> None:
     assert "<tool_call>" not in _joined(pieces, "content")
 
 
+async def test_responses_put_the_reasoning_in_its_own_item(qwen3: SDK) -> None:
+    text = "<think>Paris is in France.</think>It is sunny."
+    whole = await qwen3.call(lambda c: c.responses.create(model="tiny", input=text))
+    thinking, message = whole.output
+    assert thinking.type == "reasoning" and thinking.id.startswith("rs_")
+    assert [part.text for part in thinking.content or []] == ["Paris is in France."]
+    assert message.type == "message" and whole.output_text == "It is sunny."
+
+    def stream(c: openai.OpenAI) -> tuple[list[Any], Any]:
+        with c.responses.stream(model="tiny", input=text) as events:
+            return list(events), events.get_final_response()
+
+    events, final = await qwen3.call(stream)
+    kinds = [e.type for e in events]
+    first_text = kinds.index("response.output_text.delta")
+    assert (
+        kinds.index("response.reasoning_text.delta")
+        < kinds.index("response.reasoning_text.done")
+        < first_text
+    )
+    deltas = [e.delta for e in events if e.type == "response.reasoning_text.delta"]
+    assert "".join(deltas) == "Paris is in France." and len(deltas) > 1
+    assert [item.type for item in final.output] == ["reasoning", "message"]
+    assert final.output_text == "It is sunny."
+
+
 async def test_deepseek_r1_starts_inside_the_reasoning(
     serve: ServeFactory, echo_tokenizer: Tokenizer
 ) -> None:
