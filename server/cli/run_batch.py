@@ -28,7 +28,6 @@ from typing import Any, TextIO
 import httpx
 
 from server.api.batch import Job, done_custom_ids, parse_line, run_job
-from server.cli.engine_token import export_engine_token, new_engine_token
 from server.cli.signals import ServeState, SignalGuard, Stop
 from server.cli.startup import (
     READY_TIMEOUT_S,
@@ -37,7 +36,7 @@ from server.cli.startup import (
     check_start_up,
     error,
     replica_clients,
-    start_replicas,
+    start_own_replicas,
 )
 from server.text.tokenizer import Tokenizer
 
@@ -103,15 +102,11 @@ def run_batch(args: argparse.Namespace) -> int:
     handles: Sequence[ReplicaHandle] = ()
     guard = SignalGuard(ServeState())
     try:
-        if not args.engine:
-            args.engine_token = new_engine_token()  # this run's; the ranks inherit it
-            export_engine_token(args.engine_token)
-            try:
-                with guard.held():
-                    handles = start_replicas(config, args.data_parallel_size)
-            except ValueError as exc:
-                error(str(exc))
-                return 2
+        try:
+            handles = start_own_replicas(args, config, guard)
+        except ValueError as exc:
+            error(str(exc))
+            return 2
         return asyncio.run(_run(args, handles, tokenizer, name, todo))
     except Stop as stop:
         error(f"interrupted by {stop}; {args.output_file} holds the lines done (run it again)")

@@ -52,7 +52,6 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from server.cli.args import build_parser
-from server.cli.engine_token import export_engine_token, new_engine_token
 from server.cli.signals import ServeState, SignalGuard, Stop, raise_if_signalled
 from server.cli.startup import (
     READY_TIMEOUT_S,
@@ -61,7 +60,7 @@ from server.cli.startup import (
     check_start_up,
     error,
     replica_clients,
-    start_replicas,
+    start_own_replicas,
 )
 from server.http.request_context import RequestIdFilter
 from server.text.tokenizer import Tokenizer
@@ -136,15 +135,11 @@ def serve(args: argparse.Namespace) -> int:
             error(f"--host {args.host} --port {args.port}: cannot listen ({exc.strerror or exc})")
             return 2
         with sock:
-            if not args.engine:
-                args.engine_token = new_engine_token()  # this run's; the ranks inherit it
-                export_engine_token(args.engine_token)
-                try:
-                    with guard.held():
-                        handles = start_replicas(config, args.data_parallel_size)
-                except ValueError as exc:
-                    error(str(exc))
-                    return 2
+            try:
+                handles = start_own_replicas(args, config, guard)
+            except ValueError as exc:
+                error(str(exc))
+                return 2
             return asyncio.run(_serve_async(args, handles, tokenizer, name, sock, state))
     except Stop as stop:
         if state.serving:

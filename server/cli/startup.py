@@ -18,8 +18,9 @@ from typing import TYPE_CHECKING
 
 from model_shards.config.replica import ReplicaConfig
 from model_shards.launch.packaged_model import SERVED_NAME
-from server.cli.engine_token import check_engine_token
+from server.cli.engine_token import check_engine_token, export_engine_token, new_engine_token
 from server.cli.flag_checks import check_serve_flags, replica_config
+from server.cli.signals import SignalGuard
 from server.engine.supervisor import SpawnedReplica
 from server.media.multimodal import ImageModel, media_options
 from server.text.chat_template import ChatTemplate
@@ -76,6 +77,19 @@ def served_name(args: argparse.Namespace) -> str:
         return SERVED_NAME
     path = Path(args.model).resolve()
     return path.stem if path.suffix == ".gguf" and path.is_file() else path.name
+
+
+def start_own_replicas(
+    args: argparse.Namespace, config: ReplicaConfig, guard: SignalGuard
+) -> Sequence[ReplicaHandle]:
+    """Without ``--engine``: draw this run's engine token (the ranks inherit it) and spawn the
+    replicas with signals held; with it, none (``ValueError`` as :func:`start_replicas`)."""
+    if args.engine:
+        return ()
+    args.engine_token = new_engine_token()
+    export_engine_token(args.engine_token)
+    with guard.held():
+        return start_replicas(config, args.data_parallel_size)
 
 
 def start_replicas(config: ReplicaConfig, dp: int) -> Sequence[ReplicaHandle]:
