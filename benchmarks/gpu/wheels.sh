@@ -19,13 +19,12 @@ REQUIREMENTS=(
     "tokenizers>=0.19" "pyzmq>=25" "msgspec>=0.18" "prometheus-client>=0.20"
     "jinja2>=3.1.6" "ninja>=1.11" "httptools>=0.6" "numpy>=1.26" "pillow>=10" "av>=12"
     "pytest>=8" "pytest-timeout>=2.3" "pytest-asyncio>=0.23" "psutil>=5.9"
-    "gguf==0.19.0" "httpcore>=1.0" "loguru>=0.7"
+    "gguf==0.19.0" "httpcore>=1.0"
 )
 # without their dependencies: xgrammar's (torch, triton, transformers) are the host's or
 # unused by the GPU check (it is imported on the first structured-output request only)
-# compressed-tensors' (torch, transformers) are the host's; loguru is above
 NO_DEPS=(
-    "xgrammar>=0.2,<0.3" "compressed-tensors==0.20.0"
+    "xgrammar>=0.2,<0.3"
 )
 
 if [[ "${1:-}" == "--install" ]]; then
