@@ -21,6 +21,9 @@ and inputs in place of vocabulary/context. A client that disconnects aborts its 
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 
@@ -49,6 +52,8 @@ from server.media.fetch import MediaOptions
 from server.text import reasoning, tool_parsers
 from server.text.chat_template import ChatTemplate
 from server.text.tokenizer import Tokenizer
+
+P = TypeVar("P")  # a route's plan of a request
 
 ROUTES = (
     "/v1/completions",
@@ -239,19 +244,15 @@ def _add_chat_route(
     )
     async def create_chat_completion(request: Request) -> Response:
         body = await parse_body(request, ChatCompletionRequest)
-        ticket = _admit_media(serving, body, limits.admission)
-        try:
+
+        async def prepare() -> chat.ChatPlan:
             media = serving.image_model, serving.media_options
             images = await multimodal.load_chat_images(body, *media)
-            work = await serving.offload.run(
+            return await serving.offload.run(
                 chat.prepare, serving, template, body, new_id("chatcmpl"), images
             )
-            tokens = work_tokens(work)
-            ticket = limits.admission.admit(tokens) if ticket is None else ticket.grow(tokens)
-        except BaseException:
-            if ticket is not None:
-                ticket.release()
-            raise
+
+        work, ticket = await _admitted(serving, body, limits.admission, prepare, lambda w: w)
         return await respond(
             request,
             body.stream,
@@ -260,6 +261,27 @@ def _add_chat_route(
             ticket,
             limits.request_timeout_s,
         )
+
+
+async def _admitted(
+    serving: ServedModel,
+    body: ChatCompletionRequest,
+    admission: Admission,
+    prepare: Callable[[], Awaitable[P]],
+    work_of: Callable[[P], ChoiceRequests],
+) -> tuple[P, Ticket]:
+    """``prepare()`` (images loaded, the request planned) under load shedding: a request with
+    media gets its 404/503, then its place (429), before any fetch; then the ticket covers
+    the plan's tokens (``work_of``). The ticket is released if anything fails."""
+    ticket = _admit_media(serving, body, admission)
+    try:
+        plan = await prepare()
+        tokens = work_tokens(work_of(plan))
+        return plan, admission.admit(tokens) if ticket is None else ticket.grow(tokens)
+    except BaseException:
+        if ticket is not None:
+            ticket.release()
+        raise
 
 
 def _admit_media(
@@ -289,23 +311,20 @@ def _add_responses_routes(
         body = await parse_body(request, ResponsesRequest)
         items = responses.conversation(store, body)
         chat_body = responses.chat_request(body, items)
-        ticket = _admit_media(serving, chat_body, limits.admission)
-        try:
+
+        async def prepare() -> responses.ResponsesPlan:
             media = serving.image_model, serving.media_options
             try:
                 images = await multimodal.load_chat_images(chat_body, *media)
             except APIError as exc:
                 raise responses.renamed(exc) from None
-            plan = await serving.offload.run(
+            return await serving.offload.run(
                 responses.prepare,
                 *(serving, template, body, chat_body, items, item_id("resp"), images),
             )
-            tokens = work_tokens(plan.work)
-            ticket = limits.admission.admit(tokens) if ticket is None else ticket.grow(tokens)
-        except BaseException:
-            if ticket is not None:
-                ticket.release()
-            raise
+
+        admission = limits.admission
+        plan, ticket = await _admitted(serving, chat_body, admission, prepare, lambda p: p.work)
         return await respond(
             request,
             body.stream,
