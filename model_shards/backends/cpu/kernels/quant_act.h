@@ -1,13 +1,15 @@
 // Rows of x → per-block int8 activations, row-parallel: the first step of quant_gemm.cpp's
-// and quant_panels.cpp's ops. quant_dot.h's quantize_row is the definition; with AVX-512
+// and quant_panels.cpp's ops; and the checks and shapes those two ops share. quant_dot.h's quantize_row is the definition; with AVX-512
 // (F + BW) the blocks are quantized sixteen values per instruction with the same float32 steps
 // (amax, d = amax / 127, id = 1 / d, q = round-to-nearest-even(x · id) clamped to ±127, the
 // same non-finite cases), so the same bytes: at M = 32 the scalar loop was ~20% of a decode
 // step.
 #pragma once
 
+#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
+#include <optional>
 #include <vector>
 
 #include "kernel_common.h"
@@ -83,6 +85,45 @@ void quantize_rows(const X* x, int64_t M, int64_t K, uint8_t* act) {
     }
 #endif
   });
+}
+
+// What both quantized GEMM ops (quant_gemm, quant_gemm_panels) check and shape: x [..., K]
+// float32 or bfloat16; ``blocks`` uint8 [N, row_bytes] of ``qtype`` for K, N a multiple of
+// ``row_multiple`` (``layout`` names it in the error); bias [N] in x's dtype. Returns y
+// [..., N] in x's dtype, filled by gemm(x, w, bias or nullptr, y, M, N, K) (typed pointers)
+// unless M or N is 0.
+template <typename Gemm>
+at::Tensor quantized_linear(const char* op, const char* layout, int64_t row_multiple,
+                            const at::Tensor& input, const at::Tensor& blocks, int64_t qtype,
+                            const std::optional<at::Tensor>& bias, Gemm&& gemm) {
+  const at::ScalarType dtype = input.scalar_type();
+  TORCH_CHECK(dtype == at::kFloat || dtype == at::kBFloat16,
+              op, ": input must be float32 or bfloat16, got ", dtype);
+  TORCH_CHECK(block_bytes(qtype) != 0, op, ": unsupported GGML type ", qtype);
+  const int64_t K = input.size(-1), N = blocks.size(0);
+  TORCH_CHECK(K % block_elems(qtype) == 0 && blocks.dim() == 2 && N % row_multiple == 0 &&
+                  blocks.scalar_type() == at::kByte && blocks.is_contiguous() &&
+                  blocks.size(1) == K / block_elems(qtype) * block_bytes(qtype),
+              op, ": ", layout, " of type ", qtype, " for K = ", K);
+  TORCH_CHECK(!bias.has_value() || (bias->dim() == 1 && bias->size(0) == N &&
+                                    bias->scalar_type() == dtype && bias->is_contiguous()),
+              op, ": bias must be [N] in the input's dtype");
+  const at::Tensor x = input.reshape({-1, K}).contiguous();
+  std::vector<int64_t> out_sizes = input.sizes().vec();
+  out_sizes.back() = N;
+  at::Tensor y = at::empty(out_sizes, x.options());
+  const int64_t M = x.size(0);
+  if (M == 0 || N == 0) return y;
+  const uint8_t* w = blocks.data_ptr<uint8_t>();
+  if (dtype == at::kFloat) {
+    const float* b = bias.has_value() ? bias->data_ptr<float>() : nullptr;
+    gemm(x.data_ptr<float>(), w, b, y.data_ptr<float>(), M, N, K);
+  } else {
+    using BF = c10::BFloat16;
+    const BF* b = bias.has_value() ? bias->data_ptr<BF>() : nullptr;
+    gemm(x.data_ptr<BF>(), w, b, y.data_ptr<BF>(), M, N, K);
+  }
+  return y;
 }
 
 }  // namespace shardserve_cpu::quant

@@ -213,34 +213,10 @@ void run(const X* x, const uint8_t* w, int64_t qtype, const X* bias, X* y, int64
 
 at::Tensor quant_gemm(const at::Tensor& input, const at::Tensor& blocks, int64_t qtype,
                       const std::optional<at::Tensor>& bias, bool vectorized) {
-  const at::ScalarType dtype = input.scalar_type();
-  TORCH_CHECK(dtype == at::kFloat || dtype == at::kBFloat16,
-              "quant_gemm: input must be float32 or bfloat16, got ", dtype);
-  TORCH_CHECK(block_bytes(qtype) != 0, "quant_gemm: unsupported GGML type ", qtype);
-  const int64_t K = input.size(-1), N = blocks.size(0);
-  TORCH_CHECK(K % block_elems(qtype) == 0 && blocks.dim() == 2 &&
-                  blocks.scalar_type() == at::kByte && blocks.is_contiguous() &&
-                  blocks.size(1) == K / block_elems(qtype) * block_bytes(qtype),
-              "quant_gemm: blocks must be uint8 [N, row_bytes] of type ", qtype, " for K = ", K);
-  TORCH_CHECK(!bias.has_value() || (bias->dim() == 1 && bias->size(0) == N &&
-                                    bias->scalar_type() == dtype && bias->is_contiguous()),
-              "quant_gemm: bias must be [N] in the input's dtype");
-  const at::Tensor x = input.reshape({-1, K}).contiguous();
-  std::vector<int64_t> out_sizes = input.sizes().vec();
-  out_sizes.back() = N;
-  at::Tensor y = at::empty(out_sizes, x.options());
-  const int64_t M = x.size(0);
-  if (M == 0 || N == 0) return y;
-  const uint8_t* w = blocks.data_ptr<uint8_t>();
-  if (dtype == at::kFloat) {
-    const float* b = bias.has_value() ? bias->data_ptr<float>() : nullptr;
-    run<float>(x.data_ptr<float>(), w, qtype, b, y.data_ptr<float>(), M, N, K, vectorized);
-  } else {
-    using BF = c10::BFloat16;
-    const BF* b = bias.has_value() ? bias->data_ptr<BF>() : nullptr;
-    run<BF>(x.data_ptr<BF>(), w, qtype, b, y.data_ptr<BF>(), M, N, K, vectorized);
-  }
-  return y;
+  return quantized_linear(
+      "quant_gemm", "blocks must be uint8 [N, row_bytes]", 1, input, blocks, qtype, bias,
+      [&](const auto* x, const uint8_t* w, const auto* b, auto* y, int64_t M, int64_t N,
+          int64_t K) { run(x, w, qtype, b, y, M, N, K, vectorized); });
 }
 
 }  // namespace

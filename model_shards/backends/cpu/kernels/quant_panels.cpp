@@ -123,37 +123,15 @@ void run(const X* x, const uint8_t* w, int64_t qtype, const X* bias, X* y, int64
 at::Tensor quant_gemm_panels(const at::Tensor& input, const at::Tensor& panels, int64_t qtype,
                              const std::optional<at::Tensor>& bias) {
   TORCH_CHECK(!quant_panels_isa().empty(), "quant_gemm_panels: this build has no AVX-512 VNNI");
-  const at::ScalarType dtype = input.scalar_type();
-  TORCH_CHECK(dtype == at::kFloat || dtype == at::kBFloat16,
-              "quant_gemm_panels: input must be float32 or bfloat16, got ", dtype);
-  TORCH_CHECK(block_bytes(qtype) != 0, "quant_gemm_panels: unsupported GGML type ", qtype);
-  const int64_t K = input.size(-1), N = panels.size(0);
-  TORCH_CHECK(K % block_elems(qtype) == 0 && panels.dim() == 2 && N % 16 == 0 &&
-                  panels.scalar_type() == at::kByte && panels.is_contiguous() &&
-                  panels.size(1) == K / block_elems(qtype) * block_bytes(qtype),
-              "quant_gemm_panels: panels must be uint8 [16 n, row_bytes] of type ", qtype,
-              " for K = ", K);
-  TORCH_CHECK(!bias.has_value() || (bias->dim() == 1 && bias->size(0) == N &&
-                                    bias->scalar_type() == dtype && bias->is_contiguous()),
-              "quant_gemm_panels: bias must be [N] in the input's dtype");
-  const at::Tensor x = input.reshape({-1, K}).contiguous();
-  std::vector<int64_t> out_sizes = input.sizes().vec();
-  out_sizes.back() = N;
-  at::Tensor y = at::empty(out_sizes, x.options());
-  const int64_t M = x.size(0);
-  if (M == 0 || N == 0) return y;
+  return quantized_linear(
+      "quant_gemm_panels", "panels must be uint8 [16 n, row_bytes]", 16, input,
+      panels, qtype, bias,
+      [&](const auto* x, const uint8_t* w, const auto* b, auto* y, int64_t M, int64_t N,
+          int64_t K) {
 #if defined(SHARDSERVE_QUANT_PANELS)
-  const uint8_t* w = panels.data_ptr<uint8_t>();
-  if (dtype == at::kFloat) {
-    const float* b = bias.has_value() ? bias->data_ptr<float>() : nullptr;
-    run<float>(x.data_ptr<float>(), w, qtype, b, y.data_ptr<float>(), M, N, K);
-  } else {
-    using BF = c10::BFloat16;
-    const BF* b = bias.has_value() ? bias->data_ptr<BF>() : nullptr;
-    run<BF>(x.data_ptr<BF>(), w, qtype, b, y.data_ptr<BF>(), M, N, K);
-  }
+        run(x, w, qtype, b, y, M, N, K);
 #endif
-  return y;
+      });
 }
 
 }  // namespace
