@@ -16,8 +16,6 @@ rounding of each to the output dtype (``u |ref|``, ``u`` its unit roundoff).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import torch
 
@@ -36,12 +34,7 @@ FP8_GPU = DEVICE == "cuda" and torch.cuda.get_device_capability() >= (8, 9)
 UNIT_ROUNDOFF = {torch.float32: 0.0, torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}
 
 
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _x(m: int, k: int, dtype: torch.dtype, seed: int) -> torch.Tensor:

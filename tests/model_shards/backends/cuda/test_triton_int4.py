@@ -15,8 +15,6 @@ CPU (the interpreter would take minutes) and run by ``make gpu-check``'s parity 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import torch
 
@@ -28,12 +26,7 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 UNIT_ROUNDOFF = {torch.float32: 0.0, torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}
 
 
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _weight(n: int, k: int, group: int, zeros: bool, desc_act: bool, seed: int) -> Int4GroupWeight:

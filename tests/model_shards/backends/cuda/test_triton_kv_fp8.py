@@ -8,8 +8,6 @@ And the refusal where K/V stay float: a CPU replica plan, a CPU backend.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import torch
 
@@ -27,12 +25,7 @@ K_SCALE, V_SCALE = 0.05, 0.02
 TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
 
 
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _fp8(x: torch.Tensor, scale: float) -> torch.Tensor:
