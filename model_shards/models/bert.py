@@ -132,7 +132,24 @@ class BertPooler(nn.Module):
         return torch.tanh(self.dense(x[:, 0]))
 
 
-class BertModel(nn.Module):
+class _WholeCheckpoint(nn.Module):
+    """What the loader asks of an encoder (``worker/loader.py``): every rank reads every
+    tensor it has a parameter for (nothing tied, no stage owns less)."""
+
+    packed_modules_mapping: ClassVar[dict[str, tuple[str, str | int]]]
+
+    @property
+    def tied_sources(self) -> dict[str, str]:
+        return {}
+
+    def owns(self, name: str) -> bool:
+        return True
+
+    def expected_checkpoint_names(self) -> set[str]:
+        return checkpoint_names_of(self, self.packed_modules_mapping)
+
+
+class BertModel(_WholeCheckpoint):
     """HF ``BertModel``. Served alone, sentence pooling replaces its pooler head (not loaded);
     inside :class:`BertForSequenceClassification` (``add_pooler``) the pooler is used."""
 
@@ -151,33 +168,24 @@ class BertModel(nn.Module):
         self.encoder = BertEncoder(cfg, ctx)
         self.pooler = BertPooler(cfg, ctx) if add_pooler else None
 
-    @property
-    def tied_sources(self) -> dict[str, str]:
-        return {}
-
-    def owns(self, name: str) -> bool:
-        return True
-
-    def expected_checkpoint_names(self) -> set[str]:
-        return checkpoint_names_of(self, self.packed_modules_mapping)
-
     def hidden_states(
-        self, input_ids: torch.Tensor, token_type_ids: torch.Tensor, real: torch.Tensor
-    ) -> torch.Tensor:
-        """``input_ids``, ``token_type_ids``, ``real`` (not padding) ``[B, L]`` → ``[B, L, H]``."""
+        self, input_ids: torch.Tensor, token_type_ids: torch.Tensor, lengths: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``input_ids``, ``token_type_ids [B, L]`` (right-padded), ``lengths [B]`` → hidden
+        ``[B, L, H]`` and which positions are real (not padding) ``[B, L]``."""
+        real = torch.arange(input_ids.shape[1], device=input_ids.device) < lengths[:, None]
         key_mask = real[:, None, None, :]  # (B, 1, 1, L)
         x = self.embeddings(input_ids, token_type_ids)
         for layer in self.encoder.layer:
             x = layer(x, key_mask)
-        return x
+        return x, real
 
     def forward(
         self, input_ids: torch.Tensor, token_type_ids: torch.Tensor, lengths: torch.Tensor
     ) -> torch.Tensor:
         """``input_ids``, ``token_type_ids [B, L]`` (right-padded), ``lengths [B]`` → pooled
         embeddings ``[B, H]`` float32."""
-        real = torch.arange(input_ids.shape[1], device=input_ids.device) < lengths[:, None]
-        x = self.hidden_states(input_ids, token_type_ids, real)
+        x, real = self.hidden_states(input_ids, token_type_ids, lengths)
         if self.config.pooling == "cls":
             pooled = x[:, 0]
         else:
@@ -187,7 +195,7 @@ class BertModel(nn.Module):
         return F.normalize(pooled, p=2, dim=-1) if self.config.normalize else pooled
 
 
-class BertForSequenceClassification(nn.Module):
+class BertForSequenceClassification(_WholeCheckpoint):
     """HF ``BertForSequenceClassification``: logits ``W_c tanh(W_p h_cls + b_p) + b_c``, ``W_p``
     split by rows (output features) and ``W_c`` by columns, so one all-reduce ends the head."""
 
@@ -207,23 +215,12 @@ class BertForSequenceClassification(nn.Module):
             cfg.hidden_size, cfg.head.num_labels, bias=True, ctx=ctx
         )
 
-    @property
-    def tied_sources(self) -> dict[str, str]:
-        return {}
-
-    def owns(self, name: str) -> bool:
-        return True
-
-    def expected_checkpoint_names(self) -> set[str]:
-        return checkpoint_names_of(self, self.packed_modules_mapping)
-
     def forward(
         self, input_ids: torch.Tensor, token_type_ids: torch.Tensor, lengths: torch.Tensor
     ) -> torch.Tensor:
         """``input_ids``, ``token_type_ids [B, L]`` (right-padded), ``lengths [B]`` → logits
         ``[B, num_labels]`` float32 (the same on every rank)."""
-        real = torch.arange(input_ids.shape[1], device=input_ids.device) < lengths[:, None]
-        x = self.bert.hidden_states(input_ids, token_type_ids, real)  # [B, L, H]
+        x, _ = self.bert.hidden_states(input_ids, token_type_ids, lengths)  # [B, L, H]
         assert self.bert.pooler is not None  # built with add_pooler
         return self.classifier(self.bert.pooler(x)).float()  # [B, H / tp] -> [B, C]
 
