@@ -25,6 +25,7 @@ from model_shards.worker.kv_cache import KVPool
 
 if TYPE_CHECKING:
     from model_shards.backends.cuda.graphs import GraphBackend
+    from model_shards.backends.decode_stack import DecodeLayerParts, DecodeStack
 
 
 @dataclass
@@ -249,6 +250,12 @@ class Backend(ABC):
         """One draw per row of ``probs [S, V]`` (float32, ≥ 0), ``seeds [S]`` int64 → ``[S]``
         int64: ``argmin_i -log(u_i) / p_i`` with the uniforms of
         :func:`model_shards.backends.reference.race_uniforms`; no positive mass: 0."""
+
+    # ---- whole steps -------------------------------------------------------------------
+    def decode_stack(self, layers: list[DecodeLayerParts]) -> DecodeStack | None:
+        """These plain layers' decode steps in one call (:mod:`.decode_stack`), the same bits
+        as their modules; ``None`` (the default): the modules run them."""
+        return None
 
     # ---- step lifecycle ----------------------------------------------------------------
     def graph_backend(self) -> GraphBackend | None:

@@ -26,6 +26,7 @@ from typing import Protocol, runtime_checkable
 import torch
 from torch import nn
 
+from model_shards.backends.decode_stack import GemmParts
 from model_shards.layers.checkpoint_quant import adopt_backend_form, checkpoint_gemm, ckpt_of
 from model_shards.layers.context import ShardContext
 from model_shards.layers.loading import check_dim, copy_checked, load_rows, quant_of
@@ -45,6 +46,7 @@ class LinearBase(nn.Module):
     weight: nn.Parameter
     ctx: ShardContext  # set by the subclass's constructor
     packed: object | None = None  # the backend's layout of ``weight``, set by prepare()
+    bias_after_reduce = False  # forward adds ``bias`` to the GEMM's all-reduced output
 
     def prepare(self) -> bool:
         """After loading: let the backend lay ``weight`` out for its GEMM; ``True`` if it did.
@@ -69,6 +71,16 @@ class LinearBase(nn.Module):
         if quant is not None:
             return self.ctx.ops.quantized_linear(x, quant, bias)
         return self.ctx.ops.linear(x, self.weight, self.packed, bias)
+
+    def gemm_parts(self) -> GemmParts | None:
+        """What :meth:`forward` multiplies by, for a backend's whole-step decode
+        (:mod:`model_shards.backends.decode_stack`) at tensor parallel 1; ``None`` for a
+        checkpoint-quantized weight (AWQ / GPTQ / FP8 parts)."""
+        if ckpt_of(self.weight) is not None:
+            return None
+        bias: torch.Tensor | None = getattr(self, "bias", None)
+        inside, after = (None, bias) if self.bias_after_reduce else (bias, None)
+        return GemmParts(self.weight, self.packed, quant_of(self.weight), inside, after)
 
 
 class HasModules(Protocol):
@@ -209,6 +221,8 @@ class QKVParallelLinear(ColumnParallelLinear):
 
 class RowParallelLinear(LinearBase):
     """``[in / tp] -> [out]``: this rank's columns of ``W``; outputs all-reduced."""
+
+    bias_after_reduce = True
 
     def __init__(self, in_features: int, out_features: int, *, bias: bool, ctx: ShardContext):
         super().__init__()

@@ -5,6 +5,7 @@
 - ``causal_lm``: the family classes' bases, ``CausalLM`` (the loader's) and ``DecoderLM``
 - ``stack``: this stage's layer stack, the pre-norm decoder layer, Llama's fused names
 - ``stages``: pipeline stages, which layers each builds
+- ``plain_decode``: a stage's decode steps in one backend call where its layers are plain
 - ``naming``: parameter names ↔ checkpoint names of fused projections
 - ``sparse_moe``: the MoE families' layers and the loader's view of their experts
 - ``llama``: Llama, Mistral, Qwen2

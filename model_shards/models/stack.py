@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from model_shards.backends.decode_stack import DecodeLayerParts
 from model_shards.config.kv_layout import WINDOWED_ARCHITECTURES
 from model_shards.config.model import ModelConfig
 from model_shards.layers.attention import ForwardBatch
@@ -19,6 +20,7 @@ from model_shards.layers.mlp import GatedMLP
 from model_shards.layers.norm import RMSNorm
 from model_shards.layers.rotary import RotaryEmbedding
 from model_shards.layers.vocab import VocabParallelEmbedding
+from model_shards.models.plain_decode import PlainDecode, plain_layer_parts
 from model_shards.models.stages import LayerFactory, stage_layers
 
 # checkpoint name part -> (fused parameter part, shard id): q/k/v and gate/up, Llama's
@@ -62,6 +64,12 @@ class DecoderLayer(nn.Module):
         ffn: nn.Module = getattr(self, self.ffn_name)
         return ffn(h), residual
 
+    def decode_parts(self) -> DecodeLayerParts | None:
+        """This layer for a backend's whole-step decode (:mod:`.plain_decode`); ``None``
+        unless it is plain."""
+        norms = (self.input_layernorm, self.post_attention_layernorm)
+        return plain_layer_parts(*norms, self.self_attn, getattr(self, self.ffn_name))
+
 
 def dense_layers(attention: LayerFactory) -> LayerFactory:
     """Pre-norm layers of ``attention`` and a SiLU :class:`GatedMLP` (``intermediate_size``)."""
@@ -102,6 +110,7 @@ class LayerStack(nn.Module):
         if ps.is_last_stage:
             self.norm = norm_class(cfg.hidden_size, cfg.rms_norm_eps, ctx)
         self.embed_scale = embed_scale
+        self.plain_decode = PlainDecode(ctx, self.layers, self.start, self.end)
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         """``x``: token ids ``[T]``, or input embeddings ``[T, H]`` (a vision-language
@@ -111,6 +120,9 @@ class LayerStack(nn.Module):
             if self.embed_scale is not None:
                 x = x * self.embed_scale
         batch.rotary = self.rotary
+        whole_step = self.plain_decode.run(x, batch)
+        if whole_step is not None:
+            return whole_step
         residual: torch.Tensor | None = None
         for i in range(self.start, self.end):
             x, residual = self.layers[i](x, residual, batch)

@@ -2,7 +2,9 @@
 
 * ``build.py``: compile and load ``kernels/`` once per machine (``-march=native``), or warn why not;
 * ``kernels/``: the C++ sources, registered as ``torch.ops.shardserve_cpu.*``;
-* ``backend.py``: ``CpuBackend``: every op through those kernels; weights packed once for the GEMM.
+* ``backend.py``: ``CpuBackend``: every op through those kernels; weights packed once for the GEMM;
+* ``packed_gemm.py``: ``PackedGemm``, a dense weight's packed layout;
+* ``decode_stack.py``: a plain stack's decode step in one native call (``Backend.decode_stack``).
 
 Importing this package builds nothing: :func:`~model_shards.backends.select_backend` imports
 ``build`` for a CPU rank only, and ``backend`` only once the kernels loaded. Where they cannot

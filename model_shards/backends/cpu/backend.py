@@ -29,13 +29,15 @@ per expert for gate/up and for down, one SiLU-and-mul over all rows, one weighte
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from functools import cache
 
 import torch
 import torch.nn.functional as F
 
 from model_shards.backends.base import DecodeMeta, ExpertWeights, KVPool, PrefillMeta, RotaryStep
+from model_shards.backends.cpu.decode_stack import CpuDecodeStack, build_decode_stack
+from model_shards.backends.cpu.packed_gemm import PackedGemm
+from model_shards.backends.decode_stack import DecodeLayerParts
 from model_shards.backends.reference import ReferenceBackend
 from model_shards.quant.checkpoint_weight import CheckpointWeight
 from model_shards.quant.formats import BLOCK_TYPES, FLOAT_TYPES, GGMLType
@@ -50,14 +52,6 @@ log = logging.getLogger(__name__)
 @cache
 def _log_once(message: str) -> None:
     log.info(message)
-
-
-@dataclass(frozen=True)
-class PackedGemm:
-    """A weight reordered for one of the two packed GEMMs."""
-
-    data: torch.Tensor
-    out_features: int  # > 0: our own GEMM's panels; 0: oneDNN's blocked layout
 
 
 def _onednn_available() -> bool:
@@ -160,6 +154,9 @@ class CpuBackend(ReferenceBackend):
 
     def pack_quantized(self, weight: QuantizedWeight) -> bool:
         return self._panels and weight.to_panels(BLOCK_TYPES)
+
+    def decode_stack(self, layers: list[DecodeLayerParts]) -> CpuDecodeStack | None:
+        return build_decode_stack(layers)
 
     def prepare_checkpoint_weight(
         self, weight: CheckpointWeight, dtype: torch.dtype

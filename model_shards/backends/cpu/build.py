@@ -36,6 +36,7 @@ SOURCES = [
         "gemm.cpp",
         "quant_gemm.cpp",
         "quant_panels.cpp",
+        "decode_stack.cpp",
     )
 ]
 HEADERS = [
@@ -51,6 +52,7 @@ HEADERS = [
         "quant_panel_avx512.h",
         "quant_panel_k_avx2.h",
         "quant_panels_avx512.h",
+        "ops.h",
     )
 ]
 KERNEL_DTYPES = (torch.float32, torch.bfloat16)  # the dtypes the kernels serve

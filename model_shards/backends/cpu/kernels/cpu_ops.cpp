@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "kernel_common.h"
+#include "ops.h"
 
 namespace {
 
@@ -324,6 +325,20 @@ at::Tensor argmax(const at::Tensor& x) {
 }
 
 }  // namespace
+
+namespace shardserve_cpu::ops {
+at::Tensor rms_norm(const at::Tensor& x, const std::optional<at::Tensor>& residual,
+                    const at::Tensor& weight, double eps) {
+  return ::rms_norm(x, residual, weight, eps);
+}
+void rotary_and_cache(at::Tensor qkv, const at::Tensor& positions, const at::Tensor& cos,
+                      const at::Tensor& sin, at::Tensor k_pool, at::Tensor v_pool,
+                      const at::Tensor& slot_mapping, int64_t num_heads, int64_t num_kv_heads) {
+  ::rotary_and_cache(qkv, positions, cos, sin, k_pool, v_pool, slot_mapping, num_heads,
+                     num_kv_heads);
+}
+at::Tensor silu_and_mul(const at::Tensor& x) { return ::silu_and_mul(x); }
+}  // namespace shardserve_cpu::ops
 
 TORCH_LIBRARY(shardserve_cpu, m) {
   m.def("rms_norm(Tensor x, Tensor(a!)? residual, Tensor weight, float eps) -> Tensor");

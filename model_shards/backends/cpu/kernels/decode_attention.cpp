@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "kernel_common.h"
+#include "ops.h"
 
 namespace shardserve_cpu {
 // decode_attention_avx512.cpp: false where it does not apply (no AVX-512, dtype, head dim).
@@ -180,6 +181,14 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_pool, const
 }
 
 }  // namespace
+
+at::Tensor shardserve_cpu::ops::decode_attention(
+    const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor& v_pool,
+    const at::Tensor& block_tables, const at::Tensor& context_lens, int64_t block_size,
+    double scale, bool vectorized, int64_t window, double softcap) {
+  return ::decode_attention(q, k_pool, v_pool, block_tables, context_lens, block_size, scale,
+                            vectorized, window, softcap);
+}
 
 TORCH_LIBRARY_FRAGMENT(shardserve_cpu, m) {
   m.def("decode_attention(Tensor q, Tensor k_pool, Tensor v_pool, Tensor block_tables, "

@@ -42,6 +42,7 @@
 
 #include "gemm_avx2.h"
 #include "kernel_common.h"
+#include "ops.h"
 
 namespace shardserve_cpu {
 namespace {
@@ -272,6 +273,11 @@ at::Tensor gemm(const at::Tensor& input, const at::Tensor& packed, int64_t n,
 }
 
 }  // namespace
+
+at::Tensor ops::gemm(const at::Tensor& input, const at::Tensor& packed, int64_t n,
+                     const std::optional<at::Tensor>& bias) {
+  return shardserve_cpu::gemm(input, packed, n, bias);
+}
 }  // namespace shardserve_cpu
 
 TORCH_LIBRARY_FRAGMENT(shardserve_cpu, m) {

@@ -89,6 +89,7 @@
 #include <vector>
 
 #include "kernel_common.h"
+#include "ops.h"
 #include "quant_act.h"
 #include "quant_dot.h"
 #include "quant_dot_avx2.h"
@@ -220,6 +221,11 @@ at::Tensor quant_gemm(const at::Tensor& input, const at::Tensor& blocks, int64_t
 }
 
 }  // namespace
+
+at::Tensor ops::quant_gemm(const at::Tensor& input, const at::Tensor& blocks, int64_t qtype,
+                           const std::optional<at::Tensor>& bias, bool vectorized) {
+  return shardserve_cpu::quant_gemm(input, blocks, qtype, bias, vectorized);
+}
 }  // namespace shardserve_cpu
 
 TORCH_LIBRARY_FRAGMENT(shardserve_cpu, m) {

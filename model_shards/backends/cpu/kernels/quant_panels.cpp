@@ -40,6 +40,7 @@
 #include <vector>
 
 #include "kernel_common.h"
+#include "ops.h"
 #include "quant_act.h"
 #include "quant_dot.h"
 #include "quant_panels_avx512.h"
@@ -135,6 +136,11 @@ at::Tensor quant_gemm_panels(const at::Tensor& input, const at::Tensor& panels, 
 }
 
 }  // namespace
+
+at::Tensor ops::quant_gemm_panels(const at::Tensor& input, const at::Tensor& panels, int64_t qtype,
+                                  const std::optional<at::Tensor>& bias) {
+  return shardserve_cpu::quant_gemm_panels(input, panels, qtype, bias);
+}
 }  // namespace shardserve_cpu
 
 TORCH_LIBRARY_FRAGMENT(shardserve_cpu, m) {
