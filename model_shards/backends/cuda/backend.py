@@ -2,9 +2,11 @@
 F.linear), and the draw of sampling on the device.
 
 * attention: paged decode attention with GQA (single pass, or split over the context
-  for long sequences: flash-decoding), one varlen launch for all prefill chunks of a
-  step over the paged pool, RoPE fused with the K/V write; sliding windows (a windowed
-  row reads only its window) and soft-capped scores (Gemma) in the same kernels;
+  for long sequences when the batch leaves SMs idle: flash-decoding; decode graphs are
+  captured per context bound where that split would happen), one varlen launch for all
+  prefill chunks of a step over the paged pool, RoPE fused with the K/V write; sliding
+  windows (a windowed row reads only its window) and soft-capped scores (Gemma) in the
+  same kernels;
 * FP8 K/V pools (``--kv-cache-dtype fp8``): e4m3 with per-tensor scales (``KVPool.k_scale``,
   ``v_scale``), written by the rotary kernel and dequantized on load in the tile by both
   attention kernels (``e4m3.py``);
@@ -62,6 +64,7 @@ class CudaBackend(ReferenceBackend):
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         self.fp8_operand = fp8_gemm.fp8_operand(device)  # "fp8" on sm89+ GPUs
         self.fp8_scaled_mm = self.fp8_operand == "fp8" and not batch_invariant
+        self.num_sms = attention_decode.device_sms(device)  # decode attention's split
 
     def rms_norm(
         self, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
@@ -102,6 +105,7 @@ class CudaBackend(ReferenceBackend):
             window=meta.window,
             softcap=softcap,
             kv_scales=(pool.k_scale, pool.v_scale),
+            num_sms=self.num_sms,
         )
 
     def prefill_attention(
@@ -166,6 +170,14 @@ class CudaBackend(ReferenceBackend):
         if not torch.cuda.is_available():
             return None  # Triton's interpreter on CPU tensors (tests): nothing to capture
         return CudaGraphBackend()
+
+    def decode_context_bounds(self, rows: int, kv_heads: int, max_context: int) -> list[int]:
+        """Where decode attention would split the longest context, several bounds
+        (:func:`~.triton_ops.attention_decode.graph_context_bounds`): a short step replays
+        the single pass, a long one partitions sized by its bound, not by the model's."""
+        return attention_decode.graph_context_bounds(
+            rows, kv_heads, max_context, self.batch_invariant, self.num_sms
+        )
 
     def synchronize(self) -> None:
         if torch.cuda.is_available():
