@@ -16,9 +16,10 @@ into blocks of ``BLOCK_M`` rows of one expert):
    (gathered by token) times its expert's gate and up tiles, SiLU-and-mul in the
    epilogue → ``h [N, I]`` by pair;
 2. ``_down_kernel``, grid ``[blocks, cdiv(H, BLOCK_N)]``: ``h`` rows times the expert's
-   down tile, rounded, times the pair's routing weight → ``y [N, H]`` float32;
+   down tile → ``y [N, H]`` by pair, rounded to the dtype (as the reference's down is);
 3. ``_combine_kernel``, grid ``[T, cdiv(H, BLOCK_H)]``: each token's ``k`` rows of ``y``
-   added in ascending expert order (other ranks' pairs skipped), rounded once.
+   times their routing weights, added in float32 in ascending expert order (other ranks'
+   pairs skipped), rounded once.
 
 A block past the last expert's span exits at once, so a decode step's weight traffic is
 its routed experts' (``T k`` of them at most), not all ``E``. Every shape depends on
@@ -96,7 +97,6 @@ def _gate_up_kernel(
 def _down_kernel(
     h_ptr: tl.tensor,
     w_ptr: tl.tensor,
-    weights_ptr: tl.tensor,
     pairs_ptr: tl.tensor,
     block_expert_ptr: tl.tensor,
     y_ptr: tl.tensor,
@@ -133,8 +133,7 @@ def _down_kernel(
         acc = tl.dot(a, b, acc, input_precision=PRECISION)
         h_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
-    scale = tl.load(weights_ptr + pairs, mask=valid, other=0.0)  # [BM] float32
-    y = round_to(acc, h_ptr.dtype.element_ty) * scale[:, None]  # [BM, BN]
+    y = acc.to(y_ptr.dtype.element_ty)  # [BM, BN], F.linear's rounding
     y_ptrs = y_ptr + pairs[:, None] * HIDDEN + offs_n[None, :]  # [BM, BN]
     tl.store(y_ptrs, y, mask=valid[:, None] & mask_n[None, :])
 
@@ -142,6 +141,7 @@ def _down_kernel(
 @triton.jit
 def _combine_kernel(
     y_ptr: tl.tensor,
+    weights_ptr: tl.tensor,
     ids_ptr: tl.tensor,
     slot_order_ptr: tl.tensor,
     out_ptr: tl.tensor,
@@ -155,10 +155,10 @@ def _combine_kernel(
     mask = cols < HIDDEN
     acc = tl.zeros((BLOCK_H,), dtype=tl.float32)
     for j in tl.static_range(TOP_K):  # slots in ascending expert order
-        slot = tl.load(slot_order_ptr + t * TOP_K + j)
-        local = tl.load(ids_ptr + t * TOP_K + slot) >= 0
-        row = y_ptr + (t * TOP_K + slot) * HIDDEN
-        acc += tl.load(row + cols, mask=mask & local, other=0.0)
+        pair = t * TOP_K + tl.load(slot_order_ptr + t * TOP_K + j)
+        local = tl.load(ids_ptr + pair) >= 0
+        y = tl.load(y_ptr + pair * HIDDEN + cols, mask=mask & local, other=0.0)
+        acc += y.to(tl.float32) * tl.load(weights_ptr + pair)
     tl.store(out_ptr + t * HIDDEN + cols, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -217,15 +217,24 @@ def fused_moe(
         x, w13, blocks.sorted_pairs, blocks.block_expert, h, n, x.stride(0),
         w13.stride(0), w13.stride(1), TOP_K=k, HIDDEN=hidden, INTER=inter, **common,
     )  # fmt: skip
-    y = torch.empty((n, hidden), dtype=torch.float32, device=x.device)  # [N, H] weighted
+    y = torch.empty((n, hidden), dtype=x.dtype, device=x.device)  # [N, H] by pair
     grid2 = (blocks.num_blocks, triton.cdiv(hidden, block_n))
     _down_kernel[grid2](
-        h, w2, weights, blocks.sorted_pairs, blocks.block_expert, y, n,
+        h, w2, blocks.sorted_pairs, blocks.block_expert, y, n,
         w2.stride(0), w2.stride(1), HIDDEN=hidden, INTER=inter, **common,
     )  # fmt: skip
     slot_order = torch.argsort(torch.where(ids < 0, e, ids), dim=1, stable=True)  # [T, k]
     block_h = min(triton.next_power_of_2(hidden), 1024)
     _combine_kernel[(t, triton.cdiv(hidden, block_h))](
-        y, ids, slot_order, out, TOP_K=k, HIDDEN=hidden, BLOCK_H=block_h, num_warps=4
+        y,
+        weights,
+        ids,
+        slot_order,
+        out,
+        TOP_K=k,
+        HIDDEN=hidden,
+        BLOCK_H=block_h,
+        num_warps=4,
+        enable_fp_fusion=False,  # the product rounded before the add, as the reference
     )
     return out

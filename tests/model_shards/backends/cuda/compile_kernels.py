@@ -91,8 +91,9 @@ def moe_cases() -> list[tuple[str, Any, dict[str, str], dict[str, Any]]]:
     gemm = dict(PRECISION="tf32", UPCAST=False, BLOCK_M=16, BLOCK_N=64, BLOCK_K=64)
     shape = dict(HIDDEN=4096, INTER=14336)
     gate_up = blocks | {"x_ptr": "*bf16", "w_ptr": "*bf16", "h_ptr": "*bf16"}
-    down = blocks | {"h_ptr": "*bf16", "w_ptr": "*bf16", "weights_ptr": "*fp32", "y_ptr": "*fp32"}
-    combine = {"y_ptr": "*fp32", "ids_ptr": "*i64", "slot_order_ptr": "*i64", "out_ptr": "*bf16"}
+    down = blocks | {"h_ptr": "*bf16", "w_ptr": "*bf16", "y_ptr": "*bf16"}
+    combine = {"y_ptr": "*bf16", "weights_ptr": "*fp32", "ids_ptr": "*i64"}
+    combine |= {"slot_order_ptr": "*i64", "out_ptr": "*bf16"}
     return [
         ("moe gate_up", fused_moe._gate_up_kernel, gate_up, gemm | shape | dict(TOP_K=2)),
         ("moe down", fused_moe._down_kernel, down, gemm | shape),
