@@ -262,5 +262,11 @@ class Backend(ABC):
         """What captures and replays decode steps as graphs; ``None``: steps run eagerly."""
         return None
 
+    def decode_context_bounds(self, rows: int, kv_heads: int, max_context: int) -> list[int]:
+        """The ``DecodeMeta.max_context_len`` bounds, ascending, the last ``max_context``,
+        to capture a ``rows``-row decode graph at (a step replays the smallest holding its
+        longest context): where decode attention's launch depends on the bound."""
+        return [max_context]
+
     def synchronize(self) -> None:  # noqa: B027 (a no-op unless the device queues work)
         """Wait for queued device work (a no-op on CPU)."""

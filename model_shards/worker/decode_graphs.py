@@ -5,15 +5,18 @@
 The captured forward is this stage's whole decode pass: embedding (stage 0) or the
 received hidden states, every layer, and on the last stage the final norm and the LM
 head, so a replay returns ``logits [B, V]`` (last stage) or ``hidden [B, H]``.
-Decode attention is told the static context bound (``max_blocks * block_size``), so
-its launch grid is the same at every replay.
+Decode attention is told each graph's static context bound (``max_blocks * block_size``,
+or the smaller bounds :meth:`Backend.decode_context_bounds` asks for where attention splits
+long contexts), so its launch grid is the same at every replay of that graph.
 """
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 
-from model_shards.backends.base import DecodeMeta
+from model_shards.backends.base import Backend, DecodeMeta
 from model_shards.backends.cuda.graphs import (
     DecodeInputs,
     DecodeStep,
@@ -36,7 +39,10 @@ class DecodeGraphs:
         max_num_seqs: int,
         max_model_len: int,
         graph_backend: GraphBackend,
+        ops: Backend | None = None,
     ) -> None:
+        """``ops``: the backend whose :meth:`~Backend.decode_context_bounds` may capture a
+        bucket at several context bounds (``None``: one graph per bucket)."""
         self.model, self.kv = model, kv
         ps = model.ps
         buckets = decode_buckets(max_num_seqs)
@@ -45,7 +51,14 @@ class DecodeGraphs:
         dtype = next(model.parameters()).dtype
         static = StaticDecodeInputs(buckets[-1], self.max_blocks, kv.device, hidden, dtype)
         self.rows = torch.arange(buckets[-1], device=kv.device)
-        self.runner = GraphRunner(self._forward, static, buckets, graph_backend)
+        bounds = None
+        if ops is not None:
+            kv_heads = min((int(pool.k.shape[1]) for pool in kv.pools.values()), default=1)
+            longest = self.max_blocks * kv.block_size
+            bounds = partial(_context_bounds, ops, kv_heads=kv_heads, max_context=longest)
+        self.runner = GraphRunner(
+            self._forward, static, buckets, graph_backend, context_bounds=bounds
+        )
 
     @torch.inference_mode()
     def capture(self) -> float:
@@ -59,7 +72,9 @@ class DecodeGraphs:
             slot_mapping=inputs.slot_mapping,
             decode_rows=self.rows[:n],
             decode=DecodeMeta(
-                inputs.block_tables, inputs.context_lens, self.max_blocks * self.kv.block_size
+                inputs.block_tables,
+                inputs.context_lens,
+                inputs.context_bound or self.max_blocks * self.kv.block_size,
             ),
             prefill=None,
             kv=self.kv,
@@ -87,3 +102,7 @@ class DecodeGraphs:
         )
         out = self.runner.run(step)
         return out if self.model.lm_head is not None else out.clone()
+
+
+def _context_bounds(ops: Backend, rows: int, *, kv_heads: int, max_context: int) -> list[int]:
+    return ops.decode_context_bounds(rows, kv_heads, max_context)

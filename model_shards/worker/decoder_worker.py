@@ -246,7 +246,7 @@ class Worker:
         worker = Worker(model, ctx, blocks, replica.block_size, kv_dtype)
         if graph_backend is not None:
             worker.graphs = DecodeGraphs(
-                worker.model, worker.kv, replica.max_num_seqs, max_model_len, graph_backend
+                worker.model, worker.kv, replica.max_num_seqs, max_model_len, graph_backend, ops
             )
             worker.graphs.capture()
         worker.bytes_loaded = bytes_read

@@ -46,8 +46,7 @@ def filter_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
         kth = torch.topk(logits, params.top_k).values[-1]
         logits = logits.masked_fill(logits < kth, float("-inf"))
     if params.top_p < 1.0:
-        sorted_logits, order = torch.sort(logits, descending=True)
-        probs = sorted_logits.softmax(-1)
+        probs, order = torch.sort(logits.softmax(-1), descending=True, stable=True)
         remove = probs.cumsum(-1) - probs >= params.top_p  # mass strictly before this token
         remove[0] = False
         logits = logits.masked_fill(torch.zeros_like(remove).scatter(0, order, remove), -torch.inf)

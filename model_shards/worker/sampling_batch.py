@@ -1,4 +1,5 @@
-"""Batched next-token sampling on the logits' device: no loop over rows, no host copy.
+"""Batched next-token sampling on the logits' device: no loop over rows, no host copy (the
+top-p cut reads one flag: whether every row's cut lay among its largest probabilities).
 
 The same tokens as :meth:`model_shards.worker.sampler.Sampler.sample` (vLLM semantics, the
 spec), for every row at once. Per row, in this order:
@@ -8,10 +9,11 @@ spec), for every row at once. Per row, in this order:
    the output;
 2. stop tokens to ``-inf`` where ``min_tokens`` is not reached;
 3. greedy rows (``temperature <= 0``) take the argmax here; the others go on with
-   ``x / temperature``, cut to ``top_k`` (``x < kth largest``), to ``top_p`` (sorted
-   descending, softmax, drop where the mass strictly before a token is ``>= top_p``,
-   the top token kept) and to ``min_p`` (``softmax < min_p * max``), then one draw per
-   row from the softmax with ``race(probs, seeds)`` (:meth:`Backend.exponential_race`).
+   ``x / temperature``, cut to ``top_k`` (``x < kth largest``), to ``top_p`` (softmax,
+   sorted descending, drop where the mass strictly before a token is ``>= top_p``, the
+   top token kept; :mod:`model_shards.worker.top_p` finds it in each row's largest
+   probabilities, no full sort) and to ``min_p`` (``softmax < min_p * max``), then one
+   draw per row from the softmax with ``race(probs, seeds)`` (:meth:`Backend.exponential_race`).
 
 Each step rounds as the per-row reference does in float32 (the same torch ops on a
 ``[S, V]`` tensor instead of ``[V]``; the cumulative mass is summed in float64, which
@@ -33,6 +35,7 @@ from dataclasses import dataclass
 import torch
 
 from model_shards.messages import SamplingParams
+from model_shards.worker.top_p import top_p_remove
 
 Race = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (probs [S, V], seeds [S]) → [S]
 
@@ -238,13 +241,8 @@ def filter_logits_batch(x: torch.Tensor, t: SamplingTensors) -> torch.Tensor:
         top = torch.topk(x, t.max_top_k, dim=-1).values  # [S, kmax], descending
         kth = top.gather(1, (t.top_k - 1).clamp(min=0)[:, None])  # [S, 1]
         x = x.masked_fill((x < kth) & (t.top_k > 0)[:, None], float("-inf"))
-    if t.any_top_p:
-        sorted_x, order = torch.sort(x, dim=-1, descending=True)  # [S, V]
-        probs = sorted_x.softmax(-1)
-        before = probs.double().cumsum(-1).float() - probs  # mass strictly before
-        remove = before >= t.top_p[:, None]
-        remove[:, 0] = False  # the top token stays
-        x = x.masked_fill(torch.zeros_like(remove).scatter(1, order, remove), float("-inf"))
+    if t.any_top_p:  # without a full sort where the cut lies in each row's top C
+        x = x.masked_fill(top_p_remove(x, t.top_p), float("-inf"))
     if t.any_min_p:
         probs = x.softmax(-1)
         x = x.masked_fill(probs < t.min_p[:, None] * probs.amax(-1, keepdim=True), -math.inf)

@@ -2,9 +2,11 @@
 F.linear), and the draw of sampling on the device.
 
 * attention: paged decode attention with GQA (single pass, or split over the context
-  for long sequences: flash-decoding), one varlen launch for all prefill chunks of a
-  step over the paged pool, RoPE fused with the K/V write; sliding windows (a windowed
-  row reads only its window) and soft-capped scores (Gemma) in the same kernels;
+  for long sequences when the batch leaves SMs idle: flash-decoding; decode graphs are
+  captured per context bound where that split would happen), one varlen launch for all
+  prefill chunks of a step over the paged pool, RoPE fused with the K/V write; sliding
+  windows (a windowed row reads only its window) and soft-capped scores (Gemma) in the
+  same kernels;
 * FP8 K/V pools (``--kv-cache-dtype fp8``): e4m3 with per-tensor scales (``KVPool.k_scale``,
   ``v_scale``), written by the rotary kernel and dequantized on load in the tile by both
   attention kernels (``e4m3.py``);
@@ -16,9 +18,11 @@ F.linear), and the draw of sampling on the device.
   else (and with ``--batch-invariant``) a Triton FP8 GEMM of fixed tiles (``fp8_gemm.py``);
 * GGUF block-quantized weights: no kernel yet: :meth:`CudaBackend.quantized_types` keeps
   none, so layers dequantize them to the model dtype at load (logged once per type);
-* MoE experts: not a kernel yet: :meth:`CudaBackend.fused_moe` runs the reference's math
-  densely (every local expert over every row, weight 0 where not routed), which has no
-  data-dependent shapes, so decode graphs capture it; ``E / k`` times the routed FLOPs.
+* MoE experts: sparse grouped GEMMs (``fused_moe.py``): the (token, expert) pairs sorted
+  and padded per expert into row blocks in torch (``moe_align.py``), gate/up with
+  SiLU-and-mul, down times the routing weight, then each token's sum in expert order; only
+  the routed experts' weights are read, and no shape depends on the routing, so decode
+  graphs capture it;
 
 ``batch_invariant=True`` (``--batch-invariant``) replaces cuBLAS with a Triton GEMM
 of fixed tiles and reduction order and keeps decode attention single-pass, so a row's
@@ -30,7 +34,6 @@ tested without a GPU.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from model_shards.backends.base import DecodeMeta, ExpertWeights, KVPool, PrefillMeta, RotaryStep
 from model_shards.backends.cuda.graphs import CudaGraphBackend, GraphBackend
@@ -39,6 +42,7 @@ from model_shards.backends.cuda.triton_ops import (
     attention_decode,
     attention_prefill,
     fp8_gemm,
+    fused_moe,
     gemm,
     int4_gemm,
     norm,
@@ -60,6 +64,7 @@ class CudaBackend(ReferenceBackend):
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         self.fp8_operand = fp8_gemm.fp8_operand(device)  # "fp8" on sm89+ GPUs
         self.fp8_scaled_mm = self.fp8_operand == "fp8" and not batch_invariant
+        self.num_sms = attention_decode.device_sms(device)  # decode attention's split
 
     def rms_norm(
         self, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
@@ -100,6 +105,7 @@ class CudaBackend(ReferenceBackend):
             window=meta.window,
             softcap=softcap,
             kv_scales=(pool.k_scale, pool.v_scale),
+            num_sms=self.num_sms,
         )
 
     def prefill_attention(
@@ -154,23 +160,24 @@ class CudaBackend(ReferenceBackend):
         topk_weights: torch.Tensor,
         topk_ids: torch.Tensor,
     ) -> torch.Tensor:
-        """Dense: each local expert over all ``T`` rows, scaled by the row's weight for it
-        (zero when it was not routed there), in ascending expert order; graph-capturable."""
-        t, e = x.shape[0], experts.num_experts
-        routed = torch.zeros(t, e + 1, dtype=torch.float32, device=x.device)  # [T, E + 1]
-        slots = torch.where(topk_ids < 0, e, topk_ids)  # remote experts -> column E
-        routed.scatter_add_(1, slots, topk_weights.float())
-        out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)  # [T, H]
-        for i in range(e):
-            gate, up = self.linear(x, experts.w13[i], None, None).chunk(2, dim=-1)  # [T, I]
-            y = self.linear(F.silu(gate) * up, experts.w2[i], None, None)  # [T, H]
-            out += y.float() * routed[:, i : i + 1]
-        return out.to(x.dtype)
+        """The routed experts only, as Triton grouped GEMMs (``triton_ops/fused_moe.py``);
+        graph-capturable (no shape depends on the routing)."""
+        return fused_moe.fused_moe(
+            x, experts.w13, experts.w2, topk_weights, topk_ids, self.batch_invariant
+        )
 
     def graph_backend(self) -> GraphBackend | None:
         if not torch.cuda.is_available():
             return None  # Triton's interpreter on CPU tensors (tests): nothing to capture
         return CudaGraphBackend()
+
+    def decode_context_bounds(self, rows: int, kv_heads: int, max_context: int) -> list[int]:
+        """Where decode attention would split the longest context, several bounds
+        (:func:`~.triton_ops.attention_decode.graph_context_bounds`): a short step replays
+        the single pass, a long one partitions sized by its bound, not by the model's."""
+        return attention_decode.graph_context_bounds(
+            rows, kv_heads, max_context, self.batch_invariant, self.num_sms
+        )
 
     def synchronize(self) -> None:
         if torch.cuda.is_available():

@@ -33,7 +33,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Protocol
 
@@ -99,6 +99,7 @@ class DecodeInputs:
     block_tables: torch.Tensor  # [n, nblk] int64
     context_lens: torch.Tensor  # [n] int64, 0 for padding
     hidden: torch.Tensor | None  # [n, H] on later pipeline stages
+    context_bound: int | None = None  # host-side bound of context_lens; None: the forward's
 
 
 DecodeForward = Callable[[DecodeInputs], torch.Tensor]
@@ -162,7 +163,8 @@ def eager_inputs(step: DecodeStep, device: torch.device) -> DecodeInputs:
     width = max((len(t) for t in step.block_tables), default=0)
     host = np.empty(packed_size(b, width), dtype=np.int64)
     pack_step(host, b, width, step)
-    return unpack_inputs(torch.from_numpy(host).to(device), b, width, step.hidden)
+    inputs = unpack_inputs(torch.from_numpy(host).to(device), b, width, step.hidden)
+    return replace(inputs, context_bound=max(step.context_lens, default=0))
 
 
 class StaticDecodeInputs:
@@ -274,13 +276,20 @@ class CudaGraphBackend:
         return handle.output
 
 
+ContextBounds = Callable[[int], Sequence[int]]  # bucket rows -> ascending context bounds
+
+
 class GraphRunner:
-    """Decode-only steps through captured graphs, one per bucket; eager when none fits.
+    """Decode-only steps through captured graphs, one per bucket (and, with
+    ``context_bounds``, per context bound of the bucket); eager when none fits.
 
     ``forward(inputs) -> [n, ...]`` is the model's decode pass; it must read its inputs
-    only from ``inputs`` (the static views under a graph) and sync nothing to the host.
-    The tensor :meth:`run` returns is a view of a graph's static output: the next run may
-    overwrite it, so consume (or clone) it first, on the same stream."""
+    only from ``inputs`` (the static views under a graph) and sync nothing to the host;
+    ``inputs.context_bound`` is the graph's bound (``None`` without ``context_bounds``), a
+    replay's longest context at most that. A step replays the graph of its bucket with the
+    smallest bound holding its longest context. The tensor :meth:`run` returns is a view of
+    a graph's static output: the next run may overwrite it, so consume (or clone) it first,
+    on the same stream."""
 
     def __init__(
         self,
@@ -289,6 +298,7 @@ class GraphRunner:
         buckets: Sequence[int],
         graph_backend: GraphBackend,
         enforce_eager: bool = False,
+        context_bounds: ContextBounds | None = None,
     ) -> None:
         if list(buckets) != sorted(set(buckets)) or not buckets or buckets[0] < 1:
             raise ValueError(f"buckets must be distinct, ascending and >= 1: {list(buckets)}")
@@ -299,7 +309,9 @@ class GraphRunner:
         self.forward, self.static, self.backend = forward, static, graph_backend
         self.buckets = list(buckets)
         self.enforce_eager = enforce_eager
-        self._graphs: dict[int, CapturedGraph] = {}
+        self.context_bounds = context_bounds
+        self._graphs: dict[tuple[int, int | None], CapturedGraph] = {}
+        self._bounds: dict[int, list[int | None]] = {}  # per bucket, ascending
         self._captured: list[int] = []  # ascending
 
     def capture_all(self) -> float:
@@ -310,22 +322,41 @@ class GraphRunner:
         start = time.perf_counter()
         self._graphs.clear()
         for n in reversed(self.buckets):
-            inputs = self.static.fill_padding(n)
-            self._graphs[n] = self.backend.capture(partial(self.forward, inputs))
+            bounds: list[int | None] = [None]
+            if self.context_bounds is not None:
+                bounds = list(self.context_bounds(n))
+            self._bounds[n] = bounds
+            for bound in bounds:
+                inputs = replace(self.static.fill_padding(n), context_bound=bound)
+                self._graphs[n, bound] = self.backend.capture(partial(self.forward, inputs))
         self._captured = list(self.buckets)
         seconds = time.perf_counter() - start
         log.info(
             "captured %d CUDA graphs (batch %s) in %.1f s",
-            len(self._captured),
-            ", ".join(map(str, self._captured)),
+            len(self._graphs),
+            ", ".join(f"{n}" + _bounds_note(self._bounds[n]) for n in self._captured),
             seconds,
         )
         return seconds
 
-    def run(self, step: DecodeStep) -> torch.Tensor:
-        """``forward`` on ``step``'s ``B`` rows → ``[B, ...]``, replayed when a bucket fits."""
+    def graph_key(self, step: DecodeStep) -> tuple[int, int | None] | None:
+        """``(bucket, context bound)`` of the graph ``step`` replays; ``None``: eager."""
         n = bucket_for(step.num_rows, self._captured)
         if n is None:
+            return None
+        longest = max(step.context_lens, default=0)
+        bounds = self._bounds[n]
+        return n, next((b for b in bounds if b is None or b >= longest), bounds[-1])
+
+    def run(self, step: DecodeStep) -> torch.Tensor:
+        """``forward`` on ``step``'s ``B`` rows → ``[B, ...]``, replayed when a bucket fits."""
+        key = self.graph_key(step)
+        if key is None:
             return self.forward(eager_inputs(step, self.static.device))
-        self.static.fill(n, step)
-        return self.backend.replay(self._graphs[n])[: step.num_rows]
+        self.static.fill(key[0], step)
+        return self.backend.replay(self._graphs[key])[: step.num_rows]
+
+
+def _bounds_note(bounds: Sequence[int | None]) -> str:
+    """`` (contexts 1024/8192)`` for a bucket of several context bounds, else ``""``."""
+    return "" if len(bounds) < 2 else f" (contexts {'/'.join(map(str, bounds))})"

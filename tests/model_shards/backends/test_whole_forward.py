@@ -16,6 +16,7 @@ from model_shards.backends import Backend, ReferenceBackend
 from model_shards.backends.base import KVPool, RotaryStep
 from model_shards.backends.cpu.backend import CpuBackend
 from model_shards.backends.cpu.build import build_and_load
+from model_shards.backends.cuda.graphs import DecodeStep
 from model_shards.config.model import ModelConfig
 from model_shards.config.replica import ReplicaConfig
 from model_shards.engine.coordinator import Coordinator
@@ -149,3 +150,43 @@ def test_decode_graph_replays_equal_eager_steps(
     assert fake.replays >= NEW_TOKENS - 1  # the decode-only steps replayed a graph
     for ours, ref in zip(logits, reference[0], strict=True):
         assert torch.allclose(ours, ref, rtol=1e-5, atol=1e-6)
+
+
+def _two_bound_cuda() -> Backend:
+    """The cuda backend with decode graphs at context bounds 24 and 64 (its own
+    threshold lies far above this model's 64 positions); the 21-token prompt's decode
+    steps reach contexts 22 .. 26, so both replay."""
+    from model_shards.backends.cuda.backend import CudaBackend
+
+    class TwoBounds(CudaBackend):
+        def decode_context_bounds(self, rows: int, kv_heads: int, max_context: int) -> list[int]:
+            return [24, max_context]
+
+    return TwoBounds()
+
+
+def test_decode_graphs_per_context_bound_equal_eager_steps(
+    model_dir: Path, reference: tuple[list[torch.Tensor], dict[str, list[int]]]
+) -> None:
+    """The cuda backend (interpreted) with two context bounds a bucket: the short and the
+    long graphs both replay, and the tokens and logits are the eager reference's."""
+    ops = _two_bound_cuda()
+    worker = _worker(model_dir, ops)
+    fake = FakeGraphBackend()
+    worker.graphs = DecodeGraphs(worker.model, worker.kv, 4, MAX_LEN, fake, ops)
+    worker.graphs.capture()
+    assert fake.captures == 6  # buckets 1, 2, 4 at bounds 24 and 64
+    keys: list[tuple[int, int | None] | None] = []
+    runner = worker.graphs.runner
+    run = runner.run
+
+    def keyed_run(step: DecodeStep) -> torch.Tensor:
+        keys.append(runner.graph_key(step))
+        return run(step)
+
+    runner.run = keyed_run  # type: ignore[method-assign]
+    logits, tokens = _generate(worker)
+    assert tokens == reference[1]
+    assert {k[1] for k in keys if k is not None} == {24, MAX_LEN}
+    for ours, ref in zip(logits, reference[0], strict=True):
+        assert torch.allclose(ours, ref, rtol=1e-4, atol=1e-5)

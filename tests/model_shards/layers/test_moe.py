@@ -139,7 +139,7 @@ def _per_token(
 
 
 def _backends() -> list[Backend]:
-    return [ReferenceBackend(), CpuBackend(), CudaBackend()]  # cuda: torch ops, CPU tensors
+    return [ReferenceBackend(), CpuBackend(), CudaBackend()]  # cuda: Triton, interpreted on CPU
 
 
 @pytest.mark.parametrize(("dtype", "rtol"), [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])

@@ -8,6 +8,8 @@
 * ``sampling.py``: the position-seeded exponential-race draw (splitmix64 uniforms);
 * ``gemm.py``: the batch-invariant dense GEMM of ``--batch-invariant``;
 * ``int4_gemm.py``: the W4A16 GEMM of 4-bit AWQ/GPTQ weights, split-K for decode;
+* ``fused_moe.py``: sparse MoE experts, grouped GEMMs over the routed experts only
+  (``moe_align.py``: the pairs sorted and padded per expert into row blocks);
 * ``fp8_gemm.py``: FP8 W8A8: per-token activation rounding to e4m3, the FP8 GEMM, ``_scaled_mm``;
 * ``e4m3.py``: e4m3 rounding, and the FP8 K/V pools' store and load (``--kv-cache-dtype fp8``).
 

@@ -37,8 +37,9 @@ from model_shards.backends.cuda.triton_ops.e4m3 import as_bytes, from_pool, is_f
 
 BLOCK_N = 64  # context tile of both kernels (fixed: the reduction order of a row)
 AUTO_SPLIT_MIN_CONTEXT = 1024  # split only when the longest context exceeds this
-AUTO_SPLIT_PARTITION = 512  # tokens per partition of the automatic split
-AUTO_SPLIT_MAX_PROGRAMS = 128  # split only when rows x KV heads leave SMs idle (H200: 132)
+AUTO_SPLIT_MIN_PARTITION = 256  # tokens per partition of the automatic split, at least
+DEFAULT_SMS = 132  # streaming multiprocessors assumed without a GPU (H100 / H200 SXM)
+GRAPH_CONTEXT_STEP = 4  # successive context bounds of a batch bucket's decode graphs
 _REDUCE_BLOCK_P = 16  # partitions combined per step of the reduce
 _LOG2E = 1.4426950408889634
 
@@ -256,11 +257,23 @@ def f32_dots(t: torch.Tensor) -> bool:
     return t.device.type == "cpu" or os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
+def device_sms(device: torch.device) -> int:
+    """The SM count of a CUDA ``device``; :data:`DEFAULT_SMS` for any other."""
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return DEFAULT_SMS
+    return int(torch.cuda.get_device_properties(device).multi_processor_count)
+
+
 def choose_split(
     batch: int, num_kv_heads: int, max_context_len: int, split_kv: int | None,
-    batch_invariant: bool,
+    batch_invariant: bool, num_sms: int = DEFAULT_SMS,
 ) -> int | None:
-    """The partition size of the split-K path, or ``None`` for the single pass."""
+    """The partition size of the split-K path, or ``None`` for the single pass.
+
+    Automatic: single pass at contexts up to :data:`AUTO_SPLIT_MIN_CONTEXT` and when the
+    ``batch * num_kv_heads`` programs fill at least half the ``num_sms``; otherwise the
+    longest context in as many partitions as fill the SMs once (each at least
+    :data:`AUTO_SPLIT_MIN_PARTITION` tokens, a multiple of the tile)."""
     if split_kv is not None:
         if batch_invariant:
             raise ValueError("split_kv and batch_invariant=True exclude each other: "
@@ -268,10 +281,31 @@ def choose_split(
         if split_kv <= 0:
             raise ValueError(f"split_kv must be a positive token count, got {split_kv}")
         return split_kv
-    if batch_invariant:
+    programs = batch * num_kv_heads
+    if batch_invariant or 2 * programs > num_sms or max_context_len <= AUTO_SPLIT_MIN_CONTEXT:
         return None
-    few = batch * num_kv_heads < AUTO_SPLIT_MAX_PROGRAMS
-    return AUTO_SPLIT_PARTITION if few and max_context_len > AUTO_SPLIT_MIN_CONTEXT else None
+    parts = min(num_sms // programs, triton.cdiv(max_context_len, AUTO_SPLIT_MIN_PARTITION))
+    if parts < 2:
+        return None
+    return triton.cdiv(triton.cdiv(max_context_len, parts), BLOCK_N) * BLOCK_N
+
+
+def graph_context_bounds(
+    rows: int, num_kv_heads: int, max_context_len: int, batch_invariant: bool,
+    num_sms: int = DEFAULT_SMS,
+) -> list[int]:
+    """The context bounds to capture a ``rows``-row decode graph at, ascending: only
+    ``max_context_len`` where no context splits; else also :data:`AUTO_SPLIT_MIN_CONTEXT`
+    (the single pass) and every :data:`GRAPH_CONTEXT_STEP`-fold bound below the longest,
+    so a step's partitions span at most that factor more than its longest context."""
+    split = choose_split(rows, num_kv_heads, max_context_len, None, batch_invariant, num_sms)
+    if split is None:
+        return [max_context_len]
+    bounds, bound = [], AUTO_SPLIT_MIN_CONTEXT
+    while bound < max_context_len:
+        bounds.append(bound)
+        bound *= GRAPH_CONTEXT_STEP
+    return [*bounds, max_context_len]
 
 
 def _check(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor) -> None:
@@ -291,13 +325,13 @@ def decode_attention(
     context_lens: torch.Tensor, block_size: int, scale: float, *, split_kv: int | None = None,
     batch_invariant: bool = False, max_context_len: int | None = None,
     window: int | None = None, softcap: float | None = None,
-    kv_scales: tuple[float, float] = (1.0, 1.0),
+    kv_scales: tuple[float, float] = (1.0, 1.0), num_sms: int = DEFAULT_SMS,
 ) -> torch.Tensor:
     """``q: [B, nh, D]`` → ``[B, nh, D]`` in q's dtype (contract of
     ``Backend.decode_attention``); ``block_tables [B, nblk]`` int32/int64.
 
     ``split_kv`` forces the split-K path with partitions of that many tokens; ``None``
-    chooses (:func:`choose_split`). ``batch_invariant`` forces the single pass.
+    chooses (:func:`choose_split`, ``num_sms``). ``batch_invariant`` forces the single pass.
     ``max_context_len`` is an upper bound of ``context_lens`` from host metadata; without
     it the table width ``nblk * block_size`` is used (no device sync either way).
     ``window``/``softcap``: the contract's; a windowed row reads only its window, always
@@ -310,9 +344,9 @@ def decode_attention(
     if b == 0:
         return out
     bound = block_tables.shape[1] * block_size if max_context_len is None else max_context_len
-    if window is not None:
-        bound = min(bound, window)
-    split = None if window is not None else choose_split(b, nkv, bound, split_kv, batch_invariant)
+    if window is not None:  # a windowed row reads only its window, in one pass
+        bound, split_kv, batch_invariant = min(bound, window), None, True
+    split = choose_split(b, nkv, bound, split_kv, batch_invariant, num_sms)
     group = nh // nkv
     block_g = max(16, triton.next_power_of_2(group))
     block_d = max(16, triton.next_power_of_2(d))

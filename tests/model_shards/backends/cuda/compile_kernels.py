@@ -1,5 +1,5 @@
-"""Compile (never run) the Triton kernels of quantized weights and FP8 K/V pools, without a
-GPU: all for sm90, the FP8 ones for sm80 (which has no e4m3 type). Run as
+"""Compile (never run) the Triton kernels of quantized weights, FP8 K/V pools and sparse MoE,
+without a GPU: all for sm90, the FP8 ones for sm80 (which has no e4m3 type). Run as
 ``python -m tests.model_shards.backends.cuda.compile_kernels`` with ``TRITON_INTERPRET=0``
 (:mod:`.test_triton_compile` does). Triton's interpreter accepts what a compiled kernel
 refuses (non-constexpr globals, returns of unlike types, FP8 types an architecture lacks);
@@ -20,6 +20,7 @@ from model_shards.backends.cuda.triton_ops import (
     attention_decode,
     attention_prefill,
     fp8_gemm,
+    fused_moe,
     int4_gemm,
     rotary,
 )
@@ -81,7 +82,24 @@ def cases(arch: int) -> list[tuple[str, Any, dict[str, str], dict[str, Any]]]:
         ce |= dict(GROUP_ALIGNED=not gidx, HAS_BIAS=True, SPLIT=split, UPCAST=False)
         ce |= dict(PRECISION="tf32", BLOCK_M=16, BLOCK_N=64, BLOCK_K=64)
         found.append((f"int4 split={split} g_idx={gidx}", int4_gemm._int4_kernel, int4, ce))
-    return found
+    return found + moe_cases()
+
+
+def moe_cases() -> list[tuple[str, Any, dict[str, str], dict[str, Any]]]:
+    """The sparse MoE kernels (:mod:`fused_moe`) on bfloat16 at a Mixtral shape."""
+    blocks = {"pairs_ptr": "*i64", "block_expert_ptr": "*i64"}
+    gemm = dict(PRECISION="tf32", UPCAST=False, BLOCK_M=16, BLOCK_N=64, BLOCK_K=64)
+    shape = dict(HIDDEN=4096, INTER=14336)
+    gate_up = blocks | {"x_ptr": "*bf16", "w_ptr": "*bf16", "h_ptr": "*bf16"}
+    down = blocks | {"h_ptr": "*bf16", "w_ptr": "*bf16", "y_ptr": "*bf16"}
+    combine = {"y_ptr": "*bf16", "weights_ptr": "*fp32", "ids_ptr": "*i64"}
+    combine |= {"slot_order_ptr": "*i64", "out_ptr": "*bf16"}
+    return [
+        ("moe gate_up", fused_moe._gate_up_kernel, gate_up, gemm | shape | dict(TOP_K=2)),
+        ("moe down", fused_moe._down_kernel, down, gemm | shape),
+        ("moe combine", fused_moe._combine_kernel, combine,
+         dict(TOP_K=2, HIDDEN=4096, BLOCK_H=1024)),
+    ]  # fmt: skip
 
 
 def main() -> int:

@@ -278,3 +278,39 @@ def test_one_host_to_device_copy_per_step(monkeypatch: pytest.MonkeyPatch) -> No
         runner.run(make_step(rng, b))
         assert copies() == i and setitems() == 0
     assert fake.replays == 3
+
+
+def test_context_bounds_replay_the_smallest_graph_holding_the_step() -> None:
+    """Buckets 1 and 2 captured at context bounds 4 and 16, the others at 16 only: a step
+    replays its bucket's graph of the smallest bound >= its longest context, whose forward
+    was told that bound; an eager step is told its own longest context."""
+    model, fake = ToyModel(), FakeGraphBackend()
+    eager = copy.deepcopy(model)
+    seen: list[int | None] = []
+
+    def forward(x: DecodeInputs) -> torch.Tensor:
+        seen.append(x.context_bound)
+        return model.forward(x)
+
+    static = StaticDecodeInputs(5, WIDTH, CPU, hidden_dtype=DT)
+    bounds = lambda n: [4, WIDTH * BS] if n <= 2 else [WIDTH * BS]  # noqa: E731
+    runner = GraphRunner(forward, static, decode_buckets(5), fake, context_bounds=bounds)
+    runner.capture_all()
+    assert fake.captures == 6 and sorted(set(seen), key=str) == [16, 4]
+    model.pool.copy_(eager.pool)
+    rng = random.Random(6)
+    chosen: set[int] = set()
+    for b in (1, 2, 1, 1, 2, 3, 5, 1, 1, 7):
+        step = make_step(rng, b)
+        longest = max(step.context_lens)
+        seen.clear()
+        out = runner.run(step)
+        n = bucket_for(b, decode_buckets(5))
+        if n is None:
+            assert runner.graph_key(step) is None and seen == [longest]
+        else:
+            bound = 4 if n <= 2 and longest <= 4 else WIDTH * BS
+            assert runner.graph_key(step) == (n, bound) and seen == [bound]
+            chosen.add(bound)
+        torch.testing.assert_close(out, eager.forward(exact_inputs(step)))
+    assert fake.replays == 9 and chosen == {4, 16}

@@ -16,6 +16,7 @@ import torch
 from model_shards.backends.cuda.triton_ops.sampling import exponential_race as triton_race
 from model_shards.backends.reference import ReferenceBackend
 from model_shards.messages import NewSequence, SamplingParams, SeqChunk
+from model_shards.worker import top_p
 from model_shards.worker.sampler import Sampler, filter_logits, position_seed
 from model_shards.worker.sampling_batch import Race, SamplingTensors, has_penalties, sample_batch
 
@@ -150,6 +151,23 @@ def test_sample_batch_equals_sampler(dtype: torch.dtype) -> None:
     g = torch.Generator().manual_seed(11)
     for trial in range(6):
         _check_batch(g, 64, 1000, dtype, 1000 * trial, REF.exponential_race)
+
+
+def test_sample_batch_top_p_from_candidates_equals_sampler(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The top-p cut from 32 candidates a row (:mod:`model_shards.worker.top_p`): batches
+    that settle there and batches that fall back to the full sort draw the same tokens."""
+    monkeypatch.setattr(top_p, "CANDIDATES", 32)
+    paths: list[str] = []
+    real = top_p._full_sort
+    monkeypatch.setattr(top_p, "_full_sort", lambda *a: paths.append("sort") or real(*a))
+    g = torch.Generator().manual_seed(11)
+    for trial in range(8):
+        before = len(paths)
+        _check_batch(g, 9, 1000, torch.float32, 500 * trial, REF.exponential_race)
+        paths += ["candidates"] if len(paths) == before else []
+    assert {"sort", "candidates"} <= set(paths), paths
 
 
 def test_sample_batch_with_the_triton_race_equals_sampler() -> None:
