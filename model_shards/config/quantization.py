@@ -12,6 +12,11 @@ Served (the tensors of each layout: ``model_shards/worker/quant_sources.py``):
   activations dynamic per token or static per tensor);
 * ``fbgemm_fp8``: FP8 weights with per-channel scales, activations dynamic per token.
 
+A compressed-tensors ``kv_cache_scheme`` (:func:`parse_kv_cache_scheme`) is served when it is FP8
+e4m3 with one stored scale per layer for K and one for V (``strategy: tensor``, static,
+symmetric): the checkpoint's ``k_scale``/``v_scale`` tensors (``worker/kv_scales.py``) then
+scale an FP8 KV cache. A kv_cache_scheme without ``config_groups``: the weights are dense.
+
 Modules the config leaves dense (``ignore``, ``modules_to_not_convert``) are stored dense and
 load as such: which module is quantized is read from the tensors themselves. Anything else is a
 ``ValueError`` naming the ``quantization_config`` field and its value, before any process starts.
@@ -78,9 +83,38 @@ class _Fields:
         return _Fields(value, f"{self.path}.{key}", self.source)
 
 
+def _kv_scheme(fields: _Fields) -> _Fields | None:
+    """``kv_cache_scheme`` checked (FP8 e4m3, one static symmetric scale per layer for K and
+    for V), or ``None`` when there is none."""
+    scheme = fields.sub("kv_cache_scheme")
+    if scheme is None:
+        return None
+    scheme.expect("type", ("float",), "an FP8 (e4m3) KV cache")
+    scheme.expect("num_bits", (8,), "an FP8 (e4m3) KV cache")
+    scheme.expect(
+        "strategy", ("tensor",), "one K and one V scale per layer (not per head or channel)"
+    )
+    scheme.expect("dynamic", (None, False), "the KV scales are stored in the checkpoint")
+    scheme.expect("symmetric", (None, True), "FP8 KV values are symmetric (no zero point)")
+    return scheme
+
+
+def parse_kv_cache_scheme(raw: dict[str, Any], source: str) -> bool:
+    """Whether ``raw``'s ``quantization_config`` has a served ``kv_cache_scheme`` (its per-layer
+    K/V scales are in the checkpoint); ``ValueError`` naming the field when it is not served."""
+    qc = raw.get("quantization_config")
+    if not isinstance(qc, dict) or qc.get("kv_cache_scheme") is None:
+        return False
+    fields = _Fields(qc, "quantization_config", source)
+    if qc.get("quant_method") != "compressed-tensors":
+        raise fields.refuse("kv_cache_scheme", "read from compressed-tensors checkpoints only")
+    return _kv_scheme(fields) is not None
+
+
 def parse_quantization_config(raw: dict[str, Any], source: str) -> CheckpointQuant | None:
     """``raw["quantization_config"]`` of ``config.json`` (at ``source``, for messages) read, or
-    ``None`` when there is none; ``ValueError`` naming the field when it is not served."""
+    ``None`` when its weights are dense; ``ValueError`` naming the field when it is not served
+    (a ``kv_cache_scheme`` is checked here too: :func:`parse_kv_cache_scheme` reads it)."""
     qc = raw.get("quantization_config")
     if qc is None:
         return None
@@ -137,14 +171,15 @@ def _gptq(fields: _Fields) -> CheckpointQuant:
     )
 
 
-def _compressed_tensors(fields: _Fields) -> CheckpointQuant:
+def _compressed_tensors(fields: _Fields) -> CheckpointQuant | None:
     sparsity = fields.sub("sparsity_config")
     if sparsity is not None and sparsity.raw.get("format") not in (None, "dense"):
         raise sparsity.refuse("format", "sparse (e.g. 2:4) checkpoints are not served")
-    if fields.raw.get("kv_cache_scheme") is not None:
-        raise fields.refuse("kv_cache_scheme", "FP8 KV-cache scales of a checkpoint are not read")
+    kv_scheme = _kv_scheme(fields)
     groups = fields.sub("config_groups")
     if groups is None or not groups.raw:
+        if kv_scheme is not None:
+            return None  # only the KV cache is quantized: dense weights
         raise fields.refuse("config_groups", "expected at least one quantization scheme")
     schemes: set[CheckpointQuant] = set()
     for name in groups.raw:

@@ -174,7 +174,8 @@ class ReplicaConfig:
         itemsize = CHECKPOINT_DTYPES[name]
         if self.dtype == "auto" and self.device != "cpu":
             itemsize = min(itemsize, CHECKPOINT_DTYPES["bfloat16"])
-        if self.kv_cache_dtype == "fp8":
+        auto_fp8 = model.kv_fp8_scales and self.device != "cpu" and not model.kv_latent
+        if self.kv_cache_dtype == "fp8" or (self.kv_cache_dtype == "auto" and auto_fp8):
             itemsize = 1  # e4m3: one byte per element
         layout = KVLayout.for_model(model)
         counts = model.layer_partition(self.pp, self.pp_layer_partition)

@@ -68,6 +68,7 @@ class CpuBackend(ReferenceBackend):
     """Requires :func:`model_shards.backends.cpu.build.build_and_load` to have succeeded."""
 
     name = "cpu"
+    fp8_kv = False  # the C++ attention kernels read float pools
 
     def __init__(self) -> None:
         self._ops = torch.ops.shardserve_cpu

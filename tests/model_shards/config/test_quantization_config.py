@@ -9,7 +9,11 @@ from typing import Any
 
 import pytest
 
-from model_shards.config.quantization import CheckpointQuant, parse_quantization_config
+from model_shards.config.quantization import (
+    CheckpointQuant,
+    parse_kv_cache_scheme,
+    parse_quantization_config,
+)
 from model_shards.config.replica import ReplicaConfig
 from tests.model_shards.quant_checkpoints import SPECS
 from tests.server.conftest import write_tiny_model_config
@@ -68,6 +72,41 @@ REFUSED: list[tuple[dict[str, Any], str]] = [
     ),
     ({**_ct("pack-quantized", INT4_W, None), "kv_cache_scheme": {"num_bits": 8}}, "kv_cache"),
 ]
+KV_FP8 = {"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": False, "symmetric": True}
+KV_REFUSED: list[tuple[dict[str, Any], str]] = [
+    ({**KV_FP8, "symmetric": False}, "kv_cache_scheme.symmetric = False"),
+    ({**KV_FP8, "strategy": "attn_head"}, "kv_cache_scheme.strategy = 'attn_head'"),
+    ({**KV_FP8, "strategy": "channel"}, "kv_cache_scheme.strategy = 'channel'"),
+    ({**KV_FP8, "dynamic": True}, "kv_cache_scheme.dynamic = True"),
+    ({**KV_FP8, "type": "int"}, "kv_cache_scheme.type = 'int'"),
+    ({**KV_FP8, "num_bits": 4}, "kv_cache_scheme.num_bits = 4"),
+]
+
+
+def test_kv_cache_scheme_served() -> None:
+    """FP8 per-tensor K/V scales: beside FP8 weights, or alone (dense weights)."""
+    fp8 = {**_ct("float-quantized", FP8_W, TOKENS), "kv_cache_scheme": KV_FP8}
+    raw = {"quantization_config": fp8}
+    assert parse_quantization_config(raw, "c") == CheckpointQuant("fp8", "compressed-tensors")
+    assert parse_kv_cache_scheme(raw, "c")
+    alone = {"quant_method": "compressed-tensors", "config_groups": {}, "kv_cache_scheme": KV_FP8}
+    assert parse_quantization_config({"quantization_config": alone}, "c") is None
+    assert parse_kv_cache_scheme({"quantization_config": alone}, "c")
+    assert not parse_kv_cache_scheme({"quantization_config": AWQ}, "c")
+    assert not parse_kv_cache_scheme({}, "c")
+
+
+@pytest.mark.parametrize(("scheme", "field"), KV_REFUSED, ids=[f for _, f in KV_REFUSED])
+def test_kv_cache_scheme_refused_names_the_field(scheme: dict[str, Any], field: str) -> None:
+    for weights in ({"config_groups": {}}, _ct("float-quantized", FP8_W, TOKENS)):
+        qc = {"quant_method": "compressed-tensors", **weights, "kv_cache_scheme": scheme}
+        raw = {"quantization_config": qc}
+        for parse in (parse_quantization_config, parse_kv_cache_scheme):
+            with pytest.raises(ValueError, match="quantization_config") as info:
+                parse(raw, "x/config.json")
+            assert field in str(info.value), str(info.value)
+    with pytest.raises(ValueError, match=r"kv_cache_scheme = .* compressed-tensors"):
+        parse_kv_cache_scheme({"quantization_config": {**AWQ, "kv_cache_scheme": KV_FP8}}, "x")
 
 
 @pytest.mark.parametrize(("config", "field"), REFUSED, ids=[f for _, f in REFUSED])
