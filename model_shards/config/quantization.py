@@ -175,6 +175,10 @@ def _compressed_tensors(fields: _Fields) -> CheckpointQuant | None:
     sparsity = fields.sub("sparsity_config")
     if sparsity is not None and sparsity.raw.get("format") not in (None, "dense"):
         raise sparsity.refuse("format", "sparse (e.g. 2:4) checkpoints are not served")
+    if fields.raw.get("transform_config") is not None:
+        raise fields.refuse(
+            "transform_config", "rotated (Hadamard, SpinQuant) weights are not served"
+        )
     kv_scheme = _kv_scheme(fields)
     groups = fields.sub("config_groups")
     if groups is None or not groups.raw:
@@ -222,6 +226,7 @@ def _ct_scheme(group: _Fields, owner: _Fields) -> CheckpointQuant:
             raise group.refuse("input_activations", "FP8 weight-only (W8A16) is not served")
         inputs.expect("type", ("float",), "FP8 activations")
         inputs.expect("num_bits", (8,), "FP8 (e4m3) activations")
+        inputs.expect("symmetric", (None, True), "FP8 activations without a zero point")
         dynamic = inputs.expect("dynamic", (True, False), "dynamic per token or static")
         inputs.expect(
             "strategy", (("token",) if dynamic else ("tensor",)), "dynamic per token or static"

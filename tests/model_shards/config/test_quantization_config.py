@@ -71,6 +71,14 @@ REFUSED: list[tuple[dict[str, Any], str]] = [
         "sparsity_config.format = 'sparse-24'",
     ),
     ({**_ct("pack-quantized", INT4_W, None), "kv_cache_scheme": {"num_bits": 8}}, "kv_cache"),
+    (
+        _ct("float-quantized", FP8_W, {**TOKENS, "symmetric": False}),
+        "input_activations.symmetric = False",
+    ),
+    (
+        {**_ct("pack-quantized", INT4_W, None), "transform_config": {"config_groups": {}}},
+        "transform_config",
+    ),
 ]
 KV_FP8 = {"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": False, "symmetric": True}
 KV_REFUSED: list[tuple[dict[str, Any], str]] = [
