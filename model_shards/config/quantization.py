@@ -242,3 +242,22 @@ def check_quantization_flag(flag: str | None, quant: CheckpointQuant | None) -> 
             f"--quantization {flag}: the checkpoint is already quantized "
             f"({quant.method}, config.json quantization_config); drop the flag"
         )
+
+
+def check_group_splits(quant: CheckpointQuant | None, tp: int, inputs: dict[str, int]) -> None:
+    """``ValueError`` naming ``--tensor-parallel-size`` and ``quantization_config.group_size``
+    when ``tp`` ranks would cut a 4-bit group of a row-parallel weight (``inputs``: what it is →
+    its ``K`` inputs, split over the ranks), listing the sizes that do not. Act-order and one
+    group per row split anywhere (every rank keeps the groups' scales)."""
+    if quant is None or not quant.is_int4 or quant.desc_act or tp == 1:
+        return
+    g = quant.group_size
+    for what, k in inputs.items():
+        if g < 1 or g >= k or (k % tp == 0 and (k // tp) % g == 0):
+            continue
+        valid = [t for t in range(1, 65) if k % t == 0 and (k // t) % g == 0]
+        raise ValueError(
+            f"--tensor-parallel-size {tp}: {what} has {k} inputs in groups of {g} "
+            f"(quantization_config.group_size), which {tp} ranks cannot split on group "
+            f"boundaries; sizes that can: {valid}"
+        )

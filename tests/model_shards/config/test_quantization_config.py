@@ -137,3 +137,19 @@ def test_replica_validation_refuses_before_spawn(tmp_path: Path) -> None:
     )
     with pytest.raises(ValueError, match="--quantization fp8: the checkpoint is already"):
         ReplicaConfig(str(tmp_path), quantization="fp8").validate()
+
+
+def test_tp_that_cuts_a_group_is_refused_before_spawn(tmp_path: Path) -> None:
+    """4-bit groups of 32: -tp 4 splits the 64 attention-output inputs into 16 per rank."""
+    write_tiny_model_config(tmp_path, vocab_size=400)
+    path = tmp_path / "config.json"
+    config = json.loads(path.read_text())
+    path.write_text(json.dumps({**config, "quantization_config": {**AWQ, "group_size": 32}}))
+    with pytest.raises(ValueError, match=r"--tensor-parallel-size 4: the attention output") as info:
+        ReplicaConfig(str(tmp_path), tp=4).validate()
+    assert "quantization_config.group_size" in str(info.value)
+    assert "sizes that can: [1, 2]" in str(info.value)
+    assert ReplicaConfig(str(tmp_path), tp=2).validate().quant is not None
+    act_order = {**GPTQ, "group_size": 32, "desc_act": True}  # every rank keeps every group
+    path.write_text(json.dumps({**config, "quantization_config": act_order}))
+    assert ReplicaConfig(str(tmp_path), tp=4).validate().quant is not None
