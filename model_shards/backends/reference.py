@@ -249,7 +249,7 @@ class ReferenceBackend(Backend):
     ) -> torch.Tensor:
         """The activations rounded to FP8, the weight dequantized, one float32 GEMM."""
         b = None if bias is None else bias.float()
-        xq = quantize_activations(x, weight.input_scale)
+        xq = quantize_activations(x, weight.input_scale, weight.input_scale_ub)
         return F.linear(xq, weight.dequantize(), b).to(x.dtype)
 
     def fused_moe(

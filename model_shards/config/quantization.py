@@ -10,7 +10,8 @@ Served (the tensors of each layout: ``model_shards/worker/quant_sources.py``):
 * ``compressed-tensors``: ``pack-quantized`` int4 weights (``strategy: group``, symmetric or
   not, no activations) and ``float-quantized`` FP8 e4m3 (``strategy`` channel or tensor;
   activations dynamic per token or static per tensor);
-* ``fbgemm_fp8``: FP8 weights with per-channel scales, activations dynamic per token.
+* ``fbgemm_fp8``: FP8 weights with per-channel scales, activations dynamic per token (each
+  token's ``max |x|`` bounded by ``activation_scale_ub``).
 
 A compressed-tensors ``kv_cache_scheme`` (:func:`parse_kv_cache_scheme`) is served when it is FP8
 e4m3 with one stored scale per layer for K and one for V (``strategy: tensor``, static,
@@ -42,7 +43,8 @@ class CheckpointQuant:
     ``method``: the ``quant_method`` as written; ``group_size``: int4 values per scale along the
     input (-1: the whole row); ``symmetric``: int4 without stored zeros; ``desc_act``: GPTQ's
     act-order (a ``g_idx`` per input column); ``zeros_minus_one``: GPTQ v1 stores ``zero - 1``;
-    ``static_input``: FP8 activations scaled by the checkpoint's ``input_scale``.
+    ``static_input``: FP8 activations scaled by the checkpoint's ``input_scale``;
+    ``input_scale_ub``: FBGEMM's ``activation_scale_ub``, the bound of a token's ``max |x|``.
     """
 
     layout: Layout
@@ -52,6 +54,7 @@ class CheckpointQuant:
     desc_act: bool = False
     zeros_minus_one: bool = False
     static_input: bool = False
+    input_scale_ub: float | None = None
 
     @property
     def is_int4(self) -> bool:
@@ -128,8 +131,13 @@ def parse_quantization_config(raw: dict[str, Any], source: str) -> CheckpointQua
         return _gptq(fields)
     if method == "compressed-tensors":
         return _compressed_tensors(fields)
-    if method == "fbgemm_fp8":  # activation_scale_ub (FBGEMM's clamp of max|x|) is not applied
-        return CheckpointQuant("fp8", "fbgemm_fp8")
+    if method == "fbgemm_fp8":
+        ub = qc.get("activation_scale_ub")
+        if ub is not None and (not isinstance(ub, int | float) or isinstance(ub, bool) or ub <= 0):
+            raise fields.refuse("activation_scale_ub", "expected a positive number")
+        return CheckpointQuant(
+            "fp8", "fbgemm_fp8", input_scale_ub=None if ub is None else float(ub)
+        )
     if qc.get("weight_block_size") is not None:
         raise fields.refuse("weight_block_size", "block-wise FP8 scales are not served")
     raise fields.refuse(

@@ -26,7 +26,7 @@ SERVED = {
     "ct-w4a16-asym": CheckpointQuant("ct-int4", "compressed-tensors", 32, symmetric=False),
     "ct-fp8-dynamic": CheckpointQuant("fp8", "compressed-tensors"),
     "ct-fp8-static": CheckpointQuant("fp8", "compressed-tensors", static_input=True),
-    "fbgemm-fp8": CheckpointQuant("fp8", "fbgemm_fp8"),
+    "fbgemm-fp8": CheckpointQuant("fp8", "fbgemm_fp8", input_scale_ub=1200.0),
 }
 
 
@@ -50,6 +50,7 @@ GPTQ = {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False,
 REFUSED: list[tuple[dict[str, Any], str]] = [
     ({"quant_method": "fp8", "weight_block_size": [128, 128]}, "weight_block_size"),
     ({"quant_method": "bitsandbytes"}, "quant_method = 'bitsandbytes'"),
+    ({"quant_method": "fbgemm_fp8", "activation_scale_ub": -1}, "activation_scale_ub = -1"),
     ({**AWQ, "version": "gemv"}, "version = 'gemv'"),
     ({**AWQ, "bits": 8}, "bits = 8"),
     ({**AWQ, "zero_point": False}, "zero_point = False"),
