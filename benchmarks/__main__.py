@@ -19,6 +19,7 @@ COMMANDS: dict[str, tuple[str, ...]] = {
     "suites": (
         "ttft",
         "moe_bench",
+        "quant_bench",
         "structured",
         "vlm_bench",
         "contention",
@@ -35,7 +36,7 @@ COMMANDS: dict[str, tuple[str, ...]] = {
         "decode_step",
         "sched_share",
     ),
-    "harness": ("roofline", "hf_generate", "gguf_dequantize"),
+    "harness": ("roofline", "hf_generate", "gguf_dequantize", "quantize_checkpoint"),
     "gpu": ("build_model", "hf_bench"),
 }
 

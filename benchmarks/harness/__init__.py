@@ -15,5 +15,6 @@
 - ``llamacpp``: llama.cpp's sources (the ``llama-cpp-python`` sdist), its build, ``llama-server``.
 - ``gguf_models``: SmolLM2-135M-Instruct as GGUF files (Q4_1, Q8_0, Q4_K_M) and dequantized.
 - ``gguf_dequantize``: a GGUF file's weights into a Hugging Face directory (a subprocess).
+- ``quantize_checkpoint``: a dense checkpoint's linears as compressed-tensors FP8 or AWQ.
 - ``peak_rss``: peak RSS (``VmHWM``) of a server's rank processes.
 """

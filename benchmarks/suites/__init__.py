@@ -3,6 +3,7 @@
 - ``throughput``: every concurrency and dtype against both baselines; tp/pp; Qwen3 family.
 - ``ttft``: time to first token at concurrency 1, split into its stages.
 - ``moe_bench``: a Mixtral-shaped model at tp=1, tp=2 and tp=2 with expert parallelism.
+- ``quant_bench``: the bench model as FP8 and AWQ checkpoints beside the dense one (bfloat16).
 - ``structured``: json_schema requests against unconstrained ones.
 - ``vlm_bench``: images through LLaVA and Qwen2.5-VL, against ``generate()``.
 - ``qwen_vl_bench``: the Qwen2.5-VL model, images and ``generate()`` of ``vlm_bench``.

@@ -109,6 +109,8 @@ class Backend(ABC):
     name: str = "abstract"
     # sample batched on the device (model_shards.worker.sampling_batch), not row by row on host
     samples_on_device: bool = False
+    # K/V pools of float8_e4m3fn holding k / k_scale, v / v_scale (KVPool's per-layer scales)
+    fp8_kv: bool = False
 
     # ---- norms and activations -------------------------------------------------------
     @abstractmethod

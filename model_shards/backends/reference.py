@@ -1,4 +1,9 @@
-"""The reference backend: plain PyTorch on any device, the numerical spec of every kernel."""
+"""The reference backend: plain PyTorch on any device, the numerical spec of every kernel.
+
+FP8 K/V pools (``float8_e4m3fn``, ``--kv-cache-dtype fp8``): a pool holds
+``e4m3(clamp(k / k_scale, ±448))`` (round to nearest even), read back as
+``(float32(stored) · k_scale)`` rounded to the query's dtype; the same for v with ``v_scale``.
+"""
 
 from __future__ import annotations
 
@@ -39,6 +44,28 @@ def race_uniforms(seeds: torch.Tensor, vocab: int) -> torch.Tensor:
         z = (z ^ _shift_right(z, shift)) * _int64(multiplier)
     z = z ^ _shift_right(z, FINAL_SHIFT)
     return (_shift_right(z, 11).double() + 0.5) * 2.0**-53
+
+
+FP8_KV = torch.float8_e4m3fn
+
+
+def to_e4m3(x: torch.Tensor, scale: float) -> torch.Tensor:
+    """``x`` as an FP8 pool stores it: ``e4m3(clamp(x / scale, ±448))``."""
+    return (x.float() / scale).clamp(-448.0, 448.0).to(FP8_KV)
+
+
+def from_pool(x: torch.Tensor, scale: float, dtype: torch.dtype) -> torch.Tensor:
+    """Values read from a pool, in ``dtype`` (FP8: ``float32(x) · scale``, then rounded)."""
+    return (x.float() * scale).to(dtype) if x.dtype == FP8_KV else x
+
+
+def write_pool(pool: torch.Tensor, slots: torch.Tensor, x: torch.Tensor, scale: float) -> None:
+    """``pool[slots] = x`` (``[n, nkv, D]``), encoded for an FP8 pool (as its bytes: torch has
+    no FP8 ``index_copy_`` on CPU)."""
+    if pool.dtype == FP8_KV:
+        pool.view(torch.uint8).index_copy_(0, slots, to_e4m3(x, scale).view(torch.uint8))
+    else:
+        pool.index_copy_(0, slots, x)
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -90,6 +117,7 @@ def block_slots(table: torch.Tensor, start: int, end: int, block_size: int) -> t
 
 class ReferenceBackend(Backend):
     name = "reference"
+    fp8_kv = True
 
     def rms_norm(
         self, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
@@ -118,8 +146,8 @@ class ReferenceBackend(Backend):
         real = slot_mapping >= 0
         if not bool(real.all()):
             slot_mapping, k, v = slot_mapping[real], k[real], v[real]
-        k_pool.index_copy_(0, slot_mapping, k)
-        v_pool.index_copy_(0, slot_mapping, v)
+        write_pool(k_pool, slot_mapping, k, pool.k_scale)
+        write_pool(v_pool, slot_mapping, v, pool.v_scale)
         return q
 
     def decode_attention(
@@ -146,6 +174,7 @@ class ReferenceBackend(Backend):
         # whole blocks: (B * nblk, bs, nkv, D) -> (B, nkv, nblk * bs, D)
         kd = k_pool.view(-1, bs, nkv, d).index_select(0, blocks).view(b, -1, nkv, d)
         vd = v_pool.view(-1, bs, nkv, d).index_select(0, blocks).view(b, -1, nkv, d)
+        kd, vd = from_pool(kd, pool.k_scale, q.dtype), from_pool(vd, pool.v_scale, q.dtype)
         qd, kd, vd = q.unsqueeze(2), kd.transpose(1, 2), vd.transpose(1, 2)  # (B, nh, 1, D)
         if q.device.type == "cpu" and q.dtype != torch.float32:
             # single-token queries run ~4x faster in float32 on CPU, conversions included
@@ -175,8 +204,9 @@ class ReferenceBackend(Backend):
             start = meta.start_positions_list[n]
             slots = block_slots(meta.block_tables[n], 0, start + length, meta.block_size)
             qp = q[row : row + length].transpose(0, 1).unsqueeze(0)  # (1, nh, L, D)
-            kp = k_pool[slots].transpose(0, 1).unsqueeze(0)  # (1, nkv, S + L, D)
-            vp = v_pool[slots].transpose(0, 1).unsqueeze(0)
+            kp = from_pool(k_pool[slots], pool.k_scale, q.dtype).transpose(0, 1).unsqueeze(0)
+            vp = from_pool(v_pool[slots], pool.v_scale, q.dtype).transpose(0, 1).unsqueeze(0)
+            # kp, vp: (1, nkv, S + L, D)
             mask = None  # causal from position 0: SDPA's own
             if start > 0 or meta.window is not None or softcap is not None:
                 qpos = torch.arange(length, device=q.device).unsqueeze(1) + start  # [L, 1]
@@ -219,7 +249,7 @@ class ReferenceBackend(Backend):
     ) -> torch.Tensor:
         """The activations rounded to FP8, the weight dequantized, one float32 GEMM."""
         b = None if bias is None else bias.float()
-        xq = quantize_activations(x, weight.input_scale)
+        xq = quantize_activations(x, weight.input_scale, weight.input_scale_ub)
         return F.linear(xq, weight.dequantize(), b).to(x.dtype)
 
     def fused_moe(

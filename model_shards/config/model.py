@@ -22,7 +22,11 @@ from model_shards.config.hf_json import (
     checkpoint_dtype,
     read_json,
 )
-from model_shards.config.quantization import CheckpointQuant, parse_quantization_config
+from model_shards.config.quantization import (
+    CheckpointQuant,
+    parse_kv_cache_scheme,
+    parse_quantization_config,
+)
 from model_shards.config.rope import RopeConfig, parse_rope
 from model_shards.config.vlm import flatten_text_config, is_vlm, vision_tp_problem
 from model_shards.gguf.architectures import load_hf_config
@@ -49,6 +53,8 @@ class ModelConfig(TransformerShape):
     # the checkpoint's quantization_config (AWQ, GPTQ, compressed-tensors, FBGEMM FP8); None:
     # dense (or GGUF blocks)
     quant: CheckpointQuant | None = None
+    # a compressed-tensors kv_cache_scheme: per-layer FP8 K/V scales in the checkpoint
+    kv_fp8_scales: bool = False
     # the whole config.json, read-only: a family's own fields (QK-norm, windows, …) are
     # read from it by that family's model file
     extra: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
@@ -78,6 +84,7 @@ class ModelConfig(TransformerShape):
             )
         torch_dtype = checkpoint_dtype(raw, source)
         quant = parse_quantization_config(raw, source)
+        kv_fp8_scales = parse_kv_cache_scheme(raw, source)
         try:
             if arch in _GPT2_ARCHITECTURES:
                 raw = _with_gpt2_names(raw)
@@ -111,6 +118,7 @@ class ModelConfig(TransformerShape):
                 bos_token_id=raw.get("bos_token_id"),
                 kv_latent=mla,
                 quant=quant,
+                kv_fp8_scales=kv_fp8_scales,
                 extra=MappingProxyType(dict(raw)),
             )
         except (KeyError, TypeError, ValueError) as exc:

@@ -10,7 +10,13 @@ Served (the tensors of each layout: ``model_shards/worker/quant_sources.py``):
 * ``compressed-tensors``: ``pack-quantized`` int4 weights (``strategy: group``, symmetric or
   not, no activations) and ``float-quantized`` FP8 e4m3 (``strategy`` channel or tensor;
   activations dynamic per token or static per tensor);
-* ``fbgemm_fp8``: FP8 weights with per-channel scales, activations dynamic per token.
+* ``fbgemm_fp8``: FP8 weights with per-channel scales, activations dynamic per token (each
+  token's ``max |x|`` bounded by ``activation_scale_ub``).
+
+A compressed-tensors ``kv_cache_scheme`` (:func:`parse_kv_cache_scheme`) is served when it is FP8
+e4m3 with one stored scale per layer for K and one for V (``strategy: tensor``, static,
+symmetric): the checkpoint's ``k_scale``/``v_scale`` tensors (``worker/kv_scales.py``) then
+scale an FP8 KV cache. A kv_cache_scheme without ``config_groups``: the weights are dense.
 
 Modules the config leaves dense (``ignore``, ``modules_to_not_convert``) are stored dense and
 load as such: which module is quantized is read from the tensors themselves. Anything else is a
@@ -37,7 +43,8 @@ class CheckpointQuant:
     ``method``: the ``quant_method`` as written; ``group_size``: int4 values per scale along the
     input (-1: the whole row); ``symmetric``: int4 without stored zeros; ``desc_act``: GPTQ's
     act-order (a ``g_idx`` per input column); ``zeros_minus_one``: GPTQ v1 stores ``zero - 1``;
-    ``static_input``: FP8 activations scaled by the checkpoint's ``input_scale``.
+    ``static_input``: FP8 activations scaled by the checkpoint's ``input_scale``;
+    ``input_scale_ub``: FBGEMM's ``activation_scale_ub``, the bound of a token's ``max |x|``.
     """
 
     layout: Layout
@@ -47,6 +54,7 @@ class CheckpointQuant:
     desc_act: bool = False
     zeros_minus_one: bool = False
     static_input: bool = False
+    input_scale_ub: float | None = None
 
     @property
     def is_int4(self) -> bool:
@@ -78,9 +86,38 @@ class _Fields:
         return _Fields(value, f"{self.path}.{key}", self.source)
 
 
+def _kv_scheme(fields: _Fields) -> _Fields | None:
+    """``kv_cache_scheme`` checked (FP8 e4m3, one static symmetric scale per layer for K and
+    for V), or ``None`` when there is none."""
+    scheme = fields.sub("kv_cache_scheme")
+    if scheme is None:
+        return None
+    scheme.expect("type", ("float",), "an FP8 (e4m3) KV cache")
+    scheme.expect("num_bits", (8,), "an FP8 (e4m3) KV cache")
+    scheme.expect(
+        "strategy", ("tensor",), "one K and one V scale per layer (not per head or channel)"
+    )
+    scheme.expect("dynamic", (None, False), "the KV scales are stored in the checkpoint")
+    scheme.expect("symmetric", (None, True), "FP8 KV values are symmetric (no zero point)")
+    return scheme
+
+
+def parse_kv_cache_scheme(raw: dict[str, Any], source: str) -> bool:
+    """Whether ``raw``'s ``quantization_config`` has a served ``kv_cache_scheme`` (its per-layer
+    K/V scales are in the checkpoint); ``ValueError`` naming the field when it is not served."""
+    qc = raw.get("quantization_config")
+    if not isinstance(qc, dict) or qc.get("kv_cache_scheme") is None:
+        return False
+    fields = _Fields(qc, "quantization_config", source)
+    if qc.get("quant_method") != "compressed-tensors":
+        raise fields.refuse("kv_cache_scheme", "read from compressed-tensors checkpoints only")
+    return _kv_scheme(fields) is not None
+
+
 def parse_quantization_config(raw: dict[str, Any], source: str) -> CheckpointQuant | None:
     """``raw["quantization_config"]`` of ``config.json`` (at ``source``, for messages) read, or
-    ``None`` when there is none; ``ValueError`` naming the field when it is not served."""
+    ``None`` when its weights are dense; ``ValueError`` naming the field when it is not served
+    (a ``kv_cache_scheme`` is checked here too: :func:`parse_kv_cache_scheme` reads it)."""
     qc = raw.get("quantization_config")
     if qc is None:
         return None
@@ -94,8 +131,13 @@ def parse_quantization_config(raw: dict[str, Any], source: str) -> CheckpointQua
         return _gptq(fields)
     if method == "compressed-tensors":
         return _compressed_tensors(fields)
-    if method == "fbgemm_fp8":  # activation_scale_ub (FBGEMM's clamp of max|x|) is not applied
-        return CheckpointQuant("fp8", "fbgemm_fp8")
+    if method == "fbgemm_fp8":
+        ub = qc.get("activation_scale_ub")
+        if ub is not None and (not isinstance(ub, int | float) or isinstance(ub, bool) or ub <= 0):
+            raise fields.refuse("activation_scale_ub", "expected a positive number")
+        return CheckpointQuant(
+            "fp8", "fbgemm_fp8", input_scale_ub=None if ub is None else float(ub)
+        )
     if qc.get("weight_block_size") is not None:
         raise fields.refuse("weight_block_size", "block-wise FP8 scales are not served")
     raise fields.refuse(
@@ -137,14 +179,19 @@ def _gptq(fields: _Fields) -> CheckpointQuant:
     )
 
 
-def _compressed_tensors(fields: _Fields) -> CheckpointQuant:
+def _compressed_tensors(fields: _Fields) -> CheckpointQuant | None:
     sparsity = fields.sub("sparsity_config")
     if sparsity is not None and sparsity.raw.get("format") not in (None, "dense"):
         raise sparsity.refuse("format", "sparse (e.g. 2:4) checkpoints are not served")
-    if fields.raw.get("kv_cache_scheme") is not None:
-        raise fields.refuse("kv_cache_scheme", "FP8 KV-cache scales of a checkpoint are not read")
+    if fields.raw.get("transform_config") is not None:
+        raise fields.refuse(
+            "transform_config", "rotated (Hadamard, SpinQuant) weights are not served"
+        )
+    kv_scheme = _kv_scheme(fields)
     groups = fields.sub("config_groups")
     if groups is None or not groups.raw:
+        if kv_scheme is not None:
+            return None  # only the KV cache is quantized: dense weights
         raise fields.refuse("config_groups", "expected at least one quantization scheme")
     schemes: set[CheckpointQuant] = set()
     for name in groups.raw:
@@ -187,6 +234,7 @@ def _ct_scheme(group: _Fields, owner: _Fields) -> CheckpointQuant:
             raise group.refuse("input_activations", "FP8 weight-only (W8A16) is not served")
         inputs.expect("type", ("float",), "FP8 activations")
         inputs.expect("num_bits", (8,), "FP8 (e4m3) activations")
+        inputs.expect("symmetric", (None, True), "FP8 activations without a zero point")
         dynamic = inputs.expect("dynamic", (True, False), "dynamic per token or static")
         inputs.expect(
             "strategy", (("token",) if dynamic else ("tensor",)), "dynamic per token or static"
@@ -201,4 +249,23 @@ def check_quantization_flag(flag: str | None, quant: CheckpointQuant | None) -> 
         raise ValueError(
             f"--quantization {flag}: the checkpoint is already quantized "
             f"({quant.method}, config.json quantization_config); drop the flag"
+        )
+
+
+def check_group_splits(quant: CheckpointQuant | None, tp: int, inputs: dict[str, int]) -> None:
+    """``ValueError`` naming ``--tensor-parallel-size`` and ``quantization_config.group_size``
+    when ``tp`` ranks would cut a 4-bit group of a row-parallel weight (``inputs``: what it is →
+    its ``K`` inputs, split over the ranks), listing the sizes that do not. Act-order and one
+    group per row split anywhere (every rank keeps the groups' scales)."""
+    if quant is None or not quant.is_int4 or quant.desc_act or tp == 1:
+        return
+    g = quant.group_size
+    for what, k in inputs.items():
+        if g < 1 or g >= k or (k % tp == 0 and (k // tp) % g == 0):
+            continue
+        valid = [t for t in range(1, 65) if k % t == 0 and (k // t) % g == 0]
+        raise ValueError(
+            f"--tensor-parallel-size {tp}: {what} has {k} inputs in groups of {g} "
+            f"(quantization_config.group_size), which {tp} ranks cannot split on group "
+            f"boundaries; sizes that can: {valid}"
         )

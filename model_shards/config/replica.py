@@ -14,10 +14,11 @@ from model_shards.config.encoder import EncoderConfig
 from model_shards.config.hf_json import CHECKPOINT_DTYPES
 from model_shards.config.kv_layout import KVLayout, peak_blocks
 from model_shards.config.model import ModelConfig, load_model_config
-from model_shards.config.moe import check_expert_layout
+from model_shards.config.moe import check_expert_layout, moe_config
 from model_shards.config.quantization import (
     CPU_ONLY_QUANTIZATION,
     QUANTIZATION_CHOICES,
+    check_group_splits,
     check_quantization_flag,
 )
 from model_shards.config.scheduler import check_step_limits
@@ -134,6 +135,7 @@ class ReplicaConfig:
             model.layer_partition(self.pp, self.pp_layer_partition)
             check_expert_layout(model, self.tp, self.enable_expert_parallel)
             check_quantization_flag(self.quantization, model.quant)
+            check_group_splits(model.quant, self.tp, _row_parallel_inputs(model))
         elif self.enable_expert_parallel:
             raise ValueError("--enable-expert-parallel: encoder (embedding) models have no experts")
         elif self.pp_layer_partition != "even":
@@ -174,7 +176,8 @@ class ReplicaConfig:
         itemsize = CHECKPOINT_DTYPES[name]
         if self.dtype == "auto" and self.device != "cpu":
             itemsize = min(itemsize, CHECKPOINT_DTYPES["bfloat16"])
-        if self.kv_cache_dtype == "fp8":
+        auto_fp8 = model.kv_fp8_scales and self.device != "cpu" and not model.kv_latent
+        if self.kv_cache_dtype == "fp8" or (self.kv_cache_dtype == "auto" and auto_fp8):
             itemsize = 1  # e4m3: one byte per element
         layout = KVLayout.for_model(model)
         counts = model.layer_partition(self.pp, self.pp_layer_partition)
@@ -195,6 +198,21 @@ class ReplicaConfig:
         if isinstance(model, EncoderConfig):
             return min(self.max_model_len or model.max_seq_length, model.max_seq_length)
         return self.max_model_len or model.max_position_embeddings
+
+
+def _row_parallel_inputs(model: ModelConfig) -> dict[str, int]:
+    """The inputs ``K`` of the row-parallel weights a quantized checkpoint's groups must split
+    on: attention's output projection, a dense MLP's down projection, a shared expert's (a
+    routed expert's slice off its groups is read dense: ``layers/moe.py``)."""
+    inputs: dict[str, int] = {}
+    if not model.kv_latent:
+        inputs["the attention output projection"] = model.num_heads * model.head_dim
+    moe = moe_config(model)
+    if moe is None or moe.dense_layers:
+        inputs["the MLP down projection"] = model.intermediate_size
+    if moe is not None and moe.shared_intermediate_size:
+        inputs["the shared expert's down projection"] = moe.shared_intermediate_size
+    return inputs
 
 
 _SIZE_UNITS = {

@@ -18,6 +18,10 @@ token, ``I`` one expert's intermediate size (``I_l`` on this rank).
     ids of other ranks' experts become ``-1`` here, and only this rank's experts are read
     from the checkpoint.
 
+  A quantized checkpoint's experts load as stored, then become the backend's GGML blocks
+  (``cpu``: 4-bit groups of 32 as Q4_0 / Q4_1, the stacked parameters emptied) or are
+  dequantized into the stacked parameters (:mod:`.expert_quant`).
+
 * Shared expert (Qwen2-MoE, DeepSeek): a dense SiLU MLP every token goes through
   (:class:`~model_shards.layers.mlp.GatedMLP`, its partial sum); Qwen2-MoE scales it per token by
   ``sigmoid(shared_expert_gate(x))``.
@@ -40,8 +44,10 @@ sampled by rank 0 for its engine stats (:class:`ExpertTokenSampler`).
 
 from __future__ import annotations
 
+import logging
 import re
 import time
+from functools import cache
 
 import torch
 from torch import nn
@@ -49,6 +55,7 @@ from torch import nn
 from model_shards.backends.base import ExpertWeights
 from model_shards.config.moe import MoEConfig
 from model_shards.layers.context import ShardContext
+from model_shards.layers.expert_quant import ExpertHolders
 from model_shards.layers.linear import (
     HasModules,
     ReplicatedLinear,
@@ -58,10 +65,16 @@ from model_shards.layers.linear import (
 )
 from model_shards.layers.mlp import GatedMLP
 from model_shards.parallel.comm import Comm, ep_all_to_all, tp_all_reduce
-from model_shards.worker.checkpoint import TensorSource
+from model_shards.worker.checkpoint import CheckpointError, TensorSource
 
+log = logging.getLogger(__name__)
 ROLES = ("gate", "up", "down")
 _EXPERT_NAME = re.compile(r"^(?P<experts>.+\.experts)\.(?P<e>\d+)\.(?P<part>[^.]+)\.weight$")
+
+
+@cache
+def _log_once(message: str) -> None:
+    log.info(message)
 
 
 def route(logits: torch.Tensor, moe: MoEConfig) -> tuple[torch.Tensor, torch.Tensor]:
@@ -129,6 +142,10 @@ class FusedExperts(nn.Module):
         set_weight_loader(self.w13_weight, self.weight_loader)
         set_weight_loader(self.w2_weight, self.weight_loader)
         self._weights: ExpertWeights | None = None  # with the backend's layouts, by prepare()
+        self.dtype = ctx.dtype
+        # a quantized checkpoint's experts as stored, until prepare() (layers/expert_quant.py)
+        self._held: ExpertHolders | None = None
+        self.quantized = False  # after prepare(): experts kept as the backend's GGML blocks
 
     def weight_loader(
         self, param: nn.Parameter, source: TensorSource, shard_id: tuple[int, str]
@@ -140,16 +157,52 @@ class FusedExperts(nn.Module):
         if not 0 <= local < self.num_local:
             return
         size, start = self.i_local, self.slice_rank * self.i_local
+        dim = 1 if role == "down" else 0
+        check_dim(source, dim, size * self.slices)
+        if self._hold_quantized(source, dim, start, start + size, (local, role)):
+            return
         if role == "down":
-            check_dim(source, 1, size * self.slices)
             copy_checked(param.data[local], source.read(1, start, start + size), source.name)
             return
-        check_dim(source, 0, size * self.slices)
         rows = param.data[local].narrow(0, 0 if role == "gate" else size, size)
         copy_checked(rows, source.read(0, start, start + size), source.name)
 
+    def _hold_quantized(
+        self, source: TensorSource, dim: int, start: int, end: int, where: tuple[int, str]
+    ) -> bool:
+        """A quantized checkpoint's slice held as stored (``worker/quant_sources.py``);
+        ``False`` for a dense source or a slice off its group boundaries (read dense)."""
+        read_quantized = getattr(source, "read_quantized", None)
+        if read_quantized is None:
+            return False
+        try:
+            part = read_quantized(dim, start, end)
+        except CheckpointError:
+            return False
+        if self._held is None:
+            self._held = ExpertHolders(self.num_local, self.i_local, self.w2_weight.shape[1])
+        try:
+            self._held.hold(where[1], where[0], part)
+        except ValueError as exc:
+            raise CheckpointError(f"tensor {source.name!r}: {exc}") from exc
+        return True
+
     def prepare(self) -> bool:
-        """After loading: each expert's matrices in the backend's GEMM layout (if it has one)."""
+        """After loading: each expert's matrices in the backend's GEMM layout (if it has one);
+        a quantized checkpoint's experts as the backend's GGML blocks where every matrix has
+        that form, else dequantized into the stacked parameters (:mod:`.expert_quant`)."""
+        held, self._held = self._held, None
+        if held is not None:
+            forms = held.backend_forms(self.ops, self.dtype)
+            if forms is not None:
+                self.quantized = True
+                panels = [self.ops.pack_quantized(w) for w in (*forms[0], *forms[1])]
+                self.w13_weight.data = torch.empty(self.num_local, 0, 0, dtype=self.dtype)
+                self.w2_weight.data = torch.empty(self.num_local, 0, 0, dtype=self.dtype)
+                self._weights = ExpertWeights(self.w13_weight, self.w2_weight, *forms)
+                return any(panels)
+            _log_once(f"{self.ops.name} backend: quantized MoE experts dequantized at load")
+            held.dequantize_into(self.w13_weight.data, self.w2_weight.data)
         packed13 = tuple(self.ops.pack_linear(w) for w in self.w13_weight)
         packed2 = tuple(self.ops.pack_linear(w) for w in self.w2_weight)
         packs = any(p is not None for p in packed13 + packed2)

@@ -32,7 +32,8 @@ def part_to(part: CheckpointPart, device: torch.device) -> CheckpointPart:
     """``part`` with every tensor on ``device``."""
     if isinstance(part, Fp8Weight):
         scale = None if part.input_scale is None else part.input_scale.to(device)
-        return Fp8Weight(part.weight.to(device), part.scale.to(device), scale)
+        weight, scale_n = part.weight.to(device), part.scale.to(device)
+        return Fp8Weight(weight, scale_n, scale, part.input_scale_ub)
     zeros = None if part.zeros is None else part.zeros.to(device)
     g_idx = None if part.g_idx is None else part.g_idx.to(device)
     return Int4GroupWeight(
@@ -59,10 +60,10 @@ def join_parts(a: CheckpointPart, b: CheckpointPart) -> CheckpointPart | None:
             a.g_idx,
         )
     if isinstance(a, Fp8Weight) and isinstance(b, Fp8Weight):
-        if not _same(a.input_scale, b.input_scale):
+        if not _same(a.input_scale, b.input_scale) or a.input_scale_ub != b.input_scale_ub:
             return None
         weight, scale = torch.cat([a.weight, b.weight]), torch.cat([a.scale, b.scale])
-        return Fp8Weight(weight, scale, a.input_scale)
+        return Fp8Weight(weight, scale, a.input_scale, a.input_scale_ub)
     return None
 
 

@@ -3,8 +3,9 @@ holder :class:`Fp8Weight` that compressed-tensors ``float-quantized`` checkpoint
 checkpoints and ``--quantization fp8`` all load into, multiplied by ``Backend.fp8_linear``.
 
     W[n, k] = weight[n, k] · scale[n]         (a per-tensor scale is broadcast to every n)
-    x̂[t, k] = fp8(x[t, k] / s[t]) · s[t],    s[t] = max_k |x[t, k]| / 448 (dynamic, per token),
-                                              or the checkpoint's static ``input_scale``
+    x̂[t, k] = fp8(x[t, k] / s[t]) · s[t],    s[t] = min(max_k |x[t, k]|, ub) / 448 (dynamic,
+                                              per token; ``ub``: FBGEMM's activation_scale_ub,
+                                              else none), or the static ``input_scale``
     y = x̂ W^T (+ bias)
 """
 
@@ -20,11 +21,13 @@ FP8_MAX = 448.0  # torch.finfo(torch.float8_e4m3fn).max
 @dataclass
 class Fp8Weight:
     """``weight``: float8_e4m3fn ``[N, K]``; ``scale``: float32 ``[N]``; ``input_scale``:
-    float32 scalar tensor (static activation scale) or ``None`` (dynamic per token)."""
+    float32 scalar tensor (static activation scale) or ``None`` (dynamic per token);
+    ``input_scale_ub``: the bound of a dynamic row's ``max |x|`` (FBGEMM), or ``None``."""
 
     weight: torch.Tensor
     scale: torch.Tensor
     input_scale: torch.Tensor | None = None
+    input_scale_ub: float | None = None
 
     @property
     def out_features(self) -> int:
@@ -39,12 +42,17 @@ class Fp8Weight:
         return self.weight.float() * self.scale.float()[:, None]
 
 
-def quantize_activations(x: torch.Tensor, input_scale: torch.Tensor | None) -> torch.Tensor:
+def quantize_activations(
+    x: torch.Tensor, input_scale: torch.Tensor | None, scale_ub: float | None = None
+) -> torch.Tensor:
     """``x [T, K]`` → ``x̂ [T, K]`` float32 (above): the reference of the activation rounding
     every ``fp8_linear`` applies. A zero row stays zero."""
     xf = x.float()
     if input_scale is None:
-        s = xf.abs().amax(dim=-1, keepdim=True) / FP8_MAX  # [T, 1]
+        amax = xf.abs().amax(dim=-1, keepdim=True)  # [T, 1]
+        if scale_ub is not None:
+            amax = amax.clamp(max=scale_ub)
+        s = amax / FP8_MAX
         s = torch.where(s == 0, torch.ones_like(s), s)
     else:
         s = input_scale.float().reshape(1, 1)

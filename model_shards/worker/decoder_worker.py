@@ -45,6 +45,7 @@ from model_shards.parallel.state import ParallelState
 from model_shards.worker import gpu_memory
 from model_shards.worker.decode_graphs import DecodeGraphs
 from model_shards.worker.kv_cache import PagedKVCache
+from model_shards.worker.kv_scales import KVScaleStore, kv_pool_dtype, set_pool_scales
 from model_shards.worker.loader import load_weights
 from model_shards.worker.media_inputs import MediaInputs
 from model_shards.worker.open_checkpoint import open_checkpoint
@@ -78,18 +79,6 @@ def resolve_dtype(
         log.info("--dtype auto: the float32 checkpoint is served in bfloat16 on %s", device)
         return torch.bfloat16
     return dtype
-
-
-def kv_pool_dtype(replica: ReplicaConfig, dtype: torch.dtype, ops: Backend) -> torch.dtype:
-    """The KV pools' dtype: the model's, or e4m3 with ``--kv-cache-dtype fp8`` (the ``cuda``
-    backend's kernels only: ``ValueError`` naming the flag on any other)."""
-    if replica.kv_cache_dtype != "fp8":
-        return dtype
-    if ops.name != "cuda":
-        raise ValueError(
-            f"--kv-cache-dtype fp8: the {ops.name} backend keeps float K/V; drop the flag"
-        )
-    return torch.float8_e4m3fn
 
 
 def broadcast_plan(plan: StepPlan, comm: Comm, pending: Pending) -> None:
@@ -217,14 +206,17 @@ class Worker:
         ep, quantization = replica.enable_expert_parallel, replica.quantization
         if quantization in CPU_ONLY_QUANTIZATION and ps.device.type != "cpu":
             raise ValueError(f"--quantization {quantization}: CPU only, not on {ps.device}")
-        kv_dtype = kv_pool_dtype(replica, dtype, ops)
+        kv_dtype = kv_pool_dtype(replica, dtype, ops, cfg)
         ctx = ShardContext(comm, ops, dtype, ep, ep_comm, quantization)
         model_cls = MODEL_REGISTRY[cfg.architecture]
         with torch.device(ps.device):
             model = model_cls(cfg, ctx, max_model_len, replica.pp_layer_partition)
         with open_checkpoint(replica.model_dir) as checkpoint:
-            store = checkpoint if cfg.quant is None else QuantizedStore(checkpoint, cfg.quant)
+            quantized = None if cfg.quant is None else QuantizedStore(checkpoint, cfg.quant)
+            store = KVScaleStore(quantized or checkpoint)  # K/V scales: not parameters
             load_weights(model, store)
+            stage = range(model.model.start, model.model.end)
+            kv_scales = store.read(stage, required=cfg.kv_fp8_scales)
             bytes_read = checkpoint.bytes_read
         prepare_weights(model)
         graph_backend = None if replica.enforce_eager else ops.graph_backend()
@@ -244,6 +236,7 @@ class Worker:
             graphs=graph_backend is not None,
         )
         worker = Worker(model, ctx, blocks, replica.block_size, kv_dtype)
+        set_pool_scales(worker.kv, kv_scales)
         if graph_backend is not None:
             worker.graphs = DecodeGraphs(
                 worker.model, worker.kv, replica.max_num_seqs, max_model_len, graph_backend, ops

@@ -229,7 +229,7 @@ class Fp8Source(QuantSource):
             if src is None:
                 raise CheckpointError(f"tensor {self.prefix}.input_scale missing (static FP8)")
             input_scale = src.read().float().reshape(())
-        return Fp8Weight(weight, scale, input_scale)
+        return Fp8Weight(weight, scale, input_scale, self.quant.input_scale_ub)
 
 
 def _dense_shape(

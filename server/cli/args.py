@@ -123,8 +123,9 @@ def _add_weight_flags(engine: Any) -> None:
         "--kv-cache-dtype",
         choices=KV_CACHE_DTYPE_CHOICES,
         default="auto",
-        help="K/V pool element: auto (the model's dtype) or fp8 (e4m3 with per-tensor scales "
-        "from the checkpoint, else 1.0; one byte per element; CUDA only)",
+        help="K/V pool element: auto (the model's dtype; fp8 on GPU for a checkpoint whose "
+        "kv_cache_scheme stores KV scales) or fp8 (e4m3 with per-layer scales from the "
+        "checkpoint, else 1.0; one byte per element; CUDA only)",
     )
     engine.add_argument(
         "--pp-layer-partition",

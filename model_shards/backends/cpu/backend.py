@@ -62,6 +62,7 @@ class CpuBackend(ReferenceBackend):
     """Requires :func:`model_shards.backends.cpu.build.build_and_load` to have succeeded."""
 
     name = "cpu"
+    fp8_kv = False  # the C++ attention kernels read float pools
 
     def __init__(self) -> None:
         self._ops = torch.ops.shardserve_cpu
@@ -245,9 +246,13 @@ class CpuBackend(ReferenceBackend):
         """``rows [N, in]`` grouped by expert (``spans``: expert, first row, end row) times
         each expert's ``weights[e]`` (``experts.w13`` or ``w2``) → ``[N, out]``."""
         which = 0 if weights is experts.w13 else 1
-        parts = [
-            self.linear(rows[a:b], weights[e], experts.packed(e)[which], None) for e, a, b in spans
-        ]
+        parts = []
+        for e, a, b in spans:
+            packed = experts.packed(e)[which]
+            if isinstance(packed, QuantizedWeight):  # a quantized checkpoint's GGML blocks
+                parts.append(self.quantized_linear(rows[a:b], packed, None))
+            else:
+                parts.append(self.linear(rows[a:b], weights[e], packed, None))
         return torch.cat(parts)
 
     def argmax(self, x: torch.Tensor) -> torch.Tensor:

@@ -144,7 +144,8 @@ class CudaBackend(ReferenceBackend):
         """Activations to e4m3 per token (or the static scale) in Triton, then cuBLASLt's
         row-scaled FP8 GEMM (bfloat16 ``x``, K and N multiples of 16, an FP8 GPU, not
         ``--batch-invariant``), else the Triton FP8 GEMM of fixed tiles."""
-        xq, x_scale = fp8_gemm.quantize_rows(x, weight.input_scale)  # [T, in] e4m3, [T]
+        scales = (weight.input_scale, weight.input_scale_ub)
+        xq, x_scale = fp8_gemm.quantize_rows(x, *scales)  # [T, in] e4m3, [T]
         k, n = weight.in_features, weight.out_features
         if self.fp8_scaled_mm and x.dtype == torch.bfloat16 and k % 16 == 0 and n % 16 == 0:
             return fp8_gemm.scaled_mm(xq, x_scale, weight, bias)

@@ -66,7 +66,7 @@ ROUNDED_RTOL = 2e-3
 BACKENDS = {"reference": "reference", "kernels": "cpu"}
 
 
-def _held_forms(worker: Worker) -> set[str]:
+def held_forms(worker: Worker) -> set[str]:
     """What the decoder layers' linears hold: ``int4``/``fp8`` parts, GGML types, ``dense``."""
     forms: set[str] = set()
     for module in worker.model.modules():
@@ -116,7 +116,7 @@ def _rank(peers: Comm, paths: dict[str, str], out_dir: str) -> None:
         for run, backend in BACKENDS.items():
             os.environ["SHARDSERVE_BACKEND"] = backend
             worker = Worker.build(replica, cfg, peers, MAX_LEN)
-            forms = _held_forms(worker)
+            forms = held_forms(worker)
             assert forms == EXPECTED_FORMS[(run, _kind(name, run))], f"{name} {run}: {forms}"
             vocab = [m for m in worker.model.modules() if isinstance(m, VocabParallelEmbedding)]
             assert len(vocab) == 2 and all(
@@ -282,7 +282,7 @@ def test_moe_experts_in_fp8_are_dequantized_at_load(tmp_path: Path) -> None:
         replica, ModelConfig.from_dir(served), Comm(single_process_state()), MAX_LEN,
         ops=ReferenceBackend(),
     )  # fmt: skip
-    assert _held_forms(worker) == {"Fp8Weight", "dense"}  # the MoE routers' gates are dense
+    assert held_forms(worker) == {"Fp8Weight", "dense"}  # the MoE routers' gates are dense
     recorder = record_logits(worker)
     coord = Coordinator(worker, max_num_seqs=4, max_num_batched_tokens=64, max_model_len=MAX_LEN)
     logits = prompt_logits(coord, recorder, PROMPTS)

@@ -3,7 +3,8 @@
 """FP8 W8A8: the activations' rounding to e4m3 and the GEMM of ``Backend.fp8_linear``.
 
 * :func:`quantize_rows`: ``x [M, K]`` → ``(q [M, K] float8_e4m3fn, s [M] float32)`` with
-  ``s = max_k |x| / 448`` per row (a zero row: 1) or the static ``input_scale``, and
+  ``s = min(max_k |x|, ub) / 448`` per row (a zero row: 1; ``ub``: FBGEMM's bound, else
+  none) or the static ``input_scale``, and
   ``q = e4m3(clamp(x / s, ±448))``, correctly rounded division and round-to-nearest-even
   (:func:`.e4m3.round_e4m3`):
   bitwise :func:`model_shards.quant.fp8.quantize_activations` (``x̂ = q · s``);
@@ -41,8 +42,10 @@ def _quant_rows_kernel(
     static_ptr,
     stride_xm,
     stride_qm,
+    ub,
     K: tl.constexpr,
     STATIC: tl.constexpr,
+    HAS_UB: tl.constexpr,
     FP8_MAX: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
@@ -57,7 +60,10 @@ def _quant_rows_kernel(
         for k0 in range(0, K, BLOCK):
             xk = tl.load(x_row + k0 + offs, mask=k0 + offs < K, other=0.0).to(tl.float32)
             amax = tl.maximum(amax, tl.abs(xk))
-        s = tl.math.div_rn(tl.max(amax, 0), FP8_MAX)
+        row_max = tl.max(amax, 0)
+        if HAS_UB:
+            row_max = tl.minimum(row_max, ub)
+        s = tl.math.div_rn(row_max, FP8_MAX)
         s = tl.where(s == 0.0, 1.0, s)
     tl.store(s_ptr + row, s)
     for k0 in range(0, K, BLOCK):
@@ -68,10 +74,11 @@ def _quant_rows_kernel(
 
 
 def quantize_rows(
-    x: torch.Tensor, input_scale: torch.Tensor | None
+    x: torch.Tensor, input_scale: torch.Tensor | None, scale_ub: float | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``x [M, K]`` → ``(q [M, K] float8_e4m3fn, s [M] float32)`` (module doc);
-    ``input_scale``: a one-element float tensor on ``x``'s device, or ``None`` (dynamic)."""
+    ``input_scale``: a one-element float tensor on ``x``'s device, or ``None`` (dynamic);
+    ``scale_ub``: the bound of a dynamic row's ``max |x|``, or ``None``."""
     if x.dim() != 2:
         raise ValueError(f"quantize_rows: x must be [M, K], got {tuple(x.shape)}")
     x = x if x.stride(1) == 1 else x.contiguous()
@@ -83,7 +90,8 @@ def quantize_rows(
     static = input_scale.reshape(1).float() if input_scale is not None else s
     _quant_rows_kernel[(m,)](
         x, q.view(torch.uint8), s, static, x.stride(0), q.stride(0),
-        K=k, STATIC=input_scale is not None, FP8_MAX=FP8_MAX,
+        0.0 if scale_ub is None else float(scale_ub),
+        K=k, STATIC=input_scale is not None, HAS_UB=scale_ub is not None, FP8_MAX=FP8_MAX,
         BLOCK=min(_QUANT_BLOCK, triton.next_power_of_2(k)),
     )  # fmt: skip
     return q, s

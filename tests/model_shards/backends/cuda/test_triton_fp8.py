@@ -62,6 +62,12 @@ def test_quantize_rows_is_the_reference_bitwise(dtype: torch.dtype, static: floa
     q, s = quantize_rows(x, scale)  # [M, K] e4m3, [M]
     assert q.dtype == torch.float8_e4m3fn and s.shape == (6,)
     assert torch.equal(q.float() * s[:, None], quantize_activations(x, scale))
+    if static is None:  # FBGEMM's bound of max |x|: the rows above it clamp at ±448
+        q, s = quantize_rows(x, None, 50.0)
+        assert torch.equal(q.float() * s[:, None], quantize_activations(x, None, 50.0))
+        big = x.float().abs().amax(1) > 50
+        assert bool(big.any()) and torch.all(s[big] == torch.tensor(50.0) / 448)
+        assert torch.all(q[big].float().abs().amax(1) == 448)
     if static is None:
         assert s[2].item() == 1.0, "a zero row keeps scale 1"
     else:

@@ -3,7 +3,8 @@ in Triton's interpreter without a GPU: the rotary kernel stores ``e4m3(k / k_sca
 ``e4m3(v / v_scale)`` bitwise as torch rounds them, and the decode (single pass and split-K)
 and prefill kernels reading an FP8 pool match the reference backend on float pools holding
 the same rounded values (``e4m3 · scale`` in the model dtype), to the float pools' tolerance.
-And the refusal where K/V stay float: a CPU replica plan, a CPU backend.
+And the refusal where K/V stay float: a CPU replica plan, the ``cpu`` backend (the reference
+backend holds FP8 pools: the spec of these kernels).
 """
 
 from __future__ import annotations
@@ -12,12 +13,13 @@ import pytest
 import torch
 
 from model_shards.backends.base import DecodeMeta, KVPool, PrefillMeta
+from model_shards.backends.cpu.backend import CpuBackend
 from model_shards.backends.cuda.backend import CudaBackend
 from model_shards.backends.cuda.triton_ops.rotary import rotary_and_cache
 from model_shards.backends.reference import ReferenceBackend
 from model_shards.config.replica import ReplicaConfig
 from model_shards.launch.replicas import plan_data_parallel
-from model_shards.worker.decoder_worker import kv_pool_dtype
+from model_shards.worker.kv_scales import kv_pool_dtype
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 FP8 = torch.float8_e4m3fn
@@ -117,11 +119,13 @@ def test_prefill_reads_fp8_pools() -> None:
 
 
 def test_fp8_kv_refused_where_kv_stays_float() -> None:
-    """A replica planned on CPU (``--device auto``, no GPU) and a non-``cuda`` backend."""
+    """A replica planned on CPU (``--device auto``, no GPU) and the ``cpu`` backend."""
     config = ReplicaConfig("unused", kv_cache_dtype="fp8")
     with pytest.raises(ValueError, match="--kv-cache-dtype fp8: the CPU backend keeps float"):
         plan_data_parallel(config, 1, cpu_count=2, gpu_count=0)
-    with pytest.raises(ValueError, match="--kv-cache-dtype fp8: the reference backend"):
-        kv_pool_dtype(config, torch.bfloat16, ReferenceBackend())
+    cpu = object.__new__(CpuBackend)  # its class attributes only: no C++ build needed
+    with pytest.raises(ValueError, match="--kv-cache-dtype fp8: the cpu backend keeps float"):
+        kv_pool_dtype(config, torch.bfloat16, cpu)
+    assert kv_pool_dtype(config, torch.bfloat16, ReferenceBackend()) == FP8
     assert kv_pool_dtype(config, torch.bfloat16, CudaBackend()) == FP8
     assert kv_pool_dtype(ReplicaConfig("unused"), torch.bfloat16, CudaBackend()) == torch.bfloat16
