@@ -46,6 +46,7 @@ from model_shards.worker import gpu_memory
 from model_shards.worker.decode_graphs import DecodeGraphs
 from model_shards.worker.kv_cache import PagedKVCache
 from model_shards.worker.loader import load_weights
+from model_shards.worker.lora_adapters import LoraAdapters
 from model_shards.worker.media_inputs import MediaInputs
 from model_shards.worker.open_checkpoint import open_checkpoint
 from model_shards.worker.prompt_logprobs import score_prompts
@@ -198,6 +199,7 @@ class Worker:
         self.media = MediaInputs(model, ps.device) if _takes_images(model, ps) else None  # type: ignore[arg-type]
         # a model with its own position streams (M-RoPE): every rank tracks them
         self.positions: StepPositions | None = getattr(model, "step_positions", None)
+        self.lora: LoraAdapters | None = None  # --enable-lora: set by build()
 
     @staticmethod
     def build(
@@ -227,7 +229,9 @@ class Worker:
             load_weights(model, store)
             bytes_read = checkpoint.bytes_read
         prepare_weights(model)
-        graph_backend = None if replica.enforce_eager else ops.graph_backend()
+        lora_opts = replica.lora_options()
+        lora = None if lora_opts is None else LoraAdapters(model, cfg, ctx, lora_opts)
+        graph_backend = None if replica.enforce_eager or lora else ops.graph_backend()
         if graph_backend is not None and KVLayout.for_model(cfg).num_groups > 1:
             log.info("decode graphs off: %s keeps several KV groups", cfg.architecture)
             graph_backend = None  # the captured inputs hold one group's tables
@@ -250,6 +254,7 @@ class Worker:
             )
             worker.graphs.capture()
         worker.bytes_loaded = bytes_read
+        worker.lora = lora
         return worker
 
     @property
@@ -277,6 +282,8 @@ class Worker:
             for chunk in plan.chunks:
                 self.sampler.observe(chunk)
             self.sampler.set_masks(plan.token_masks)
+        if self.lora is not None:
+            self.lora.load(plan.lora_loads)
         if not plan.chunks:
             return None
         self.kv.extend_tables(plan.chunks)
@@ -329,6 +336,8 @@ class Worker:
         batch = None if graphed else ForwardBatch.build(chunks, self.kv)
         if batch is not None and self.positions is not None:
             batch.rotary_rows = self.positions.rotary_rows(chunks)
+        if self.lora is not None:  # decode graphs are off with adapters
+            self.lora.set_batch(chunks)
         hidden: torch.Tensor | None = None
         if not ps.is_first_stage:
             shape = (sum(len(c.token_ids) for c in chunks), self.model.config.hidden_size)

@@ -163,6 +163,7 @@ def prepare(
         prompt_logprobs=body.prompt_logprobs,
         grammar_param="tool_choice" if tool_grammar is not None else body.grammar_param,
         priority=serving.check_priority(body.priority),
+        lora=serving.lora_of(body.model),
     )
     requests = with_media(work.requests, media)
     thinks = serving.reasoning if tools.mode in ("none", "auto") else None

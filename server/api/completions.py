@@ -95,6 +95,7 @@ def prepare(serving: ServedModel, body: CompletionRequest, response_id: str) -> 
         prompt_logprobs=body.engine_prompt_logprobs,
         grammar_param=body.grammar_param,
         priority=serving.check_priority(body.priority),
+        lora=serving.lora_of(body.model),
     )
 
 
