@@ -230,7 +230,7 @@ class Worker:
             bytes_read = checkpoint.bytes_read
         prepare_weights(model)
         lora_opts = replica.lora_options()
-        lora = None if lora_opts is None else LoraAdapters(model, cfg, ctx, lora_opts)
+        lora = None if lora_opts is None else LoraAdapters(model.model, cfg, ctx, lora_opts)
         graph_backend = None if replica.enforce_eager or lora else ops.graph_backend()
         if graph_backend is not None and KVLayout.for_model(cfg).num_groups > 1:
             log.info("decode graphs off: %s keeps several KV groups", cfg.architecture)

@@ -64,11 +64,12 @@ class HostAdapter:
 class LoraAdapters:
     """This rank's adapter slots over every LoRA-capable linear of its stage."""
 
-    def __init__(self, model: nn.Module, cfg: ModelConfig, ctx: ShardContext, opts: LoraOptions):
+    def __init__(self, stack: object, cfg: ModelConfig, ctx: ShardContext, opts: LoraOptions):
+        """``stack``: the model's decoder layer stack (``model.model``, this stage's layers)."""
         self.cfg, self.opts, self.ps = cfg, opts, ctx.ps
         self.state = LoraState()
         self.layers: dict[str, LinearBase] = {}
-        for name, module in _lora_layers(model):
+        for name, module in _lora_layers(stack):
             first, parts = _LAYERS[name.rpartition(".")[2]]
             n_in, n_out = module_shape(cfg, first)
             if isinstance(module, ColumnParallelLinear):
@@ -147,9 +148,12 @@ class LoraAdapters:
         self.state.batch = LoraBatch(groups, row_slots.to(device))
 
 
-def _lora_layers(model: nn.Module) -> Iterator[tuple[str, LinearBase]]:
-    """The decoder layers' linears an adapter may target, by module name."""
-    for name, module in model.named_modules():
+def _lora_layers(stack: object) -> Iterator[tuple[str, LinearBase]]:
+    """The decoder layers' linears an adapter may target, by module name (``model.layers.{i}.
+    self_attn.qkv_proj``, as the adapter's tensors are named)."""
+    if not isinstance(stack, nn.Module):
+        raise TypeError(f"LoRA: {type(stack).__name__} is not a module stack")
+    for name, module in stack.named_modules(prefix="model"):
         linear = isinstance(module, ColumnParallelLinear | RowParallelLinear)
         if linear and ".layers." in name and name.rpartition(".")[2] in _LAYERS:
-            yield name, module  # type: ignore[misc]
+            yield name, module
