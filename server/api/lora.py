@@ -73,7 +73,8 @@ class LoraRegistry:
         name = body.lora_name
         if not name or name == self.base_name or name in self._refs:
             raise APIError.bad_request(
-                f"The lora adapter '{name}' has already been loaded, or names the base model.",
+                f"'lora_name' {name!r}: an adapter of that name is loaded already, or it is "
+                "empty or the base model's name",
                 param="lora_name",
             )
         try:
@@ -88,7 +89,7 @@ class LoraRegistry:
             if self._refs.pop(body.lora_name, None) is None:
                 raise APIError(
                     404,
-                    f"The lora adapter '{body.lora_name}' cannot be found.",
+                    f"'lora_name' {body.lora_name!r}: no LoRA adapter of that name is loaded",
                     param="lora_name",
                     code="lora_not_found",
                 )

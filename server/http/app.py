@@ -32,7 +32,7 @@ from server.api.chat_protocol import ChatCompletionRequest
 from server.api.choices import ChoiceRequests
 from server.api.completion_protocol import CompletionRequest
 from server.api.embeddings import EmbeddingRequest
-from server.api.lora import LoraRegistry, runtime_updates_allowed
+from server.api.lora import LoraRegistry
 from server.api.protocol import ModelCard, ModelList, new_id
 from server.api.responses_output import ResponseDeleted, ResponseObject, item_id
 from server.api.responses_protocol import ResponsesRequest
@@ -102,21 +102,17 @@ def build_app(
     ``/docs``, ``/redoc`` and ``/openapi.json`` (else they need the API key when there is one);
     ``scheduling_policy``: the engine's (a request's ``priority`` needs ``priority``);
     ``response_store``: what ``/v1/responses`` keeps (default: one with the default bounds);
-    ``loras``: the LoRA adapters served (``--enable-lora``; :mod:`server.api.lora`).
-    ``ValueError`` at start-up if the chat template does not compile.
+    ``loras``: LoRA adapters (:mod:`server.api.lora`). ``ValueError`` if the template fails.
     """
-    metrics = metrics or Metrics()
-    lifecycle = lifecycle or Lifecycle()
-    limits = Limits(admission or Admission(), request_timeout_s)
-    schemas = BodySchemas()
-    parser = tool_call_parser or tool_parsers.detect(tokenizer.chat_template)
+    metrics, lifecycle = metrics or Metrics(), lifecycle or Lifecycle()
+    limits, schemas = Limits(admission or Admission(), request_timeout_s), BodySchemas()
     serving = ServedModel(
         engine_client,
         tokenizer,
         served_model_name,
         max_model_len,
         metrics,
-        parser,
+        tool_call_parser or tool_parsers.detect(tokenizer.chat_template),
         image_model,
         media_options or MediaOptions(),
         scheduling_policy=scheduling_policy,
@@ -131,8 +127,7 @@ def build_app(
     _add_embedding_route(app, serving, schemas, limits)
     _add_chat_route(app, serving, template, schemas, limits)
     _add_responses_routes(app, serving, template, schemas, limits, response_store)
-    if loras is not None and runtime_updates_allowed():
-        add_lora_routes(app, loras)
+    add_lora_routes(app, loras)
     schemas.install(app)
     return app
 
