@@ -3,8 +3,9 @@ peft's greedy tokens, at tp=1 and tp=2.
 
 Adapter ``a1`` targets all seven Llama modules (r=8), ``a2`` q/v/down with rslora (r=4): the
 tp=2 world splits B along column-parallel outputs (q/k/v: by head, GQA) and A along
-row-parallel inputs (o, down). Every request is queued before the first step, so the rows of
-base, ``a1`` and ``a2`` run in the same steps, from two slots (``--max-loras 2``).
+row-parallel inputs (o, down); at pp=2 each stage fills only its own layers' slots. Every
+request is queued before the first step, so the rows of base, ``a1`` and ``a2`` run in the same
+steps, from two slots (``--max-loras 2``).
 """
 
 from __future__ import annotations
@@ -41,7 +42,8 @@ def _rank(peers: Comm, base: str, adapters: dict[str, str], out: str) -> None:
     if peers.ps.rank != 0:
         worker.serve_forever()
         return
-    coord = Coordinator(worker, max_num_seqs=8, max_num_batched_tokens=256, max_model_len=128)
+    limits = {"max_num_seqs": 8, "max_num_batched_tokens": 256, "max_model_len": 128}
+    coord = Coordinator(worker, **limits, pipeline_overlap=False)  # pp=2: one batch of all
     refs = {name: LoraRef(i + 1, name, path) for i, (name, path) in enumerate(adapters.items())}
     for rid, p, name in CASES:
         lora = None if name is None else refs[name]
@@ -78,13 +80,13 @@ def lora_case(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str,
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("tp", [1, 2])
-def test_mixed_adapters_match_peft(tp: int, tmp_path: Path, lora_case: tuple) -> None:
+@pytest.mark.parametrize(("tp", "pp"), [(1, 1), (2, 1), (1, 2)])
+def test_mixed_adapters_match_peft(tp: int, pp: int, tmp_path: Path, lora_case: tuple) -> None:
     base, adapters, expected = lora_case
     # the adapters change the outputs (else this test could not fail)
     assert expected["1"] != expected["0"] and expected["5"] != expected["0"]
     assert expected["2"] != expected["4"] != expected["3"]
-    run_world(_rank, tp, 1, str(base), adapters, str(tmp_path), timeout=150)
+    run_world(_rank, tp, pp, str(base), adapters, str(tmp_path), timeout=150)
     result = json.loads(Path(tmp_path, "tokens.json").read_text())
     assert result["tokens"] == expected
     assert max(result["widths"]) == len(CASES)  # all ran in the same steps
