@@ -15,4 +15,5 @@ each parameter (``weight_loader``); every op is the backend's.
 - ``rotary_attention``: the attention block, q/k/v → q/k norms → RoPE → attention → o
 - ``mlp``: the gated MLP, gate/up column-parallel → act-and-mul → down row-parallel
 - ``moe``: router, stacked experts, shared expert, expert-parallel dispatch
+- ``lora``: a linear's multi-LoRA adapter slots (A, B sharded like its weight), per-row adds
 """
