@@ -20,6 +20,7 @@ COMMANDS: dict[str, tuple[str, ...]] = {
         "ttft",
         "moe_bench",
         "structured",
+        "lora_bench",
         "vlm_bench",
         "contention",
         "contention_ab",
