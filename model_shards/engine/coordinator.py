@@ -139,6 +139,8 @@ class Coordinator:
         if problem is None and check is not None:
             found = ((i, check(m)) for i, m in enumerate(req.media))
             problem = next((f"media[{i}]: {p}" for i, p in found if p is not None), None)
+        if problem is None and req.lora is not None and self.worker.lora is not None:
+            problem = self.worker.lora.problem(req.lora)  # never a rank's crash later
         return problem
 
     def add_request(self, req: GenerateRequest, client: bytes = b"") -> None:

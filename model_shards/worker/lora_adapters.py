@@ -82,7 +82,21 @@ class LoraAdapters:
                 slots, parts, rank, shape, self.state, ctx.ops, ctx.dtype, ctx.ps.device
             )
             self.layers[name] = module
-        self._host: OrderedDict[int, HostAdapter] = OrderedDict()  # lora_id → adapter, LRU
+        self._host: OrderedDict[LoraRef, HostAdapter] = OrderedDict()  # read adapters, LRU
+        self._checked: OrderedDict[LoraRef, None] = OrderedDict()  # rank 0: adapters found good
+
+    def problem(self, ref: LoraRef) -> str | None:
+        """Rank 0: why this replica cannot serve ``ref`` (files, rank, targets, shapes), or
+        ``None``; an adapter found good is remembered (the last 1024)."""
+        if ref not in self._checked:
+            try:
+                read_adapter(ref.name, ref.path, self.cfg, self.opts.max_lora_rank, "LoRA adapter")
+            except ValueError as exc:
+                return str(exc)
+            self._checked[ref] = None
+            if len(self._checked) > 1024:
+                self._checked.popitem(last=False)
+        return None
 
     def load(self, loads: list[LoraLoad]) -> None:
         """Fill each slot of ``loads`` with its adapter (from the host LRU, or read)."""
@@ -99,10 +113,8 @@ class LoraAdapters:
             log.info("LoRA adapter %s in slot %d", load.lora.name, load.slot)
 
     def _host_adapter(self, ref: LoraRef) -> HostAdapter:
-        adapter = self._host.pop(ref.lora_id, None) or HostAdapter(
-            ref, self.cfg, self.opts.max_lora_rank
-        )
-        self._host[ref.lora_id] = adapter  # most recently used last
+        adapter = self._host.pop(ref, None) or HostAdapter(ref, self.cfg, self.opts.max_lora_rank)
+        self._host[ref] = adapter  # most recently used last
         while len(self._host) > self.opts.max_cpu_loras:
             self._host.popitem(last=False)
         return adapter

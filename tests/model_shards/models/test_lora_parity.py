@@ -23,6 +23,7 @@ from model_shards.parallel.comm import Comm
 from model_shards.worker.decoder_worker import Worker
 from tests.checkpoints import build_tiny_llama
 from tests.lora_adapters import peft_greedy, write_adapter
+from tests.raw_adapters import write_raw_adapter
 from tests.world import run_world
 
 PROMPTS = [[3, 17, 250, 96, 42, 7, 51, 64, 100], [5, 6, 900, 31]]
@@ -45,6 +46,9 @@ def _rank(peers: Comm, base: str, adapters: dict[str, str], out: str) -> None:
     limits = {"max_num_seqs": 8, "max_num_batched_tokens": 256, "max_model_len": 128}
     coord = Coordinator(worker, **limits, pipeline_overlap=False)  # pp=2: one batch of all
     refs = {name: LoraRef(i + 1, name, path) for i, (name, path) in enumerate(adapters.items())}
+    bad = GenerateRequest("bad", [1, 2], 2, lora=LoraRef(9, "big", refs.pop("big").path))
+    with pytest.raises(ValueError, match="rank r=16 is above --max-lora-rank 8"):
+        coord.add_request(bad)  # refused by rank 0, before any rank reads it
     for rid, p, name in CASES:
         lora = None if name is None else refs[name]
         params = SamplingParams(0.0)
@@ -76,6 +80,7 @@ def lora_case(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str,
         rid: peft_greedy(base, None if a is None else adapters[a], PROMPTS[p], NEW_TOKENS)
         for rid, p, a in CASES
     }
+    adapters["big"] = write_raw_adapter(root / "big", r=16)  # the tiny shapes, rank 16
     return base, {k: str(v) for k, v in adapters.items()}, expected
 
 
