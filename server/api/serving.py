@@ -116,6 +116,11 @@ class ServedModel:
             )
         return info.vocab_size
 
+    def answered_by(self, work: choices.ChoiceRequests) -> str:
+        """The ``model`` of a response: the LoRA adapter the requests ran with, else ours."""
+        lora = work.requests[0].lora if work.requests else None
+        return self.model_name if lora is None else lora.name
+
     def lora_of(self, model: str | None) -> LoraRef | None:
         """The LoRA adapter ``model`` names, or ``None`` (the base model, or unknown)."""
         if model is None or self.loras is None or model == self.model_name:

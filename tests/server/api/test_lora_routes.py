@@ -36,6 +36,7 @@ async def test_adapters_are_listed_and_named_by_model(serve: ServeFactory, tmp_p
     assert [(c["id"], c["parent"]) for c in cards] == [("tiny", None), ("a1", "tiny")]
     ok = await served.http.post("/v1/completions", json=_completion("a1"))
     assert ok.status_code == 200, ok.text
+    assert ok.json()["model"] == "a1"  # the response names the adapter, as vLLM's does
     lora = served.engine.requests[ok.json()["id"]].lora
     assert lora is not None and (lora.name, lora.path) == ("a1", str(tmp_path / "a1"))
     base = await served.http.post("/v1/completions", json=_completion("tiny"))
