@@ -105,10 +105,12 @@ class ExpertWeights:
 @dataclass
 class LoraBatch:
     """Which LoRA adapter slot each row of a step uses. ``groups``: per slot in use, its rows
-    (a ``slice`` when contiguous, else int64 indices), base-model rows in none; ``row_slots``:
-    ``[T]`` int64, the slot of every row, ``-1`` the base model (a graph's input on CUDA)."""
+    (a ``slice`` when contiguous, else int64 indices), base-model rows in none; ``None`` in a
+    captured decode graph (read ``row_slots`` then). ``row_slots``: ``[>= T]`` int64, the slot
+    of every row, ``-1`` the base model (a graph's static input on CUDA; rows past ``T``
+    ignored)."""
 
-    groups: list[tuple[int, slice | torch.Tensor]]
+    groups: list[tuple[int, slice | torch.Tensor]] | None
     row_slots: torch.Tensor
 
 

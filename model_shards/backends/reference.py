@@ -107,7 +107,12 @@ class ReferenceBackend(Backend):
     def add_lora(
         self, y: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, batch: LoraBatch
     ) -> None:
-        for slot, rows in batch.groups:  # one shrink and one expand per adapter in the step
+        groups = batch.groups
+        if groups is None:  # a graph's replay: the groups of its rows' slots, found now
+            slots = batch.row_slots[: x.shape[0]]
+            found = [s for s in slots.unique().tolist() if s >= 0]
+            groups = [(s, (slots == s).nonzero().flatten()) for s in found]
+        for slot, rows in groups:  # one shrink and one expand per adapter in the step
             if isinstance(rows, slice):
                 y[rows] += (x[rows] @ a[slot].T) @ b[slot].T  # [t, R] -> [t, out]
             else:

@@ -66,5 +66,5 @@ class LoraWeights:
     def add(self, x: torch.Tensor, y: torch.Tensor) -> None:
         """``y [T, out] += `` each row's adapter product of ``x [T, in]``, in place."""
         batch = self.state.batch
-        if batch is not None and batch.groups:
+        if batch is not None and (batch.groups is None or batch.groups):
             self.ops.add_lora(y, x, self.a, self.b, batch)

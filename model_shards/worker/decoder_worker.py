@@ -231,7 +231,7 @@ class Worker:
         prepare_weights(model)
         lora_opts = replica.lora_options()
         lora = None if lora_opts is None else LoraAdapters(model.model, cfg, ctx, lora_opts)
-        graph_backend = None if replica.enforce_eager or lora else ops.graph_backend()
+        graph_backend = None if replica.enforce_eager else ops.graph_backend()
         if graph_backend is not None and KVLayout.for_model(cfg).num_groups > 1:
             log.info("decode graphs off: %s keeps several KV groups", cfg.architecture)
             graph_backend = None  # the captured inputs hold one group's tables
@@ -252,6 +252,8 @@ class Worker:
             worker.graphs = DecodeGraphs(
                 worker.model, worker.kv, replica.max_num_seqs, max_model_len, graph_backend
             )
+            if lora is not None:  # the graphs read each row's adapter slot as an input
+                lora.graph_slots(len(worker.graphs.rows))
             worker.graphs.capture()
         worker.bytes_loaded = bytes_read
         worker.lora = lora
@@ -336,8 +338,8 @@ class Worker:
         batch = None if graphed else ForwardBatch.build(chunks, self.kv)
         if batch is not None and self.positions is not None:
             batch.rotary_rows = self.positions.rotary_rows(chunks)
-        if self.lora is not None:  # decode graphs are off with adapters
-            self.lora.set_batch(chunks)
+        if self.lora is not None:
+            self.lora.set_batch(chunks, graphed=batch is None)
         hidden: torch.Tensor | None = None
         if not ps.is_first_stage:
             shape = (sum(len(c.token_ids) for c in chunks), self.model.config.hidden_size)

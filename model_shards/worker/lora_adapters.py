@@ -84,6 +84,7 @@ class LoraAdapters:
             self.layers[name] = module
         self._host: OrderedDict[LoraRef, HostAdapter] = OrderedDict()  # read adapters, LRU
         self._checked: OrderedDict[LoraRef, None] = OrderedDict()  # rank 0: adapters found good
+        self._static = torch.empty(0, dtype=torch.int64)  # decode graphs' row slots
 
     def problem(self, ref: LoraRef) -> str | None:
         """Rank 0: why this replica cannot serve ``ref`` (files, rank, targets, shapes), or
@@ -136,8 +137,21 @@ class LoraAdapters:
             a, rows = a[:, lo : lo + layer.in_local], slice(None)
         layer.lora.fill(slot, part, a, b, rows, scale)
 
-    def set_batch(self, chunks: list[SeqChunk]) -> None:
-        """Map the step's rows (its chunks' tokens, in order) to their chunks' slots."""
+    def graph_slots(self, max_rows: int) -> None:
+        """Before decode graphs are captured: every forward reads the slots of its rows from
+        one static tensor (``-1`` until a graphed step fills it)."""
+        self._static = torch.full((max_rows,), -1, dtype=torch.int64, device=self.ps.device)
+        self.state.batch = LoraBatch(None, self._static)
+
+    def set_batch(self, chunks: list[SeqChunk], graphed: bool = False) -> None:
+        """Map the step's rows (its chunks' tokens, in order) to their chunks' slots; a
+        ``graphed`` decode step writes them into the graphs' static slots instead."""
+        if graphed:
+            slots = [c.lora_slot for c in chunks]
+            slots += [-1] * (self._static.shape[0] - len(slots))  # padding rows: none
+            self._static.copy_(torch.tensor(slots), non_blocking=True)
+            self.state.batch = LoraBatch(None, self._static)
+            return
         if all(c.lora_slot < 0 for c in chunks):
             self.state.batch = None
             return

@@ -5,7 +5,8 @@ Adapter ``a1`` targets all seven Llama modules (r=8), ``a2`` q/v/down with rslor
 tp=2 world splits B along column-parallel outputs (q/k/v: by head, GQA) and A along
 row-parallel inputs (o, down); at pp=2 each stage fills only its own layers' slots. Every
 request is queued before the first step, so the rows of base, ``a1`` and ``a2`` run in the same
-steps, from two slots (``--max-loras 2``).
+steps, from two slots (``--max-loras 2``). At tp=1 decode steps replay (fake) decode graphs
+whose inputs include each row's slot, as CUDA graphs do.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from model_shards.backends.reference import ReferenceBackend
 from model_shards.config.model import ModelConfig
 from model_shards.config.replica import ReplicaConfig
 from model_shards.engine.coordinator import Coordinator
@@ -23,6 +25,7 @@ from model_shards.parallel.comm import Comm
 from model_shards.worker.decoder_worker import Worker
 from tests.checkpoints import build_tiny_llama
 from tests.lora_adapters import peft_greedy, write_adapter
+from tests.model_shards.backends.cuda.fake_graphs import FakeGraphBackend
 from tests.raw_adapters import write_raw_adapter
 from tests.world import run_world
 
@@ -34,12 +37,23 @@ CASES = [("0", 0, None), ("1", 0, "a1"), ("2", 1, "a2"), ("3", 1, "a1"), ("4", 1
 CASES += [("5", 0, "a2")]
 
 
-def _rank(peers: Comm, base: str, adapters: dict[str, str], out: str) -> None:
+class _FakeGraphed(ReferenceBackend):
+    """The reference ops with decode steps through (fake) graphs: slot ids as graph inputs."""
+
+    fake = FakeGraphBackend()
+
+    def graph_backend(self) -> FakeGraphBackend:  # type: ignore[override]
+        return self.fake
+
+
+def _rank(peers: Comm, base: str, adapters: dict[str, str], out: str, graphs: bool) -> None:
     replica = ReplicaConfig(
         base, dtype="float32", max_num_seqs=8, block_size=4, enable_lora=True, max_loras=2,
         max_lora_rank=8,
     )  # fmt: skip
-    worker = Worker.build(replica, ModelConfig.from_dir(base), peers, 128)
+    ops = _FakeGraphed() if graphs else None
+    worker = Worker.build(replica, ModelConfig.from_dir(base), peers, 128, ops)
+    assert (worker.graphs is not None) == graphs
     if peers.ps.rank != 0:
         worker.serve_forever()
         return
@@ -63,6 +77,7 @@ def _rank(peers: Comm, base: str, adapters: dict[str, str], out: str) -> None:
         widths.append(coord.stats.num_running)
     coord.step()
     assert coord.stats.num_free_blocks == coord.stats.num_blocks
+    assert not graphs or _FakeGraphed.fake.replays > 0  # decode steps took the graphs
     Path(out, "tokens.json").write_text(json.dumps({"tokens": tokens, "widths": widths}))
     coord.shutdown()
 
@@ -85,13 +100,15 @@ def lora_case(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str,
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize(("tp", "pp"), [(1, 1), (2, 1), (1, 2)])
-def test_mixed_adapters_match_peft(tp: int, pp: int, tmp_path: Path, lora_case: tuple) -> None:
+@pytest.mark.parametrize(("tp", "pp", "graphs"), [(1, 1, True), (2, 1, False), (1, 2, False)])
+def test_mixed_adapters_match_peft(
+    tp: int, pp: int, graphs: bool, tmp_path: Path, lora_case: tuple
+) -> None:
     base, adapters, expected = lora_case
     # the adapters change the outputs (else this test could not fail)
     assert expected["1"] != expected["0"] and expected["5"] != expected["0"]
     assert expected["2"] != expected["4"] != expected["3"]
-    run_world(_rank, tp, pp, str(base), adapters, str(tmp_path), timeout=150)
+    run_world(_rank, tp, pp, str(base), adapters, str(tmp_path), graphs, timeout=150)
     result = json.loads(Path(tmp_path, "tokens.json").read_text())
     assert result["tokens"] == expected
     assert max(result["widths"]) == len(CASES)  # all ran in the same steps
