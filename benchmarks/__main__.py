@@ -21,6 +21,7 @@ COMMANDS: dict[str, tuple[str, ...]] = {
         "moe_bench",
         "quant_bench",
         "structured",
+        "lora_bench",
         "vlm_bench",
         "contention",
         "contention_ab",

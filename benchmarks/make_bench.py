@@ -5,8 +5,8 @@ Run as ``python -m benchmarks [flags]``: every suite in turn, then ``results/lat
 (:mod:`benchmarks.harness.model`) and measures this machine's roofline; then the TTFT
 breakdown (:mod:`benchmarks.suites.ttft`, first: the machine is at its quietest), the
 throughput tables (:mod:`benchmarks.suites.throughput`: every concurrency and dtype, tp/pp
-layouts, the Qwen3-shaped family), the MoE, quantized-checkpoint (FP8, AWQ), structured-output
-and vision rows, and last the
+layouts, the Qwen3-shaped family), the MoE, quantized-checkpoint (FP8, AWQ), structured-output,
+multi-LoRA and vision rows, and last the
 contention table (:mod:`benchmarks.suites.contention`) and the real SmolLM2 model against
 llama.cpp (:mod:`benchmarks.suites.llamacpp_peer`, which builds llama.cpp on its first run);
 ``--no-<suite>`` skips one. Every
@@ -41,6 +41,7 @@ from benchmarks.harness.paths import BENCH_DIR, RESULTS
 from benchmarks.suites import (
     contention,
     llamacpp_peer,
+    lora_bench,
     moe_bench,
     quant_bench,
     structured,
@@ -60,8 +61,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--concurrency", default="1,8,32,64")
     p.add_argument("--dtypes", default="float32,bfloat16")
     p.add_argument("--systems", default="shardserve,hf-serve,hf-generate")
-    suites: tuple[str, ...] = ("parallel", "families", "moe", "quant", "structured", "vlm")
-    suites += ("contention", "llamacpp", "ttft")
+    suites: tuple[str, ...] = ("parallel", "families", "moe", "quant", "structured", "lora")
+    suites += ("vlm", "contention", "llamacpp", "ttft")
     for suite in suites:
         p.add_argument(f"--no-{suite}", dest=suite, action="store_false")
     p.add_argument("--out", default=str(RESULTS / "latest.json"))
@@ -121,6 +122,8 @@ def main(argv: list[str] | None = None) -> int:
             quant_bench.run_quant(bench)
         if args.structured:
             structured.run_structured(bench, PARALLEL_CONCURRENCY)
+        if args.lora:
+            lora_bench.run_lora(bench, PARALLEL_CONCURRENCY)
         if args.vlm:
             from benchmarks.suites import vlm_bench  # LLaVA and Qwen2.5-VL images (own models)
 

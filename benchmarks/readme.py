@@ -12,6 +12,7 @@ from benchmarks.harness.paths import BENCH_DIR
 from benchmarks.suites import (
     contention_table,
     llamacpp_table,
+    lora_bench,
     moe_bench,
     quant_bench,
     structured,
@@ -49,6 +50,7 @@ def tables(result: dict[str, Any]) -> dict[str, str]:
         "moe_table": moe_bench.moe_table(result),
         "quant_table": quant_bench.quant_table(result),
         "structured_table": structured.structured_table(result),
+        "lora_table": lora_bench.lora_table(result),
         "contention_table": contention_table.contention_table(result),
         "llamacpp_table": llamacpp_table.peer_table(result),
         "roofline": roofline_text(result),

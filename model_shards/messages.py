@@ -93,6 +93,15 @@ class MediaInput(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     second_per_grid: float = 0.0  # a video's seconds per temporal patch (its M-RoPE time step)
 
 
+class LoraRef(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """A checked LoRA adapter (``model_shards.config.lora``); ``lora_id``: the frontend's
+    number for this load of it (prefix-cache keys and rank caches tell loads apart by it)."""
+
+    lora_id: int
+    name: str
+    path: str
+
+
 class GenerateRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """One sequence to generate, as token ids (tokenizing is the frontend's job)."""
 
@@ -114,6 +123,7 @@ class GenerateRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     prompt_logprobs: int | None = None
     # under --scheduling-policy priority: lower runs first, and is preempted last (vLLM's)
     priority: int = 0
+    lora: LoraRef | None = None  # the adapter the request names as its ``model``
 
 
 class TokenLogprob(msgspec.Struct, frozen=True, array_like=True):
@@ -301,6 +311,7 @@ class SeqChunk(msgspec.Struct, frozen=True):
     new_block_ids: list[int] = []  # appended to the block table first; it then covers the chunk
     window_block_ids: list[list[int]] = []  # the same for KV groups 1.. (config/kv_layout.py)
     score: PromptScoring | None = None  # the last stage also scores these prompt tokens
+    lora_slot: int = -1  # the rows' LoRA adapter slot (StepPlan.lora_loads); -1: the base model
 
 
 class TokenMask(msgspec.Struct, frozen=True, array_like=True):
@@ -310,6 +321,13 @@ class TokenMask(msgspec.Struct, frozen=True, array_like=True):
 
     seq_id: int
     words: bytes
+
+
+class LoraLoad(msgspec.Struct, frozen=True, array_like=True):
+    """Every rank puts ``lora`` into adapter slot ``slot`` before running the step."""
+
+    slot: int
+    lora: LoraRef
 
 
 class StepPlan(msgspec.Struct, frozen=True):
@@ -324,6 +342,7 @@ class StepPlan(msgspec.Struct, frozen=True):
     encode_types: list[list[int]] = []  # and their token type ids (empty: all 0)
     shutdown: bool = False
     token_masks: list[TokenMask] = []  # grammar masks of this step's constrained sampled chunks
+    lora_loads: list[LoraLoad] = []  # adapters into slots, before the chunks run
 
 
 # ---- rank 0 ↔ its grammar compile workers (model_shards.engine.structured) ----------

@@ -103,6 +103,18 @@ class ExpertWeights:
         return self.packed13[e], self.packed2[e]
 
 
+@dataclass
+class LoraBatch:
+    """Which LoRA adapter slot each row of a step uses. ``groups``: per slot in use, its rows
+    (a ``slice`` when contiguous, else int64 indices), base-model rows in none; ``None`` in a
+    captured decode graph (read ``row_slots`` then). ``row_slots``: ``[>= T]`` int64, the slot
+    of every row, ``-1`` the base model (a graph's static input on CUDA; rows past ``T``
+    ignored)."""
+
+    groups: list[tuple[int, slice | torch.Tensor]] | None
+    row_slots: torch.Tensor
+
+
 class Backend(ABC):
     """The ops of a forward pass and of sampling; each docstring is every backend's contract."""
 
@@ -177,6 +189,19 @@ class Backend(ABC):
         self, x: torch.Tensor, weight: torch.Tensor, packed: object, bias: torch.Tensor | None
     ) -> torch.Tensor:
         """``x [T, in]`` → ``x W^T + b: [T, out]``; ``packed``: ``pack_linear(weight)``."""
+
+    def add_lora(
+        self,
+        y: torch.Tensor,
+        x: torch.Tensor,
+        a: torch.Tensor,
+        b: torch.Tensor,
+        batch: LoraBatch,
+    ) -> None:
+        """Multi-LoRA (Punica's shrink then expand), in place: each row ``t`` of ``y [T, out]``
+        with slot ``s >= 0`` gains ``(x_t a_s^T) b_s^T``; ``x [T, in]``, ``a [slots, R, in]``,
+        ``b [slots, out, R]`` (the adapter's scale folded into ``b``)."""
+        raise NotImplementedError(f"{self.name}: no LoRA")
 
     # ---- quantized weights (model_shards.quant) ---------------------------------------
     def quantized_types(self) -> frozenset[GGMLType]:

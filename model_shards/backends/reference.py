@@ -15,6 +15,7 @@ from model_shards.backends.base import (
     DecodeMeta,
     ExpertWeights,
     KVPool,
+    LoraBatch,
     PrefillMeta,
     RotaryStep,
 )
@@ -130,6 +131,20 @@ class ReferenceBackend(Backend):
     def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = x.chunk(2, dim=-1)
         return F.silu(gate) * up
+
+    def add_lora(
+        self, y: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, batch: LoraBatch
+    ) -> None:
+        groups = batch.groups
+        if groups is None:  # a graph's replay: the groups of its rows' slots, found now
+            slots = batch.row_slots[: x.shape[0]]
+            found = [s for s in slots.unique().tolist() if s >= 0]
+            groups = [(s, (slots == s).nonzero().flatten()) for s in found]
+        for slot, rows in groups:  # one shrink and one expand per adapter in the step
+            if isinstance(rows, slice):
+                y[rows] += (x[rows] @ a[slot].T) @ b[slot].T  # [t, R] -> [t, out]
+            else:
+                y.index_add_(0, rows, (x.index_select(0, rows) @ a[slot].T) @ b[slot].T)
 
     def rotary_and_cache(
         self, qkv: torch.Tensor, step: RotaryStep, pool: KVPool, heads: tuple[int, int]

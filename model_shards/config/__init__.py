@@ -17,7 +17,8 @@ replica's flags.
 * ``classifier.py``: a ``*ForSequenceClassification`` head: labels, vLLM's activations;
 * ``vlm.py``: LLaVA's ``config.json``: the vision tower's shape, placeholders per image;
 * ``qwen2_5_vl.py``: Qwen2.5-VL's ``config.json`` (transformers 4.x and 5.x layouts), M-RoPE;
-* ``vision_budget.py``: the largest media one step may encode, to size a GPU's KV pool.
+* ``vision_budget.py``: the largest media one step may encode, to size a GPU's KV pool;
+* ``lora.py``: ``--lora-modules`` and the LoRA flags; a PEFT adapter checked against the model.
 
 No torch import (tests/server/test_imports.py): everything here runs in the frontend and the
 launching parent too, so a bad checkpoint or flag is a ``ValueError`` naming the field or the

@@ -13,6 +13,7 @@ from typing import Literal
 from model_shards.config.encoder import EncoderConfig
 from model_shards.config.hf_json import CHECKPOINT_DTYPES
 from model_shards.config.kv_layout import KVLayout, peak_blocks
+from model_shards.config.lora import LoraOptions, parse_lora_modules, read_adapter
 from model_shards.config.model import ModelConfig, load_model_config
 from model_shards.config.moe import check_expert_layout, moe_config
 from model_shards.config.quantization import (
@@ -82,10 +83,28 @@ class ReplicaConfig:
     grammar_compile_timeout_s: float = 10.0  # a structured-output grammar compiling longer: 400
     scheduling_policy: str = "fcfs"  # or "priority" (config.scheduler.SCHEDULING_POLICIES)
     kv_cache_dtype: str = "auto"  # --kv-cache-dtype: one of KV_CACHE_DTYPE_CHOICES
+    # --enable-lora: serve LoRA adapters (config/lora.py); --lora-modules' NAME=PATH entries
+    enable_lora: bool = False
+    lora_modules: tuple[str, ...] = ()
+    max_loras: int = 1
+    max_lora_rank: int = 16
+    max_cpu_loras: int | None = None  # default: --max-loras
 
     @property
     def world_size(self) -> int:
         return self.tp * self.pp
+
+    def lora_options(self) -> LoraOptions | None:
+        """The LoRA flags (``None`` without ``--enable-lora``); ``ValueError`` naming a flag."""
+        if not self.enable_lora:
+            if self.lora_modules:
+                raise ValueError("--lora-modules needs --enable-lora")
+            return None
+        cpu = self.max_loras if self.max_cpu_loras is None else self.max_cpu_loras
+        modules = parse_lora_modules(self.lora_modules)
+        opts = LoraOptions(modules, self.max_loras, self.max_lora_rank, cpu)
+        opts.check()
+        return opts
 
     def check_flags(self) -> None:
         """The checks that need no model: dtype, the scheduler's rules on its limits
@@ -161,7 +180,18 @@ class ReplicaConfig:
                     "in the model dtype; drop the flag"
                 )
             self._check_kv_cache_memory(model)
+        self._check_lora(model)
         return model
+
+    def _check_lora(self, model: ModelConfig | EncoderConfig) -> None:
+        """The LoRA flags, and each ``--lora-modules`` adapter against ``model``."""
+        opts = self.lora_options()
+        if opts is None:
+            return
+        if not isinstance(model, ModelConfig):
+            raise ValueError("--enable-lora: encoder (embedding) models take no adapters")
+        for name, path in opts.modules:
+            read_adapter(name, path, model, opts.max_lora_rank)
 
     def _check_kv_cache_memory(self, model: ModelConfig) -> None:
         """``--kv-cache-memory`` must hold one ``max_model_len``-token sequence on every rank.

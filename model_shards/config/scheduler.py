@@ -24,6 +24,7 @@ class SchedulerConfig:
     eos_token_ids: tuple[int, ...] = ()  # end a sequence ("stop") unless ``ignore_eos``
     kv_windows: tuple[int | None, ...] = (None,)
     scheduling_policy: str = "fcfs"  # or "priority": requests' ``priority``, lower first
+    max_loras: int = 0  # the ranks' LoRA adapter slots (--max-loras); 0: no adapters
 
     @property
     def num_kv_groups(self) -> int:

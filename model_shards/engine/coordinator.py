@@ -102,6 +102,7 @@ class Coordinator:
                 enable_prefix_caching=enable_prefix_caching,
                 eos_token_ids=cfg.eos_token_ids,
                 scheduling_policy=scheduling_policy,
+                max_loras=0 if worker.lora is None else worker.lora.opts.max_loras,
             )
         )
         self.keepalive_s = keepalive_s
@@ -138,6 +139,8 @@ class Coordinator:
         if problem is None and check is not None:
             found = ((i, check(m)) for i, m in enumerate(req.media))
             problem = next((f"media[{i}]: {p}" for i, p in found if p is not None), None)
+        if problem is None and req.lora is not None and self.worker.lora is not None:
+            problem = self.worker.lora.problem(req.lora)  # never a rank's crash later
         return problem
 
     def add_request(self, req: GenerateRequest, client: bytes = b"") -> None:
@@ -263,6 +266,7 @@ class Coordinator:
             new_sequences=self._with_stop_ids(scheduled),
             freed_seq_ids=scheduled.freed_seq_ids,
             token_masks=[] if self.constraints is None else self.constraints.masks(sampled),
+            lora_loads=scheduled.lora_loads,
         )
         broadcast_plan(plan, self.worker.comm, self.worker.pending)
         self._last_plan_at = time.monotonic()

@@ -16,4 +16,5 @@ each parameter (``weight_loader``); every op is the backend's.
 - ``mlp``: the gated MLP, gate/up column-parallel → act-and-mul → down row-parallel
 - ``moe``: router, stacked experts, shared expert, expert-parallel dispatch
 - ``expert_quant``: a quantized checkpoint's experts, as GGML blocks (cpu) or dequantized at load
+- ``lora``: a linear's multi-LoRA adapter slots (A, B sharded like its weight), per-row adds
 """

@@ -15,7 +15,9 @@ reads only this rank's slice from the checkpoint, kept dense or quantized
 ``ctx.ops.quantized_linear``; AWQ / GPTQ / FP8 checkpoints: :mod:`.checkpoint_quant`). The
 GEMM is the backend's (``ctx.ops.linear``); after loading, :func:`prepare_weights` asks the
 backend for a faster layout of each weight (the CPU backend's packed panels), kept beside
-the parameter in ``packed`` (a quantized weight: its blocks reordered in place).
+the parameter in ``packed`` (a quantized weight: its blocks reordered in place). A layer given
+LoRA adapters (``lora``, :mod:`.lora`) adds their low-rank products to its output, before the
+row-parallel all-reduce.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from model_shards.backends.decode_stack import GemmParts
 from model_shards.layers.checkpoint_quant import adopt_backend_form, checkpoint_gemm, ckpt_of
 from model_shards.layers.context import ShardContext
 from model_shards.layers.loading import check_dim, copy_checked, load_rows, quant_of
+from model_shards.layers.lora import LoraWeights
 from model_shards.parallel.comm import tp_all_reduce
 from model_shards.worker.checkpoint import TensorSource
 
@@ -47,6 +50,7 @@ class LinearBase(nn.Module):
     ctx: ShardContext  # set by the subclass's constructor
     packed: object | None = None  # the backend's layout of ``weight``, set by prepare()
     bias_after_reduce = False  # forward adds ``bias`` to the GEMM's all-reduced output
+    lora: LoraWeights | None = None  # multi-LoRA adapters, attached after loading
 
     def prepare(self) -> bool:
         """After loading: let the backend lay ``weight`` out for its GEMM; ``True`` if it did.
@@ -75,8 +79,8 @@ class LinearBase(nn.Module):
     def gemm_parts(self) -> GemmParts | None:
         """What :meth:`forward` multiplies by, for a backend's whole-step decode
         (:mod:`model_shards.backends.decode_stack`) at tensor parallel 1; ``None`` for a
-        checkpoint-quantized weight (AWQ / GPTQ / FP8 parts)."""
-        if ckpt_of(self.weight) is not None:
+        checkpoint-quantized weight (AWQ / GPTQ / FP8 parts) or one with LoRA adapters."""
+        if ckpt_of(self.weight) is not None or self.lora is not None:
             return None
         bias: torch.Tensor | None = getattr(self, "bias", None)
         inside, after = (None, bias) if self.bias_after_reduce else (bias, None)
@@ -141,13 +145,22 @@ class ColumnParallelLinear(LinearBase):
             self.bias = nn.Parameter(torch.empty(self.out_local, dtype=dtype), False)
             set_weight_loader(self.bias, self.weight_loader)
 
+    def out_rows(self, shard_id: int | str | None = None) -> tuple[int, int, int, int]:
+        """Where checkpoint part ``shard_id`` lands: ``(offset, total, start, size)``, its rows
+        ``start .. start + size`` of ``total`` go to this rank's rows ``offset ..``."""
+        total = self.out_local * self.ps.tp_size
+        return 0, total, self.ps.tp_rank * self.out_local, self.out_local
+
     def weight_loader(self, param: nn.Parameter, source: TensorSource) -> None:
-        start = self.ps.tp_rank * self.out_local
-        check_dim(source, 0, self.out_local * self.ps.tp_size)
-        load_rows(self.ctx, param, 0, source, 0, start, start + self.out_local)
+        offset, total, start, size = self.out_rows()
+        check_dim(source, 0, total)
+        load_rows(self.ctx, param, offset, source, 0, start, start + size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.gemm(x, self.bias)  # [T, out / tp]
+        y = self.gemm(x, self.bias)  # [T, out / tp]
+        if self.lora is not None:
+            self.lora.add(x, y)
+        return y
 
 
 class MergedColumnParallelLinear(ColumnParallelLinear):
@@ -163,16 +176,18 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         super().__init__(in_features, sum(out_sizes), bias=bias, ctx=ctx)
         self.out_sizes = list(out_sizes)
 
+    def out_rows(self, shard_id: int | str | None = None) -> tuple[int, int, int, int]:
+        tp, i = self.ps.tp_size, int(shard_id or 0)
+        size = self.out_sizes[i]
+        local = size // tp
+        return sum(self.out_sizes[:i]) // tp, size, self.ps.tp_rank * local, local
+
     def weight_loader(  # type: ignore[override]
         self, param: nn.Parameter, source: TensorSource, shard_id: int
     ) -> None:
-        tp = self.ps.tp_size
-        size = self.out_sizes[shard_id]
-        local = size // tp
-        offset = sum(self.out_sizes[:shard_id]) // tp
-        check_dim(source, 0, size)
-        start = self.ps.tp_rank * local
-        load_rows(self.ctx, param, offset, source, 0, start, start + local)
+        offset, total, start, size = self.out_rows(shard_id)
+        check_dim(source, 0, total)
+        load_rows(self.ctx, param, offset, source, 0, start, start + size)
 
 
 class QKVParallelLinear(ColumnParallelLinear):
@@ -203,18 +218,19 @@ class QKVParallelLinear(ColumnParallelLinear):
         out_local = (self.num_heads + 2 * self.num_kv_heads) * head_dim
         super().__init__(hidden_size, out_local * tp, bias=bias, ctx=ctx)
 
-    def weight_loader(  # type: ignore[override]
-        self, param: nn.Parameter, source: TensorSource, shard_id: str
-    ) -> None:
+    def out_rows(self, shard_id: int | str | None = None) -> tuple[int, int, int, int]:
         hd, tp_rank = self.head_dim, self.ps.tp_rank
         q_size, kv_size = self.num_heads * hd, self.num_kv_heads * hd
         if shard_id == "q":
-            offset, size, start = 0, q_size, tp_rank * q_size
-            total = q_size * self.ps.tp_size
-        else:
-            offset = q_size if shard_id == "k" else q_size + kv_size
-            size, start = kv_size, (tp_rank // self.kv_replicas) * kv_size
-            total = kv_size * self.ps.tp_size // self.kv_replicas
+            return 0, q_size * self.ps.tp_size, tp_rank * q_size, q_size
+        offset = q_size if shard_id == "k" else q_size + kv_size
+        total = kv_size * self.ps.tp_size // self.kv_replicas
+        return offset, total, (tp_rank // self.kv_replicas) * kv_size, kv_size
+
+    def weight_loader(  # type: ignore[override]
+        self, param: nn.Parameter, source: TensorSource, shard_id: str
+    ) -> None:
+        offset, total, start, size = self.out_rows(shard_id)
         check_dim(source, 0, total)
         load_rows(self.ctx, param, offset, source, 0, start, start + size)
 
@@ -247,5 +263,8 @@ class RowParallelLinear(LinearBase):
         copy_checked(param.data, source.read(), source.name)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = tp_all_reduce(self.gemm(x), self.ctx.comm)  # [T, out]
+        y = self.gemm(x)  # [T, out], this rank's share of the sum
+        if self.lora is not None:  # its A split along ``in`` as W is: a share of the sum too
+            self.lora.add(x, y)
+        y = tp_all_reduce(y, self.ctx.comm)  # [T, out]
         return y + self.bias if self.bias is not None else y

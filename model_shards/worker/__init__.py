@@ -11,6 +11,7 @@
 * ``loader.py``: checkpoint to this rank's parameters, strictly, reading only its slices;
 * ``kv_cache.py``: the paged K/V pool and block tables (one per KV group and sequence);
 * ``kv_scales.py``: the pools' dtype (FP8 or the model's); a checkpoint's per-layer FP8 K/V scales;
+* ``lora_adapters.py``: ``--enable-lora``: slots filled as plans say, a host LRU of adapters;
 * ``gpu_memory.py``: the GPU KV budget: one forward's peak and the graph pool, measured;
 * ``decode_graphs.py``: decode-only steps replayed as CUDA graphs (``cuda`` backend);
 * ``media_inputs.py``: a VLM's images on the first stage: encoder-output cache, embeddings;

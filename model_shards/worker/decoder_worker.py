@@ -47,6 +47,7 @@ from model_shards.worker.decode_graphs import DecodeGraphs
 from model_shards.worker.kv_cache import PagedKVCache
 from model_shards.worker.kv_scales import KVScaleStore, kv_pool_dtype, set_pool_scales
 from model_shards.worker.loader import load_weights
+from model_shards.worker.lora_adapters import LoraAdapters
 from model_shards.worker.media_inputs import MediaInputs
 from model_shards.worker.open_checkpoint import open_checkpoint
 from model_shards.worker.prompt_logprobs import score_prompts
@@ -187,6 +188,7 @@ class Worker:
         self.media = MediaInputs(model, ps.device) if _takes_images(model, ps) else None  # type: ignore[arg-type]
         # a model with its own position streams (M-RoPE): every rank tracks them
         self.positions: StepPositions | None = getattr(model, "step_positions", None)
+        self.lora: LoraAdapters | None = None  # --enable-lora: set by build()
 
     @staticmethod
     def build(
@@ -219,6 +221,8 @@ class Worker:
             kv_scales = store.read(stage, required=cfg.kv_fp8_scales)
             bytes_read = checkpoint.bytes_read
         prepare_weights(model)
+        lora_opts = replica.lora_options()
+        lora = None if lora_opts is None else LoraAdapters(model.model, cfg, ctx, lora_opts)
         graph_backend = None if replica.enforce_eager else ops.graph_backend()
         if graph_backend is not None and KVLayout.for_model(cfg).num_groups > 1:
             log.info("decode graphs off: %s keeps several KV groups", cfg.architecture)
@@ -241,8 +245,11 @@ class Worker:
             worker.graphs = DecodeGraphs(
                 worker.model, worker.kv, replica.max_num_seqs, max_model_len, graph_backend, ops
             )
+            if lora is not None:  # the graphs read each row's adapter slot as an input
+                lora.graph_slots(len(worker.graphs.rows))
             worker.graphs.capture()
         worker.bytes_loaded = bytes_read
+        worker.lora = lora
         return worker
 
     @property
@@ -270,6 +277,8 @@ class Worker:
             for chunk in plan.chunks:
                 self.sampler.observe(chunk)
             self.sampler.set_masks(plan.token_masks)
+        if self.lora is not None:
+            self.lora.load(plan.lora_loads)
         if not plan.chunks:
             return None
         self.kv.extend_tables(plan.chunks)
@@ -322,6 +331,8 @@ class Worker:
         batch = None if graphed else ForwardBatch.build(chunks, self.kv)
         if batch is not None and self.positions is not None:
             batch.rotary_rows = self.positions.rotary_rows(chunks)
+        if self.lora is not None:
+            self.lora.set_batch(chunks, graphed=batch is None)
         hidden: torch.Tensor | None = None
         if not ps.is_first_stage:
             shape = (sum(len(c.token_ids) for c in chunks), self.model.config.hidden_size)

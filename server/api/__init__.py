@@ -19,6 +19,7 @@
 * ``responses_stream.py``: ``/v1/responses`` with ``stream``: the spec's SSE events;
 * ``responses_store.py``: the bounded LRU store behind ``previous_response_id``, GET, DELETE.
 * ``batch.py``: OpenAI's batch file format: input lines to requests on the app, output records.
+* ``lora.py``: ``LoraRegistry``: the LoRA adapters a request may name; runtime load and unload.
 
 Bodies are validated by pydantic and nowhere else; what needs the engine's numbers (vocabulary,
 context length) the route modules check, each a 400 naming the field. Each route module

@@ -163,6 +163,7 @@ def prepare(
         prompt_logprobs=body.prompt_logprobs,
         grammar_param="tool_choice" if tool_grammar is not None else body.grammar_param,
         priority=serving.check_priority(body.priority),
+        lora=serving.lora_of(body.model),
     )
     requests = with_media(work.requests, media)
     thinks = serving.reasoning if tools.mode in ("none", "auto") else None
@@ -208,7 +209,7 @@ async def complete(
         scored = vllm_prompt_logprobs(serving.tokenizer, prompt, scores, body.prompt_logprobs)
     return ChatCompletionResponse(
         id=work.response_id,
-        model=serving.model_name,
+        model=serving.answered_by(work),
         choices=choices,
         usage=Usage.of(work.prompt_tokens, sum(r.completion_tokens for r in results)),
         prompt_logprobs=scored,
@@ -226,7 +227,7 @@ async def stream(
 
     def chunk(*choices: ChatChunkChoice, usage: Usage | None = None) -> bytes:
         frame = ChatCompletionChunk(
-            id=work.response_id, model=serving.model_name, choices=list(choices), usage=usage
+            id=work.response_id, model=serving.answered_by(work), choices=list(choices), usage=usage
         )
         return sse(frame.model_dump_json())
 

@@ -31,6 +31,7 @@ from model_shards.messages import (
     FinishReason,
     GenerateRequest,
     GrammarSpec,
+    LoraRef,
     PromptLogprobs,
     SamplingParams,
 )
@@ -83,11 +84,13 @@ def fan_out(
     prompt_logprobs: int | None = None,
     grammar_param: str | None = None,
     priority: int = 0,
+    lora: LoraRef | None = None,
 ) -> ChoiceRequests:
     """One request per (prompt, sample); ``max_tokens=None`` means the rest of the context.
     ``grammar``: every choice's output is constrained to it (it comes from field
     ``grammar_param``); ``prompt_logprobs``: every choice's prompt is scored with that many
-    top alternatives; ``priority``: the engine's scheduling priority (lower first)."""
+    top alternatives; ``priority``: the engine's scheduling priority (lower first); ``lora``:
+    the LoRA adapter every choice runs with."""
     requests = []
     single = len(prompts) * n == 1
     for i, prompt_ids in enumerate(prompts):
@@ -112,6 +115,7 @@ def fan_out(
                     grammar=grammar,
                     prompt_logprobs=prompt_logprobs,
                     priority=priority,
+                    lora=lora,
                 )
             )
     return ChoiceRequests(response_id, n, requests, grammar_param if grammar else None)

@@ -95,6 +95,7 @@ def prepare(serving: ServedModel, body: CompletionRequest, response_id: str) -> 
         prompt_logprobs=body.engine_prompt_logprobs,
         grammar_param=body.grammar_param,
         priority=serving.check_priority(body.priority),
+        lora=serving.lora_of(body.model),
     )
 
 
@@ -182,7 +183,7 @@ async def complete(
     completion_tokens = formatter.completion_tokens(sum(r.completion_tokens for r in results))
     return CompletionResponse(
         id=work.response_id,
-        model=serving.model_name,
+        model=serving.answered_by(work),
         choices=choices,
         usage=Usage.of(work.prompt_tokens, completion_tokens),
     )
@@ -209,7 +210,7 @@ async def stream(
                 tokens[index] = formatter.completion_tokens(delta.completion_tokens)
                 choice = formatter.choice(index, delta)
                 chunk = CompletionResponse(
-                    id=work.response_id, model=serving.model_name, choices=[choice]
+                    id=work.response_id, model=serving.answered_by(work), choices=[choice]
                 )
                 yield sse(chunk.model_dump_json())
         except ENGINE_ERRORS as exc:
@@ -220,7 +221,7 @@ async def stream(
             if body.include_usage:
                 usage = Usage.of(work.prompt_tokens, sum(tokens.values()))
                 final = CompletionResponse(
-                    id=work.response_id, model=serving.model_name, choices=[], usage=usage
+                    id=work.response_id, model=serving.answered_by(work), choices=[], usage=usage
                 )
                 yield sse(final.model_dump_json())
     yield sse("[DONE]")

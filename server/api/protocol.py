@@ -230,6 +230,7 @@ class ModelCard(BaseModel):
     root: str
     max_model_len: int
     modalities: list[str] = ["text"]  # what prompts may hold: "text", "image"
+    parent: str | None = None  # a LoRA adapter's base model
 
 
 class ModelList(BaseModel):

@@ -23,6 +23,7 @@ from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from model_shards.messages import LoraRef
 from server.api import choices
 from server.engine.client import Engine, EngineDeadError, EngineRequestError
 from server.http.errors import APIError
@@ -34,6 +35,7 @@ from server.text.reasoning import ReasoningParser
 from server.text.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
+    from server.api.lora import LoraRegistry
     from server.media.multimodal import ImageModel
 
 #: What a replica of each ``EngineReady.task`` serves, in the 400 of a route it cannot serve.
@@ -60,6 +62,7 @@ class ServedModel:
     offload: Offload = field(default_factory=Offload)  # the threads requests are prepared in
     reasoning: ReasoningParser | None = None  # --reasoning-parser
     scheduling_policy: str = "fcfs"  # the engine's --scheduling-policy
+    loras: LoraRegistry | None = None  # --enable-lora: the adapters a request may name
 
     def check_priority(self, priority: int) -> int:
         """``priority``, or a 400 naming it if the engine does not schedule by priority."""
@@ -94,7 +97,7 @@ class ServedModel:
     def check(self, model: str | None, task: str = "generate") -> int:
         """Raise the 404 (unknown ``model``), 503 (engine not serviceable) or 400 (``task``
         is not the model's) a request gets now; return the vocabulary size."""
-        if model is not None and model != self.model_name:
+        if model is not None and model != self.model_name and self.lora_of(model) is None:
             raise APIError(
                 404,
                 f"The model `{model}` does not exist; this server serves `{self.model_name}`.",
@@ -112,6 +115,17 @@ class ServedModel:
                 code="wrong_model_task",
             )
         return info.vocab_size
+
+    def answered_by(self, work: choices.ChoiceRequests) -> str:
+        """The ``model`` of a response: the LoRA adapter the requests ran with, else ours."""
+        lora = work.requests[0].lora if work.requests else None
+        return self.model_name if lora is None else lora.name
+
+    def lora_of(self, model: str | None) -> LoraRef | None:
+        """The LoRA adapter ``model`` names, or ``None`` (the base model, or unknown)."""
+        if model is None or self.loras is None or model == self.model_name:
+            return None
+        return self.loras.get(model)
 
     async def collect(
         self, work: choices.ChoiceRequests, stop: list[str]

@@ -102,6 +102,29 @@ def add_replica_flags(command: argparse.ArgumentParser) -> None:
         "output does not depend on its batch (CPU backends always are)",
     )
     _add_weight_flags(engine)
+    _add_lora_flags(command)
+
+
+def _add_lora_flags(command: argparse.ArgumentParser) -> None:
+    """vLLM's multi-LoRA flags (``model_shards/config/lora.py`` checks them and each adapter)."""
+    lora = command.add_argument_group("LoRA adapters (PEFT format)")
+    lora.add_argument("--enable-lora", action="store_true", help="serve LoRA adapters")
+    lora.add_argument(
+        "--lora-modules",
+        nargs="+",
+        default=None,
+        metavar="NAME=PATH",
+        help="adapters served from start-up; a request names one as its `model`",
+    )
+    lora.add_argument("--max-loras", type=int, default=1, help="adapters in one batch")
+    lora.add_argument("--max-lora-rank", type=int, default=16, metavar="R")
+    lora.add_argument(
+        "--max-cpu-loras",
+        type=int,
+        default=None,
+        metavar="M",
+        help="adapters kept in host memory (default: --max-loras)",
+    )
 
 
 def _add_weight_flags(engine: Any) -> None:

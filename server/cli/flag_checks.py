@@ -40,6 +40,11 @@ def replica_config(args: argparse.Namespace) -> ReplicaConfig:
         dp_attention=getattr(args, "dp_attention", False),
         grammar_compile_timeout_s=args.grammar_compile_timeout,
         scheduling_policy=args.scheduling_policy,
+        enable_lora=args.enable_lora,
+        lora_modules=tuple(args.lora_modules or ()),
+        max_loras=args.max_loras,
+        max_lora_rank=args.max_lora_rank,
+        max_cpu_loras=args.max_cpu_loras,
     )
 
 

@@ -16,8 +16,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from model_shards.config.model import ModelConfig, load_model_config
 from model_shards.config.replica import ReplicaConfig
 from model_shards.launch.packaged_model import SERVED_NAME
+from server.api.lora import LoraRegistry
 from server.cli.engine_token import check_engine_token, export_engine_token, new_engine_token
 from server.cli.flag_checks import check_serve_flags, replica_config
 from server.cli.signals import SignalGuard
@@ -192,4 +194,18 @@ def app_from_flags(
         media_options=media_options(args),
         disable_docs=args.disable_fastapi_docs,
         scheduling_policy=args.scheduling_policy,
+        loras=lora_registry(args, name),
     )
+
+
+def lora_registry(args: argparse.Namespace, name: str) -> LoraRegistry | None:
+    """With ``--enable-lora``: the adapters of ``--lora-modules`` (checked by
+    :func:`check_start_up`), served beside the base model ``name``."""
+    config = replica_config(args)
+    options = config.lora_options()
+    if options is None:
+        return None
+    model = load_model_config(config.model_dir)
+    if not isinstance(model, ModelConfig):
+        raise ValueError("--enable-lora: encoder (embedding) models take no adapters")
+    return LoraRegistry(model, name, options)

@@ -2,6 +2,7 @@
 
 * ``app.py``: ``build_app``: the routes only, the work in :mod:`server.api`;
 * ``pooling_routes.py``: the classifier routes (score, rerank, classify) and their aliases;
+* ``lora_routes.py``: ``POST /v1/load_lora_adapter`` and ``/v1/unload_lora_adapter`` (opt-in);
 * ``respond.py``: a body parsed (400 naming the field), then JSON or SSE within the deadline,
   aborted when the client leaves, the load-shedding ticket released;
 * ``middleware.py``: the front door: request id, API key, body-size limit, draining, metrics;

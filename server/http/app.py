@@ -32,6 +32,7 @@ from server.api.chat_protocol import ChatCompletionRequest
 from server.api.choices import ChoiceRequests
 from server.api.completion_protocol import CompletionRequest
 from server.api.embeddings import EmbeddingRequest
+from server.api.lora import LoraRegistry
 from server.api.protocol import ModelCard, ModelList, new_id
 from server.api.responses_output import ResponseDeleted, ResponseObject, item_id
 from server.api.responses_protocol import ResponsesRequest
@@ -42,6 +43,7 @@ from server.http import ttft_trace
 from server.http.errors import APIError, install_error_handlers
 from server.http.lifecycle import Lifecycle
 from server.http.limits import Admission, Ticket
+from server.http.lora_routes import LORA_ROUTES, add_lora_routes
 from server.http.metrics import Metrics
 from server.http.middleware import DEFAULT_MAX_REQUEST_BYTES, FrontDoor
 from server.http.openapi import BodySchemas
@@ -61,6 +63,7 @@ ROUTES = (
     "/v1/responses",
     "/v1/embeddings",
     *POOLING_ROUTES,
+    *LORA_ROUTES,
     "/v1/models",
     "/health",
     "/metrics",
@@ -86,6 +89,7 @@ def build_app(
     disable_docs: bool = False,
     scheduling_policy: str = "fcfs",
     response_store: ResponseStore | None = None,
+    loras: LoraRegistry | None = None,
 ) -> FastAPI:
     """An OpenAI-compatible app serving ``served_model_name`` through ``engine_client``.
 
@@ -97,25 +101,23 @@ def build_app(
     VLM takes images (``None``: text only); ``disable_docs`` (``--disable-fastapi-docs``) drops
     ``/docs``, ``/redoc`` and ``/openapi.json`` (else they need the API key when there is one);
     ``scheduling_policy``: the engine's (a request's ``priority`` needs ``priority``);
-    ``response_store``: what ``/v1/responses`` keeps (default: one with the default bounds).
-    ``ValueError`` at start-up if the chat template does not compile.
+    ``response_store``: what ``/v1/responses`` keeps (default: one with the default bounds);
+    ``loras``: LoRA adapters (:mod:`server.api.lora`). ``ValueError`` if the template fails.
     """
-    metrics = metrics or Metrics()
-    lifecycle = lifecycle or Lifecycle()
-    limits = Limits(admission or Admission(), request_timeout_s)
-    schemas = BodySchemas()
-    parser = tool_call_parser or tool_parsers.detect(tokenizer.chat_template)
+    metrics, lifecycle = metrics or Metrics(), lifecycle or Lifecycle()
+    limits, schemas = Limits(admission or Admission(), request_timeout_s), BodySchemas()
     serving = ServedModel(
         engine_client,
         tokenizer,
         served_model_name,
         max_model_len,
         metrics,
-        parser,
+        tool_call_parser or tool_parsers.detect(tokenizer.chat_template),
         image_model,
         media_options or MediaOptions(),
         scheduling_policy=scheduling_policy,
         reasoning=reasoning.reasoning_parser(reasoning_parser),
+        loras=loras,
     )
     template = chat.load_template(serving)
     app = _fastapi(disable_docs)
@@ -125,6 +127,7 @@ def build_app(
     _add_embedding_route(app, serving, schemas, limits)
     _add_chat_route(app, serving, template, schemas, limits)
     _add_responses_routes(app, serving, template, schemas, limits, response_store)
+    add_lora_routes(app, loras)
     schemas.install(app)
     return app
 
@@ -185,7 +188,12 @@ def _add_status_routes(app: FastAPI, serving: ServedModel, lifecycle: Lifecycle)
         card = ModelCard(
             id=name, root=name, max_model_len=serving.max_model_len, modalities=modalities
         )
-        return ModelList(data=[card])
+        adapters = [] if serving.loras is None else serving.loras.refs()
+        cards = [card] + [
+            card.model_copy(update={"id": ref.name, "root": ref.path, "parent": name})
+            for ref in adapters
+        ]
+        return ModelList(data=cards)
 
 
 def _add_completion_route(

@@ -113,6 +113,18 @@ class Metrics:
             buckets=_E2E_BUCKETS,
             registry=r,
         )
+        self.lora_requests = Counter(
+            f"{PREFIX}_lora_requests",
+            "Sequences run with a LoRA adapter, by adapter name.",
+            ["lora_name"],
+            registry=r,
+        )
+        self.lora_tokens = Counter(
+            f"{PREFIX}_lora_tokens",
+            "Tokens of the sequences run with a LoRA adapter, by adapter and kind.",
+            ["lora_name", "kind"],  # kind: prompt | generation
+            registry=r,
+        )
         self._add_engine_metrics(r)
         self._totals_seen: dict[object, int] = {}  # an engine running total -> last recorded
 
@@ -248,6 +260,12 @@ class Metrics:
         last: float | None = None
         finish = "cancelled"  # closed by the frontend: stop string, client gone
         self.prompt_tokens.inc(len(request.prompt_token_ids))
+        lora = None if request.lora is None else request.lora.name
+        if lora is not None:
+            self.lora_requests.labels(lora_name=lora).inc()
+            self.lora_tokens.labels(lora_name=lora, kind="prompt").inc(
+                len(request.prompt_token_ids)
+            )
         self.waiting.inc()
         try:
             async with contextlib.aclosing(outputs):
@@ -262,6 +280,9 @@ class Metrics:
                             self.itl.observe(stamp - last)
                         last = stamp
                         self.generation_tokens.inc(len(output.new_token_ids))
+                        if lora is not None:
+                            generated = self.lora_tokens.labels(lora_name=lora, kind="generation")
+                            generated.inc(len(output.new_token_ids))
                     if output.finish_reason is not None:
                         finish = output.finish_reason
                     yield output

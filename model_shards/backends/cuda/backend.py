@@ -35,7 +35,14 @@ from __future__ import annotations
 
 import torch
 
-from model_shards.backends.base import DecodeMeta, ExpertWeights, KVPool, PrefillMeta, RotaryStep
+from model_shards.backends.base import (
+    DecodeMeta,
+    ExpertWeights,
+    KVPool,
+    LoraBatch,
+    PrefillMeta,
+    RotaryStep,
+)
 from model_shards.backends.cuda.graphs import CudaGraphBackend, GraphBackend
 from model_shards.backends.cuda.triton_ops import (
     activation,
@@ -45,6 +52,7 @@ from model_shards.backends.cuda.triton_ops import (
     fused_moe,
     gemm,
     int4_gemm,
+    lora,
     norm,
     rotary,
     sampling,
@@ -73,6 +81,11 @@ class CudaBackend(ReferenceBackend):
 
     def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
         return activation.silu_and_mul(x)
+
+    def add_lora(
+        self, y: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, batch: LoraBatch
+    ) -> None:
+        lora.add_lora(y, x, a, b, batch.row_slots)
 
     def rotary_and_cache(
         self, qkv: torch.Tensor, step: RotaryStep, pool: KVPool, heads: tuple[int, int]

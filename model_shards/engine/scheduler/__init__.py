@@ -10,6 +10,7 @@
 * ``block_manager.py``: the pool's block ids: free, held (refcounts) or parked in the cache;
 * ``prefix_cache.py``: chained content hashes of full blocks; the LRU of parked blocks;
 * ``group_hits.py``: a hit over several KV groups: group-tagged hashes, windowed tables;
+* ``lora_slots.py``: which LoRA adapter each slot holds and who uses it; idle slots reused LRU;
 * ``stats.py``: the counters since start-up.
 
 ``SchedulerConfig`` and ``SchedulerStats`` live in :mod:`model_shards.config.scheduler`

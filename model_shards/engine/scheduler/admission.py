@@ -1,10 +1,11 @@
 """Admission: start the first waiting sequence after its prefix-cache hit, if it fits.
 
-First come first served: a waiting sequence that cannot start blocks the ones
-behind it. A sequence whose next full prompt block a running sequence is
-computing right now (``n > 1`` choices of one prompt, identical prompts)
-waits until that block is cached, then shares it. A request that scores its prompt
-(``prompt_logprobs``) takes no hit: a cached block has no logits (vLLM does the same).
+First come first served: a waiting sequence that cannot start (no seat, budget, blocks, or
+a LoRA adapter slot: :mod:`.lora_slots`) blocks the ones behind it. A sequence whose next
+full prompt block a running sequence is computing right now (``n > 1`` choices of one
+prompt, identical prompts) waits until that block is cached, then shares it. A request that
+scores its prompt (``prompt_logprobs``) takes no hit: a cached block has no logits (vLLM does
+the same).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from model_shards.engine.scheduler.group_hits import cached_tables
 from model_shards.engine.scheduler.sequence import SeqStatus, Sequence
 from model_shards.engine.scheduler.state import SchedulerState
 from model_shards.engine.scheduler.step_builder import StepBuilder
-from model_shards.messages import NewSequence
+from model_shards.messages import LoraLoad, NewSequence
 
 
 def admit(state: SchedulerState, step: StepBuilder) -> bool:
@@ -37,6 +38,13 @@ def admit(state: SchedulerState, step: StepBuilder) -> bool:
     need = state.blocks.blocks_for(end) - num_hits
     if groups * need > state.blocks.num_free - state.blocks.num_parked_among(hits):
         return False
+    if seq.request.lora is not None:
+        found = state.lora_slots.acquire(seq.request.lora)
+        if found is None:
+            return False  # every slot's adapter is in use: wait for one to be released
+        seq.lora_slot, load = found
+        if load:
+            step.lora_loads.append(LoraLoad(seq.lora_slot, seq.request.lora))
     state.waiting.popleft()
     state.blocks.acquire(hits)
     seq.block_table = hit_tables[0] + state.blocks.allocate(need)

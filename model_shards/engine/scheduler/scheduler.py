@@ -220,6 +220,10 @@ class Scheduler:
         """``ValueError`` if ``request``'s id is live or it can never run (:func:`fit_problem`)."""
         if request.request_id in self._by_request:
             raise ValueError(f"request id {request.request_id!r} is already running")
+        if request.lora is not None and not self.config.max_loras:
+            raise ValueError(
+                f"LoRA adapter {request.lora.name!r}: this engine serves none (--enable-lora)"
+            )
         cfg = self.config
         problem = fit_problem(
             request, cfg.max_model_len, cfg.block_size, cfg.num_blocks, self._peak_blocks

@@ -5,9 +5,12 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+import msgspec
+
 from model_shards.engine.scheduler.prefix_cache import BlockHash, hash_block
 from model_shards.messages import (
     GenerateRequest,
+    LoraLoad,
     NewSequence,
     RequestOutput,
     SamplingParams,
@@ -44,6 +47,7 @@ class Sequence:
     block_table: list[int] = field(default_factory=list)
     window_tables: list[list[int]] = field(default_factory=list)
     num_registered_blocks: int = 0  # leading full blocks offered to the prefix cache
+    lora_slot: int = -1  # the LoRA adapter slot it holds while running (.lora_slots)
     _hashes: list[BlockHash] = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
@@ -72,7 +76,8 @@ class Sequence:
         Computed once per block and kept: tokens are only ever appended, so a
         full block's hash never changes (not even across a preemption). A block holding
         placeholders of an image also hashes that image's content hash and offset, so
-        two different images never share K/V and the same image twice does.
+        two different images never share K/V and the same image twice does. A request's LoRA
+        adapter is hashed into its first block, so no block is shared across adapters.
         """
         if num_blocks * block_size > len(self.token_ids):
             raise ValueError(f"sequence {self.seq_id} has fewer than {num_blocks} full blocks")
@@ -85,6 +90,8 @@ class Sequence:
                 for m in self.request.media
                 if m.offset < hi and m.offset + m.length > lo
             )
+            if i == 0 and self.request.lora is not None:
+                extra += b"lora" + msgspec.msgpack.encode(self.request.lora)
             self._hashes.append(hash_block(parent, self.token_ids[lo:hi], extra))
         return self._hashes[:num_blocks]
 
@@ -101,6 +108,7 @@ class ScheduledStep:
     sequences: list[Sequence]
     new_sequences: list[NewSequence]
     freed_seq_ids: list[int]
+    lora_loads: list[LoraLoad] = field(default_factory=list)  # adapters into slots first
 
     @property
     def num_tokens(self) -> int:

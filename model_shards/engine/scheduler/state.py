@@ -9,6 +9,7 @@ from model_shards.config.kv_layout import window_start
 from model_shards.config.scheduler import SchedulerConfig, SchedulerStats
 from model_shards.engine.scheduler.block_manager import BlockManager
 from model_shards.engine.scheduler.group_hits import group_hash
+from model_shards.engine.scheduler.lora_slots import LoraSlots
 from model_shards.engine.scheduler.sequence import SeqStatus, Sequence
 from model_shards.engine.scheduler.stats import SchedulerCounters
 from model_shards.engine.scheduler.step_builder import StepBuilder
@@ -37,6 +38,7 @@ class SchedulerState:
         self.in_flight: set[int] = set()
         self.to_free: list[int] = []
         self.counters = SchedulerCounters()
+        self.lora_slots = LoraSlots(config.max_loras)
 
     def enqueue(self, seq: Sequence, preempted: bool = False) -> None:
         """Put ``seq`` into ``waiting``: at the back (new) or the front (preempted), or under
@@ -121,7 +123,8 @@ class SchedulerState:
         seq.num_registered_blocks = max(seq.num_registered_blocks, full)
 
     def retire(self, seq: Sequence) -> None:
-        """A running sequence is done (finished or aborted): release and forget it."""
+        """A running sequence is done (finished or aborted): release (blocks, adapter slot) and
+        forget it."""
         self.running.remove(seq)
         self.release_blocks(seq)
         del self.by_request[seq.request_id]
@@ -136,6 +139,9 @@ class SchedulerState:
             self.blocks.release(b for b in reversed(table) if b >= 0)
         seq.block_table = []
         seq.window_tables = []
+        if seq.lora_slot >= 0:  # off the ranks: its adapter's slot may go to another
+            self.lora_slots.release(seq.lora_slot)
+            seq.lora_slot = -1
 
     def stats(self) -> SchedulerStats:
         """The counters so far, and the pool and queues as they are now."""

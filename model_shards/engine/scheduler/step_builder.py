@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import msgspec
+
 from model_shards.engine.scheduler.sequence import ScheduledStep, Sequence
-from model_shards.messages import NewSequence, SeqChunk
+from model_shards.messages import LoraLoad, NewSequence, SeqChunk
 
 
 class StepBuilder:
@@ -21,6 +23,7 @@ class StepBuilder:
         self.chunks: list[SeqChunk] = []
         self.sequences: list[Sequence] = []
         self.new_sequences: list[NewSequence] = []
+        self.lora_loads: list[LoraLoad] = []
         self.freed = freed
         self.scheduled: set[int] = set()
         self.preempted = False
@@ -37,7 +40,10 @@ class StepBuilder:
         ``new_blocks``/``window_blocks``: the ids appended to KV group 0's / 1..'s tables."""
         sample = end == len(seq.token_ids)
         tokens = seq.token_ids[start:end]
-        self.chunks.append(SeqChunk(seq.seq_id, start, tokens, sample, new_blocks, window_blocks))
+        chunk = SeqChunk(seq.seq_id, start, tokens, sample, new_blocks, window_blocks)
+        if seq.lora_slot >= 0:
+            chunk = msgspec.structs.replace(chunk, lora_slot=seq.lora_slot)
+        self.chunks.append(chunk)
         self.sequences.append(seq)
         self.scheduled.add(seq.seq_id)
         self.budget -= end - start
@@ -48,4 +54,6 @@ class StepBuilder:
         return self.budget == 0 or self.seats == 0
 
     def build(self) -> ScheduledStep:
-        return ScheduledStep(self.chunks, self.sequences, self.new_sequences, self.freed)
+        return ScheduledStep(
+            self.chunks, self.sequences, self.new_sequences, self.freed, self.lora_loads
+        )

@@ -253,6 +253,13 @@ CASES: list[tuple[list[str], str | None, list[str], tuple[str, ...]]] = [
     (ENGINE, "llama", ["--engine-token", "short"], ("--engine-token", "at least 16")),
     (ENGINE, "llama", ["--engine-token", "t" * 15 + "\n"], ("--engine-token", "printable")),
     (ENGINE, "llama", ["-tp", "3"], ("--tensor-parallel-size 3",)),
+    # LoRA adapters (each adapter file's refusals: tests/model_shards/config/test_lora_config.py)
+    (SERVE, "llama", ["--lora-modules", "a=/x"], ("--lora-modules needs --enable-lora",)),
+    (SERVE, "llama", ["--enable-lora", "--lora-modules", "a"], ("--lora-modules 'a'",)),
+    (SERVE, "llama", ["--enable-lora", "--lora-modules", "a=/nonexistent"], ("--lora-modules a=",)),
+    (ENGINE, "llama", ["--enable-lora", "--max-loras", "0"], ("--max-loras",)),
+    (SERVE, "llama", ["--enable-lora", "--max-loras", "4", "--max-cpu-loras", "2"], ("--max-cpu",)),
+    (SERVE, "bert", ["--enable-lora"], ("--enable-lora",)),
     # ping
     (["ping", "localhost:5555"], None, [], ("ADDRESS", "tcp://")),
     (["ping", "ipc:///tmp/x", "--timeout", "0"], None, [], ("--timeout",)),

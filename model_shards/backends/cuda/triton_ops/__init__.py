@@ -11,7 +11,8 @@
 * ``fused_moe.py``: sparse MoE experts, grouped GEMMs over the routed experts only
   (``moe_align.py``: the pairs sorted and padded per expert into row blocks);
 * ``fp8_gemm.py``: FP8 W8A8: per-token activation rounding to e4m3, the FP8 GEMM, ``_scaled_mm``;
-* ``e4m3.py``: e4m3 rounding, and the FP8 K/V pools' store and load (``--kv-cache-dtype fp8``).
+* ``e4m3.py``: e4m3 rounding, and the FP8 K/V pools' store and load (``--kv-cache-dtype fp8``);
+* ``lora.py``: multi-LoRA shrink and expand, a slot per row read on the device (Punica's BGMV).
 
 Each module's wrapper takes the arguments of the matching
 :class:`model_shards.backends.base.Backend` method; the elementwise kernels round exactly as the

@@ -1,5 +1,5 @@
-"""Compile (never run) the Triton kernels of quantized weights, FP8 K/V pools and sparse MoE,
-without a GPU: all for sm90, the FP8 ones for sm80 (which has no e4m3 type). Run as
+"""Compile (never run) the Triton kernels of quantized weights, FP8 K/V pools, sparse MoE and
+LoRA, without a GPU: all for sm90, the FP8 ones for sm80 (which has no e4m3 type). Run as
 ``python -m tests.model_shards.backends.cuda.compile_kernels`` with ``TRITON_INTERPRET=0``
 (:mod:`.test_triton_compile` does). Triton's interpreter accepts what a compiled kernel
 refuses (non-constexpr globals, returns of unlike types, FP8 types an architecture lacks);
@@ -22,6 +22,7 @@ from model_shards.backends.cuda.triton_ops import (
     fp8_gemm,
     fused_moe,
     int4_gemm,
+    lora,
     rotary,
 )
 
@@ -59,6 +60,7 @@ def cases(arch: int) -> list[tuple[str, Any, dict[str, str], dict[str, Any]]]:
     rope |= {"slot_ptr": "*i64"}
     int4 = {"x_ptr": "*bf16", "qw_ptr": "*u8", "s_ptr": "*fp16", "z_ptr": "*u8"}
     int4 |= {"gidx_ptr": "*i64", "b_ptr": "*bf16", "y_ptr": "*bf16"}
+    lora_ptrs = {"slots_ptr": "*i64"} | {f"{n}_ptr": "*bf16" for n in ("x", "a", "v", "b", "y")}
     found: list[tuple[str, Any, dict[str, str], dict[str, Any]]] = [
         ("decode", attention_decode._decode_kernel, att, tiles | dict(BLOCK_G=16)),
         ("decode split", attention_decode._decode_split_kernel, att, tiles | dict(BLOCK_G=16)),
@@ -69,6 +71,8 @@ def cases(arch: int) -> list[tuple[str, Any, dict[str, str], dict[str, Any]]]:
          dict(K=4096, STATIC=False, FP8_MAX=448.0, BLOCK=1024)),
         ("int4 reduce", int4_gemm._reduce_kernel, {"b_ptr": "*bf16", "y_ptr": "*bf16"},
          dict(PARTS=8, HAS_BIAS=True, BLOCK=256)),
+        ("lora shrink", lora._shrink_kernel, lora_ptrs, dict(BLOCK_R=16, BLOCK_K=64)),
+        ("lora expand", lora._expand_kernel, lora_ptrs, dict(BLOCK_R=16, BLOCK_N=64)),
     ]  # fmt: skip
     for operand in ("fp8", "bf16") if arch >= 89 else ("bf16",):
         t = "*fp8e4nv" if operand == "fp8" else "*u8"
