@@ -21,6 +21,7 @@ from model_shards.config.quantization import (
     check_quantization_flag,
 )
 from model_shards.config.scheduler import check_step_limits
+from model_shards.config.speculative import SpeculativeConfig, check_draft
 from model_shards.gguf.files import is_gguf
 
 DTYPE_CHOICES: tuple[str, ...] = ("auto", *CHECKPOINT_DTYPES)
@@ -81,10 +82,17 @@ class ReplicaConfig:
     grammar_compile_timeout_s: float = 10.0  # a structured-output grammar compiling longer: 400
     scheduling_policy: str = "fcfs"  # or "priority" (config.scheduler.SCHEDULING_POLICIES)
     kv_cache_dtype: str = "auto"  # --kv-cache-dtype: one of KV_CACHE_DTYPE_CHOICES
+    speculative_config: str | None = None  # --speculative-config's JSON (config/speculative.py)
 
     @property
     def world_size(self) -> int:
         return self.tp * self.pp
+
+    @property
+    def speculative(self) -> SpeculativeConfig | None:
+        """The parsed ``--speculative-config`` (``ValueError`` naming it), ``None`` if off."""
+        text = self.speculative_config
+        return None if text is None else SpeculativeConfig.parse(text)
 
     def check_flags(self) -> None:
         """The checks that need no model: dtype, the scheduler's rules on its limits
@@ -118,6 +126,7 @@ class ReplicaConfig:
             raise ValueError(
                 f"--gpu-memory-utilization must be in (0, 1], got {self.gpu_memory_utilization}"
             )
+        _ = self.speculative
 
     def validate(self) -> ModelConfig | EncoderConfig:
         """Check flags, the model directory and the layout; return the model's config.
@@ -159,6 +168,12 @@ class ReplicaConfig:
                     "in the model dtype; drop the flag"
                 )
             self._check_kv_cache_memory(model)
+        spec = self.speculative
+        if spec is not None:
+            if not isinstance(model, ModelConfig):
+                raise ValueError("--speculative-config: encoder models generate no tokens")
+            if spec.model is not None:
+                check_draft(spec, self.model_dir, model.vocab_size)
         return model
 
     def _check_kv_cache_memory(self, model: ModelConfig) -> None:

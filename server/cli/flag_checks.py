@@ -40,6 +40,7 @@ def replica_config(args: argparse.Namespace) -> ReplicaConfig:
         dp_attention=getattr(args, "dp_attention", False),
         grammar_compile_timeout_s=args.grammar_compile_timeout,
         scheduling_policy=args.scheduling_policy,
+        speculative_config=args.speculative_config,
     )
 
 
