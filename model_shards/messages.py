@@ -226,6 +226,12 @@ class EngineStats(msgspec.Struct, frozen=True):
     moe_expert_tokens: dict[int, list[int]] | None = None
     # frames rank 0's engine port dropped since start-up (undecodable, unauthenticated...)
     rejected_messages: int = 0
+    # speculative decoding since start-up (vLLM's spec_decode counters): verify steps of a
+    # sequence, tokens proposed, proposals accepted, and accepted ones by draft position
+    spec_num_drafts: int = 0
+    spec_num_draft_tokens: int = 0
+    spec_num_accepted_tokens: int = 0
+    spec_accepted_per_pos: list[int] = []
 
 
 class StepOutputs(msgspec.Struct, tag="outputs", frozen=True):
@@ -301,6 +307,12 @@ class SeqChunk(msgspec.Struct, frozen=True):
     new_block_ids: list[int] = []  # appended to the block table first; it then covers the chunk
     window_block_ids: list[list[int]] = []  # the same for KV groups 1.. (config/kv_layout.py)
     score: PromptScoring | None = None  # the last stage also scores these prompt tokens
+    # speculative decoding: the last ``num_draft`` tokens are proposals, not yet accepted; the
+    # last stage samples after each of the chunk's last ``num_draft + 1`` positions
+    num_draft: int = 0
+    # >= 0: first cut every block table of the sequence to this many blocks (the blocks that
+    # held only rejected drafts went back to the pool); -1: keep them
+    table_len: int = -1
 
 
 class TokenMask(msgspec.Struct, frozen=True, array_like=True):

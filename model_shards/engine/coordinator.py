@@ -22,9 +22,16 @@ from dataclasses import dataclass
 
 import msgspec
 
+from model_shards.config.speculative import SpeculativeConfig
 from model_shards.engine.engine_port import PortSettings
 from model_shards.engine.prompt_logprobs import PromptLogprobTracker
-from model_shards.engine.replies import by_client, engine_stats, with_stats
+from model_shards.engine.replies import (
+    by_client,
+    engine_stats,
+    first_rows,
+    with_logprobs,
+    with_stats,
+)
 from model_shards.engine.request_checks import content_problem
 from model_shards.engine.request_trace import RequestTraces
 from model_shards.engine.scheduler.scheduler import (
@@ -82,9 +89,11 @@ class Coordinator:
         model_dir: str | None = None,
         grammar_compile_timeout_s: float = COMPILE_TIMEOUT_S,
         scheduling_policy: str = "fcfs",
+        speculative: SpeculativeConfig | None = None,
     ) -> None:
         """``model_dir``: where grammars find ``tokenizer.json`` (``None``: grammars refused);
-        ``grammar_compile_timeout_s``: a grammar compiling longer is refused."""
+        ``grammar_compile_timeout_s``: a grammar compiling longer is refused; ``speculative``:
+        n-gram proposals verified in each step (:mod:`model_shards.engine.speculative`)."""
         self.worker = worker
         self.ps = worker.ps
         cfg = worker.model.config
@@ -102,6 +111,7 @@ class Coordinator:
                 enable_prefix_caching=enable_prefix_caching,
                 eos_token_ids=cfg.eos_token_ids,
                 scheduling_policy=scheduling_policy,
+                speculative=_served(speculative, worker),
             )
         )
         self.keepalive_s = keepalive_s
@@ -276,23 +286,17 @@ class Coordinator:
         """Wait for a launched step's tokens and apply them."""
         result = step.result if step.result is not None else self.worker.collect(step.plan)
         updates = self.scheduler.update(step.scheduled, result.tokens)
+        # each sampled chunk's first row: the one token of a chunk without drafts
+        firsts = first_rows(step.plan.chunks)
         if self.constraints is not None:
-            for seq_id in self.constraints.advance(step.sampled, result.tokens):
+            tokens = [result.tokens[i] for i in firsts[:-1]]
+            for seq_id in self.constraints.advance(step.sampled, tokens):
                 self.scheduler.hold(seq_id)  # until its next mask is ready
         self.prompt_scores.record(
             step.plan.chunks, step.scheduled.sequences, result.prompt_logprobs
         )
         if result.logprobs is not None:
-            by_seq = {id(seq): lp for seq, lp in zip(step.sampled, result.logprobs, strict=True)}
-            updates = [
-                SeqUpdate(
-                    u.sequence,
-                    msgspec.structs.replace(u.output, logprobs=[by_seq[id(u.sequence)]]),
-                )
-                if u.sequence.request.sampling.logprobs is not None
-                else u
-                for u in updates
-            ]
+            updates = with_logprobs(updates, step.sampled, firsts, result.logprobs)
         return self.traces.attach(self.prompt_scores.attach(updates))
 
     def _with_stop_ids(self, scheduled: ScheduledStep) -> list[NewSequence]:
@@ -382,3 +386,12 @@ class Coordinator:
     def serve(self, address: str, settings: PortSettings) -> None:
         """Serve frontends on a ZMQ ROUTER at ``address`` until ``Shutdown``; then stop ranks."""
         serve_frontends(self, address, settings)
+
+
+def _served(spec: SpeculativeConfig | None, worker: Worker) -> SpeculativeConfig | None:
+    """``spec``, unless the model tracks its own position streams (M-RoPE), which a verify
+    step's rolled-back positions would confuse: then speculation is off (logged)."""
+    if spec is not None and worker.positions is not None:
+        log.warning("speculative decoding off: the model has its own position streams")
+        return None
+    return spec

@@ -6,6 +6,7 @@ import enum
 from dataclasses import dataclass, field
 
 from model_shards.engine.scheduler.prefix_cache import BlockHash, hash_block
+from model_shards.engine.speculative.proposer import SeqProposer
 from model_shards.messages import (
     GenerateRequest,
     NewSequence,
@@ -44,6 +45,8 @@ class Sequence:
     block_table: list[int] = field(default_factory=list)
     window_tables: list[list[int]] = field(default_factory=list)
     num_registered_blocks: int = 0  # leading full blocks offered to the prefix cache
+    proposer: SeqProposer | None = None  # speculative decoding's state, once it proposed
+    table_cut: int = -1  # >= 0: the ranks cut its tables to this length with its next chunk
     _hashes: list[BlockHash] = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import msgspec
+
 from model_shards.engine.scheduler.sequence import ScheduledStep, Sequence
 from model_shards.messages import NewSequence, SeqChunk
 
@@ -32,12 +34,21 @@ class StepBuilder:
         end: int,
         new_blocks: list[int],
         window_blocks: list[list[int]],
+        drafts: list[int] | None = None,
     ) -> None:
         """Add the chunk of positions ``start .. end - 1``; it samples if it reaches the end.
-        ``new_blocks``/``window_blocks``: the ids appended to KV group 0's / 1..'s tables."""
-        sample = end == len(seq.token_ids)
-        tokens = seq.token_ids[start:end]
-        self.chunks.append(SeqChunk(seq.seq_id, start, tokens, sample, new_blocks, window_blocks))
+        ``new_blocks``/``window_blocks``: the ids appended to KV group 0's / 1..'s tables;
+        ``drafts``: proposed tokens after the sequence's last, its chunk's last positions."""
+        drafts = drafts or []
+        sample = end == len(seq.token_ids) + len(drafts)
+        tokens = seq.token_ids[start : end - len(drafts)] + drafts
+        chunk = SeqChunk(seq.seq_id, start, tokens, sample, new_blocks, window_blocks)
+        cut, seq.table_cut = seq.table_cut, -1
+        self.chunks.append(
+            msgspec.structs.replace(chunk, num_draft=len(drafts), table_len=cut)
+            if drafts or cut >= 0
+            else chunk
+        )
         self.sequences.append(seq)
         self.scheduled.add(seq.seq_id)
         self.budget -= end - start
