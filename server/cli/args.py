@@ -101,6 +101,12 @@ def add_replica_flags(command: argparse.ArgumentParser) -> None:
         help="CUDA: GEMM, attention and RMSNorm with a fixed reduction order, so a row's "
         "output does not depend on its batch (CPU backends always are)",
     )
+    _add_weight_flags(engine)
+
+
+def _add_weight_flags(engine: Any) -> None:
+    """How the replica holds and splits its weights: experts, stages, quantization; and
+    speculative decoding."""
     engine.add_argument(
         "--speculative-config",
         default=None,
@@ -108,11 +114,6 @@ def add_replica_flags(command: argparse.ArgumentParser) -> None:
         help='speculative decoding, vLLM\'s JSON: {"method": "ngram", "num_speculative_tokens": '
         'K, "prompt_lookup_max": N, "prompt_lookup_min": M, "disable_by_batch_size": B}',
     )
-    _add_weight_flags(engine)
-
-
-def _add_weight_flags(engine: Any) -> None:
-    """How the replica holds and splits its weights: experts, stages, quantization."""
     engine.add_argument(
         "--enable-expert-parallel",
         action="store_true",

@@ -114,6 +114,7 @@ class Metrics:
             registry=r,
         )
         self._add_engine_metrics(r)
+        self._add_spec_decode_metrics(r)
         self._totals_seen: dict[object, int] = {}  # an engine running total -> last recorded
 
     def _add_engine_metrics(self, r: CollectorRegistry) -> None:
@@ -152,7 +153,6 @@ class Metrics:
             "Frames rank 0's engine port dropped: undecodable, unauthenticated (engine).",
             registry=r,
         )
-        self._add_spec_decode_metrics(r)
         self.replica_requests = Counter(
             f"{PREFIX}_replica_requests",
             "Requests (sequences) routed to each replica.",
