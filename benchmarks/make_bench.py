@@ -7,7 +7,8 @@ breakdown (:mod:`benchmarks.suites.ttft`, first: the machine is at its quietest)
 throughput tables (:mod:`benchmarks.suites.throughput`: every concurrency and dtype, tp/pp
 layouts, the Qwen3-shaped family), the MoE, structured-output and vision rows, and last the
 contention table (:mod:`benchmarks.suites.contention`) and the real SmolLM2 model against
-llama.cpp (:mod:`benchmarks.suites.llamacpp_peer`, which builds llama.cpp on its first run);
+llama.cpp (:mod:`benchmarks.suites.llamacpp_peer`, which builds llama.cpp on its first run),
+and n-gram speculative decoding against none (:mod:`benchmarks.suites.spec_decode`);
 ``--no-<suite>`` skips one. Every
 server runs in its own process group and is stopped in a ``finally``; an interrupted run
 still writes what it measured.
@@ -37,7 +38,15 @@ from benchmarks.harness.bench import (
 from benchmarks.harness.machine import machine, measure_roofline
 from benchmarks.harness.model import SHAPES, ensure_model
 from benchmarks.harness.paths import BENCH_DIR, RESULTS
-from benchmarks.suites import contention, llamacpp_peer, moe_bench, structured, throughput, ttft
+from benchmarks.suites import (
+    contention,
+    llamacpp_peer,
+    moe_bench,
+    spec_decode,
+    structured,
+    throughput,
+    ttft,
+)
 
 
 def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
@@ -51,7 +60,17 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--concurrency", default="1,8,32,64")
     p.add_argument("--dtypes", default="float32,bfloat16")
     p.add_argument("--systems", default="shardserve,hf-serve,hf-generate")
-    suites = ("parallel", "families", "moe", "structured", "vlm", "contention", "llamacpp", "ttft")
+    suites = (
+        "parallel",
+        "families",
+        "moe",
+        "structured",
+        "vlm",
+        "contention",
+        "llamacpp",
+        "spec",
+        "ttft",
+    )
     for suite in suites:
         p.add_argument(f"--no-{suite}", dest=suite, action="store_false")
     p.add_argument("--out", default=str(RESULTS / "latest.json"))
@@ -121,6 +140,8 @@ def main(argv: list[str] | None = None) -> int:
             except (RuntimeError, OSError, subprocess.CalledProcessError) as err:
                 first = (str(err).splitlines() or [type(err).__name__])[0]
                 bench.notes.append(f"llama.cpp rows not measured: {first}")
+        if args.spec:
+            spec_decode.run_spec(bench)
     except KeyboardInterrupt:
         print("interrupted: every server was stopped; writing what was measured", flush=True)
         bench.notes.append("run interrupted before the end")

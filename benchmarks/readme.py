@@ -13,6 +13,7 @@ from benchmarks.suites import (
     contention_table,
     llamacpp_table,
     moe_bench,
+    spec_decode,
     structured,
     throughput,
     ttft,
@@ -49,6 +50,7 @@ def tables(result: dict[str, Any]) -> dict[str, str]:
         "structured_table": structured.structured_table(result),
         "contention_table": contention_table.contention_table(result),
         "llamacpp_table": llamacpp_table.peer_table(result),
+        "spec_table": spec_decode.spec_table(result),
         "roofline": roofline_text(result),
     }
 
