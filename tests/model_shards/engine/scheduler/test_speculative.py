@@ -8,7 +8,8 @@ sampler is per position: under preemption (a pool of few blocks), with prefix-ca
 an accepted run. After every step: each block registered in the prefix cache holds the
 sequence's own tokens (never a rejected draft), and no sequence's table reaches past the
 blocks its computed positions need (the ranks' tables are cut the same way); afterwards
-every block is free. Drafts stop above ``disable_by_batch_size`` and after a run of rejections.
+every block is free. Drafts stop above ``disable_by_batch_size`` and after a run of rejections;
+a sequence under a grammar never takes any.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import random
 
+import msgspec
 import pytest
 
 from model_shards.config.speculative import SpeculativeConfig
@@ -23,7 +25,7 @@ from model_shards.engine.scheduler import Scheduler, Sequence
 from model_shards.engine.speculative.ngram import NgramIndex
 from model_shards.engine.speculative.proposer import PAUSE_STEPS, SeqProposer
 from model_shards.engine.speculative.verify import accepted_run
-from model_shards.messages import GenerateRequest, SamplingParams
+from model_shards.messages import GenerateRequest, GrammarSpec, SamplingParams
 from tests.model_shards.engine.scheduler.sim import VOCAB, FakeWorker, assert_quiescent, config
 
 PERIOD = 5
@@ -167,3 +169,17 @@ def test_ngram_index_and_the_gate() -> None:
         p.record(0)
     assert p.pause == PAUSE_STEPS
     assert p.propose([1, 2, 1], 4) == []
+
+
+def test_constrained_sequences_take_no_drafts() -> None:
+    """A grammar masks one position a step: its sequences decode one token at a time."""
+    sched = Scheduler(config(speculative=NGRAM))
+    worker = RepeatingWorker(sched.config.num_blocks, sched.config.block_size)
+    grammar = GrammarSpec("regex", "[a-z]+")
+    for req in _requests(4):
+        sched.add(msgspec.structs.replace(req, grammar=grammar))
+    while sched.has_work():
+        step = sched.schedule()
+        assert all(c.num_draft == 0 for c in step.chunks)
+        sched.update(step, worker.execute(step))
+    assert sched.stats.spec.drafts == 0
