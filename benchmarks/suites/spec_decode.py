@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -87,9 +88,9 @@ def dataset(workload: str, count: int, tag: str) -> str:
 
 
 def run_spec(
-    bench: Bench, points: tuple[tuple[int, str], ...] = POINTS, rounds: int = ROUNDS
+    bench: Bench | Results, points: tuple[tuple[int, str], ...] = POINTS, rounds: int = ROUNDS
 ) -> None:
-    """The rows into ``bench``: every point, every server, ``rounds`` times."""
+    """The rows (and a note) into ``bench``: every point, every server, ``rounds`` times."""
     model = packaged_model.packaged_gguf()
     flags = {SPEC_NONE: [], SPEC_NGRAM: ["--speculative-config", json.dumps(NGRAM)]}
     with contextlib.ExitStack() as stack:
@@ -118,6 +119,14 @@ def run_spec(
                     )  # fmt: skip
                     bench.rows.append(_row(name, workload, c, r, metrics))
     bench.notes.append(f"speculative rows: {OUTPUT_LEN} greedy tokens, n-gram config {NGRAM}")
+
+
+@dataclass
+class Results:
+    """Rows and notes of a run of this suite alone (``make bench`` passes its ``Bench``)."""
+
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
 
 
 def _row(name: str, workload: str, c: int, r: int, m: dict[str, Any]) -> dict[str, Any]:
@@ -167,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="one round, c=1 points only")
     parser.add_argument("--out", help="also write the rows and notes as JSON here")
     args = parser.parse_args(argv)
-    bench = Bench([])
+    bench = Results()
     points = tuple(p for p in POINTS if p[0] == 1) if args.quick else POINTS
     run_spec(bench, points, 1 if args.quick else ROUNDS)
     result = {"rows": bench.rows, "notes": bench.notes}

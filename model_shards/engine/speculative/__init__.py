@@ -9,7 +9,10 @@
   counters (vLLM's ``spec_decode`` metrics).
 
 A sequence with ``K`` drafts runs one chunk of ``K + 1`` tokens (its last token and the drafts);
-the last stage samples after each of them exactly as it would one at a time (same seed, same
-position: :mod:`model_shards.worker.spec_rows`), and the drafts are accepted while they equal
-the samples, then the first differing sample (or the sample after the last draft) is emitted.
+each row attends as a decode row would (``layers/attention.py``: the decode kernel, the
+sequence's K/V up to that row), the last stage samples after each of them exactly as it would
+one at a time (same seed, same position: :mod:`model_shards.worker.spec_rows`), and the drafts
+are accepted while they equal the samples, then the first differing sample (or the sample
+after the last draft) is emitted: the tokens of plain decoding (up to how a GEMM over more
+rows rounds its last bits: the quantized CPU kernels of the packaged SmolLM2 do not differ).
 """
