@@ -34,14 +34,16 @@ def schedule_decode(
 
 def _drafts(state: SchedulerState, seq: Sequence, step: StepBuilder) -> list[int]:
     """Proposals after ``seq``'s last token: none under a grammar (its mask covers one
-    position), at most what the step's budget, ``max_tokens`` and the model length leave."""
+    position), at most what ``max_tokens``, the model length and the step's budget leave (a
+    token kept for each other running sequence still to schedule)."""
     config = state.config
     if config.speculative is None or seq.request.grammar is not None:
         return []
     if seq.proposer is None:
         seq.proposer = SeqProposer.for_config(config.speculative)
+    others = sum(1 for s in state.running if s is not seq and state.ready(s, step))
     room = min(
-        step.budget - 1,
+        step.budget - 1 - others,
         seq.request.max_tokens - len(seq.output_ids) - 1,
         config.max_model_len - len(seq.token_ids) - 1,
     )

@@ -11,6 +11,11 @@ One step (:meth:`Scheduler.schedule`) packs, within ``max_num_seqs`` sequences a
    the chunk that reaches the last token). A sequence whose next full prompt block a running
    one is computing right now (``n > 1`` choices, identical prompts) waits to share it.
 
+With ``--speculative-config`` (and at most ``disable_by_batch_size`` running), a decode also
+carries the sequence's drafts; :meth:`Scheduler.update` emits the drafts the samples accept and
+the next sample, one token at a time through the stop checks, and rolls the rest back
+(:mod:`model_shards.engine.speculative`).
+
 A running sequence short of a block preempts the newest one not in this step (:mod:`.decode`;
 under the ``priority`` policy the one ranking last, and a waiting sequence without a seat or
 blocks preempts a running one ranking after it);

@@ -30,7 +30,8 @@ class Sequence:
     in the KV cache (covered by ``block_table``, and by ``window_tables``: the tables of
     KV groups 1.. when the model has several, ``-1`` where a block left the window).
     A running sequence is *decoding* when exactly its last token is not yet computed, else
-    *prefilling*. ``sampling`` always carries a seed.
+    *prefilling*. ``sampling`` always carries a seed. Speculative drafts never enter
+    ``token_ids``: a verify chunk carries them, and only the accepted ones are appended.
     """
 
     seq_id: int
