@@ -26,6 +26,7 @@ COMMANDS: dict[str, tuple[str, ...]] = {
         "contention",
         "contention_ab",
         "llamacpp_peer",
+        "spec_decode",
         "perplexity",
     ),
     "micro": (

@@ -8,7 +8,8 @@ throughput tables (:mod:`benchmarks.suites.throughput`: every concurrency and dt
 layouts, the Qwen3-shaped family), the MoE, quantized-checkpoint (FP8, AWQ), structured-output,
 multi-LoRA and vision rows, and last the
 contention table (:mod:`benchmarks.suites.contention`) and the real SmolLM2 model against
-llama.cpp (:mod:`benchmarks.suites.llamacpp_peer`, which builds llama.cpp on its first run);
+llama.cpp (:mod:`benchmarks.suites.llamacpp_peer`, which builds llama.cpp on its first run),
+and n-gram speculative decoding against none (:mod:`benchmarks.suites.spec_decode`);
 ``--no-<suite>`` skips one. Every
 server runs in its own process group and is stopped in a ``finally``; an interrupted run
 still writes what it measured.
@@ -44,6 +45,7 @@ from benchmarks.suites import (
     lora_bench,
     moe_bench,
     quant_bench,
+    spec_decode,
     structured,
     throughput,
     ttft,
@@ -62,7 +64,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--dtypes", default="float32,bfloat16")
     p.add_argument("--systems", default="shardserve,hf-serve,hf-generate")
     suites: tuple[str, ...] = ("parallel", "families", "moe", "quant", "structured", "lora")
-    suites += ("vlm", "contention", "llamacpp", "ttft")
+    suites += ("vlm", "contention", "llamacpp", "spec", "ttft")
     for suite in suites:
         p.add_argument(f"--no-{suite}", dest=suite, action="store_false")
     p.add_argument("--out", default=str(RESULTS / "latest.json"))
@@ -136,6 +138,8 @@ def main(argv: list[str] | None = None) -> int:
             except (RuntimeError, OSError, subprocess.CalledProcessError) as err:
                 first = (str(err).splitlines() or [type(err).__name__])[0]
                 bench.notes.append(f"llama.cpp rows not measured: {first}")
+        if args.spec:
+            spec_decode.run_spec(bench)
     except KeyboardInterrupt:
         print("interrupted: every server was stopped; writing what was measured", flush=True)
         bench.notes.append("run interrupted before the end")

@@ -15,6 +15,7 @@ from benchmarks.suites import (
     lora_bench,
     moe_bench,
     quant_bench,
+    spec_decode,
     structured,
     throughput,
     ttft,
@@ -53,6 +54,7 @@ def tables(result: dict[str, Any]) -> dict[str, str]:
         "lora_table": lora_bench.lora_table(result),
         "contention_table": contention_table.contention_table(result),
         "llamacpp_table": llamacpp_table.peer_table(result),
+        "spec_table": spec_decode.spec_table(result),
         "roofline": roofline_text(result),
     }
 

@@ -44,6 +44,7 @@ from deploy.loadtest_lib.client import (
     discover_model,
     make_client,
     normalize_base_url,
+    spec_decode_totals,
 )
 from deploy.loadtest_lib.config import (
     ENDPOINTS,
@@ -52,7 +53,7 @@ from deploy.loadtest_lib.config import (
     parse_number_list,
     parse_slo,
 )
-from deploy.loadtest_lib.metrics import compute_metrics
+from deploy.loadtest_lib.metrics import compute_metrics, with_spec_decode
 from deploy.loadtest_lib.progress import ProgressBar
 from deploy.loadtest_lib.report import format_comparison, format_summary
 from deploy.loadtest_lib.results import (
@@ -217,12 +218,14 @@ async def run_benchmark(
             if progress:
                 label = f"{n}/{len(config.points)} {point.label}"
                 bar = ProgressBar(label, config.num_requests, config.duration_s)
+            before = await spec_decode_totals(client)
             records, elapsed = await run_point(
                 client, target, specs, point, bounds, config.seed, bar
             )
             if bar is not None:
                 bar.close()
             metrics = compute_metrics(records, elapsed, config.slo)
+            metrics = with_spec_decode(metrics, before, await spec_decode_totals(client))
             points.append(PointResult(point, metrics, tuple(records)))
     return RunResult(config, started_at, source, tuple(points))
 

@@ -1,4 +1,5 @@
-"""The wire protocol: every message that crosses a process boundary (msgpack, never pickle).
+"""The wire protocol: every message that crosses a process boundary (msgpack, never pickle;
+no torch import, so the frontend can use it).
 
 * frontend ↔ coordinator (ZMQ; rank 0 binds a ROUTER, each frontend connects a DEALER): the
   frontend sends :data:`FrontendMessage` values, ``Hello`` first; rank 0 answers ``Hello`` with
@@ -9,8 +10,6 @@
   broadcast over the gloo group as a length-prefixed byte tensor.
 * rank 0 ↔ its grammar compile workers (pipes): a :class:`GrammarSpec` in, a
   :class:`CompiledGrammar` out, each frame length-prefixed.
-
-No torch import, so the frontend can use it.
 """
 
 from __future__ import annotations
@@ -94,10 +93,9 @@ class MediaInput(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 
 class LoraRef(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """A checked LoRA adapter (``model_shards.config.lora``); ``lora_id``: the frontend's
-    number for this load of it (prefix-cache keys and rank caches tell loads apart by it)."""
+    """A checked LoRA adapter (``model_shards.config.lora``)."""
 
-    lora_id: int
+    lora_id: int  # the frontend's number for this load of it (prefix keys, rank caches)
     name: str
     path: str
 
@@ -236,6 +234,11 @@ class EngineStats(msgspec.Struct, frozen=True):
     moe_expert_tokens: dict[int, list[int]] | None = None
     # frames rank 0's engine port dropped since start-up (undecodable, unauthenticated...)
     rejected_messages: int = 0
+    # speculative decoding since start-up (vLLM's spec_decode counters)
+    spec_num_drafts: int = 0
+    spec_num_draft_tokens: int = 0
+    spec_num_accepted_tokens: int = 0
+    spec_accepted_per_pos: list[int] = []  # accepted proposals by draft position
 
 
 class StepOutputs(msgspec.Struct, tag="outputs", frozen=True):
@@ -312,6 +315,11 @@ class SeqChunk(msgspec.Struct, frozen=True):
     window_block_ids: list[list[int]] = []  # the same for KV groups 1.. (config/kv_layout.py)
     score: PromptScoring | None = None  # the last stage also scores these prompt tokens
     lora_slot: int = -1  # the rows' LoRA adapter slot (StepPlan.lora_loads); -1: the base model
+    # speculative decoding: the last ``num_draft`` tokens are proposals (sampled after each of
+    # the last ``num_draft + 1`` positions); ``table_len >= 0``: first cut the sequence's block
+    # tables to that many blocks (those holding only rejected drafts went back to the pool)
+    num_draft: int = 0
+    table_len: int = -1
 
 
 class TokenMask(msgspec.Struct, frozen=True, array_like=True):

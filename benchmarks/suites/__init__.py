@@ -12,4 +12,6 @@
 - ``contention_ab``: settings of ours A/B under the same contention (not in ``make bench``).
 - ``llamacpp_peer``: the real SmolLM2 model (GGUF Q4_1, Q8_0, Q4_K_M) beside ``llama-server``.
 - ``llamacpp_table``: its table.
+- ``spec_decode``: n-gram speculative decoding against none on the real SmolLM2 model (editing
+  and chat at concurrency 1, chat at 32), with the acceptance read from ``/metrics``.
 """

@@ -204,3 +204,27 @@ def _finish(record: RequestRecord, start: float, end: float) -> None:
         record.output_tokens = record.chunks
     record.e2e_ms = (end - start) * 1000.0
     record.status = OK
+
+
+_SPEC_SERIES = ("num_drafts_total", "num_draft_tokens_total", "num_accepted_tokens_total")
+
+
+async def spec_decode_totals(client: httpx.AsyncClient) -> tuple[float, float, float] | None:
+    """The server's speculative-decoding totals from ``GET /metrics`` (shardserve's or vLLM's
+    ``spec_decode`` counters): drafts, draft tokens, accepted tokens; ``None`` if it has none."""
+    try:
+        response = await client.get("/metrics")
+    except httpx.HTTPError:
+        return None
+    if response.status_code != 200:
+        return None
+    found: dict[str, float] = {}
+    for line in response.text.splitlines():
+        name, _, value = line.partition(" ")
+        for series in _SPEC_SERIES:
+            if name in (f"shardserve_spec_decode_{series}", f"vllm:spec_decode_{series}"):
+                found[series] = found.get(series, 0.0) + float(value)
+    if len(found) < len(_SPEC_SERIES):
+        return None
+    drafts, tokens, accepted = (found[s] for s in _SPEC_SERIES)
+    return drafts, tokens, accepted

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from deploy.loadtest_lib.config import SLO
@@ -51,6 +51,7 @@ class Stats:
 
 
 LATENCIES = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
+SpecTotals = tuple[float, float, float]  # a server's drafts, draft tokens, accepted tokens
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +77,10 @@ class PointMetrics:
     tpot_ms: Stats
     itl_ms: Stats
     e2e_ms: Stats
+    # speculative decoding over the point, when the server's /metrics has its counters:
+    # proposed tokens accepted (0..1), and tokens per verify step (1 + accepted / drafts)
+    spec_acceptance: float | None = None
+    spec_tokens_per_step: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -86,6 +91,21 @@ class PointMetrics:
         for name in LATENCIES:
             fields[name] = Stats(**fields[name])
         return cls(**fields)
+
+
+def with_spec_decode(
+    metrics: PointMetrics, before: SpecTotals | None, after: SpecTotals | None
+) -> PointMetrics:
+    """``metrics`` with the acceptance of the verify steps between two ``/metrics`` readings
+    (unchanged when the server exposes none, or made no proposal)."""
+    if before is None or after is None:
+        return metrics
+    drafts, tokens, accepted = (a - b for a, b in zip(after, before, strict=True))
+    if drafts <= 0 or tokens <= 0:
+        return metrics
+    return replace(
+        metrics, spec_acceptance=accepted / tokens, spec_tokens_per_step=1 + accepted / drafts
+    )
 
 
 def meets_slo(record: RequestRecord, slo: SLO) -> bool:

@@ -29,6 +29,12 @@ def _point_block(point: PointResult) -> list[str]:
         f"tokens in/out {m.input_tokens}/{m.output_tokens}",
         f"   {'(ms)':<6}{'mean':>10}{'p50':>10}{'p90':>10}{'p99':>10}{'n':>8}",
     ]
+    if m.spec_acceptance is not None:
+        lines.insert(
+            2,
+            f"   speculative decoding: {_num(100 * m.spec_acceptance, 1)}% of proposed tokens "
+            f"accepted, {_num(m.spec_tokens_per_step, 2)} tokens per verify step",
+        )
     for name in LATENCIES:
         s: Stats = getattr(m, name)
         row = "".join(f"{_num(v, 2):>10}" for v in (s.mean, s.p50, s.p90, s.p99))

@@ -12,6 +12,7 @@ replica's flags.
 * ``moe.py``: a MoE checkpoint's experts, and the TP / expert-parallel layouts that fit them;
 * ``kv_layout.py``: KV groups: which layers share a block table (sliding windows), peak blocks;
 * ``scheduler.py``: ``SchedulerConfig`` (step limits, the pool, KV windows), ``SchedulerStats``;
+* ``speculative.py``: ``--speculative-config`` (vLLM's JSON: n-gram or draft model), checked;
 * ``encoder.py``: a BERT-family encoder served for embeddings, its pooling files included, or
   as a classifier (cross-encoder);
 * ``classifier.py``: a ``*ForSequenceClassification`` head: labels, vLLM's activations;

@@ -23,6 +23,7 @@ from model_shards.config.quantization import (
     check_quantization_flag,
 )
 from model_shards.config.scheduler import check_step_limits
+from model_shards.config.speculative import SpeculativeConfig, check_draft
 from model_shards.gguf.files import is_gguf
 
 DTYPE_CHOICES: tuple[str, ...] = ("auto", *CHECKPOINT_DTYPES)
@@ -89,6 +90,7 @@ class ReplicaConfig:
     max_loras: int = 1
     max_lora_rank: int = 16
     max_cpu_loras: int | None = None  # default: --max-loras
+    speculative_config: str | None = None  # --speculative-config's JSON (config/speculative.py)
 
     @property
     def world_size(self) -> int:
@@ -105,6 +107,12 @@ class ReplicaConfig:
         opts = LoraOptions(modules, self.max_loras, self.max_lora_rank, cpu)
         opts.check()
         return opts
+
+    @property
+    def speculative(self) -> SpeculativeConfig | None:
+        """The parsed ``--speculative-config`` (``ValueError`` naming it), ``None`` if off."""
+        text = self.speculative_config
+        return None if text is None else SpeculativeConfig.parse(text)
 
     def check_flags(self) -> None:
         """The checks that need no model: dtype, the scheduler's rules on its limits
@@ -138,6 +146,7 @@ class ReplicaConfig:
             raise ValueError(
                 f"--gpu-memory-utilization must be in (0, 1], got {self.gpu_memory_utilization}"
             )
+        _ = self.speculative
 
     def validate(self) -> ModelConfig | EncoderConfig:
         """Check flags, the model directory and the layout; return the model's config.
@@ -181,6 +190,12 @@ class ReplicaConfig:
                 )
             self._check_kv_cache_memory(model)
         self._check_lora(model)
+        spec = self.speculative
+        if spec is not None:
+            if not isinstance(model, ModelConfig):
+                raise ValueError("--speculative-config: encoder models generate no tokens")
+            if spec.model is not None:
+                check_draft(spec, self.model_dir, model.vocab_size)
         return model
 
     def _check_lora(self, model: ModelConfig | EncoderConfig) -> None:

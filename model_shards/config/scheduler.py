@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from model_shards.config.speculative import SpeculativeConfig
+
 
 @dataclass(frozen=True)
 class SchedulerConfig:
@@ -25,6 +27,7 @@ class SchedulerConfig:
     kv_windows: tuple[int | None, ...] = (None,)
     scheduling_policy: str = "fcfs"  # or "priority": requests' ``priority``, lower first
     max_loras: int = 0  # the ranks' LoRA adapter slots (--max-loras); 0: no adapters
+    speculative: SpeculativeConfig | None = None  # n-gram proposals (--speculative-config)
 
     @property
     def num_kv_groups(self) -> int:
@@ -66,6 +69,17 @@ def check_step_limits(max_num_seqs: int, max_num_batched_tokens: int, block_size
 
 
 @dataclass(frozen=True)
+class SpecCounts:
+    """Speculative decoding since start-up: verify steps of a sequence (``drafts``), tokens
+    proposed, proposals accepted, and accepted ones by draft position (index 0: the first)."""
+
+    drafts: int = 0
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    accepted_per_pos: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
 class SchedulerStats:
     """A snapshot of the scheduler's counters: totals since start-up, then gauges."""
 
@@ -77,3 +91,4 @@ class SchedulerStats:
     num_blocks: int
     num_running: int
     num_waiting: int
+    spec: SpecCounts = SpecCounts()  # speculative decoding's counters since start-up

@@ -22,9 +22,16 @@ from dataclasses import dataclass
 
 import msgspec
 
+from model_shards.config.speculative import SpeculativeConfig
 from model_shards.engine.engine_port import PortSettings
 from model_shards.engine.prompt_logprobs import PromptLogprobTracker
-from model_shards.engine.replies import by_client, engine_stats, with_stats
+from model_shards.engine.replies import (
+    by_client,
+    engine_stats,
+    first_rows,
+    with_logprobs,
+    with_stats,
+)
 from model_shards.engine.request_checks import content_problem
 from model_shards.engine.request_trace import RequestTraces
 from model_shards.engine.scheduler.scheduler import (
@@ -35,6 +42,7 @@ from model_shards.engine.scheduler.scheduler import (
     Sequence,
     SeqUpdate,
 )
+from model_shards.engine.speculative.proposer import served
 from model_shards.engine.structured.compile_pool import COMPILE_TIMEOUT_S, GrammarError
 from model_shards.engine.structured.constraints import Constraints
 from model_shards.engine.structured.grammars import GrammarCache
@@ -82,9 +90,11 @@ class Coordinator:
         model_dir: str | None = None,
         grammar_compile_timeout_s: float = COMPILE_TIMEOUT_S,
         scheduling_policy: str = "fcfs",
+        speculative: SpeculativeConfig | None = None,
     ) -> None:
         """``model_dir``: where grammars find ``tokenizer.json`` (``None``: grammars refused);
-        ``grammar_compile_timeout_s``: a grammar compiling longer is refused."""
+        ``grammar_compile_timeout_s``: a grammar compiling longer is refused; ``speculative``:
+        n-gram proposals verified in each step (:mod:`model_shards.engine.speculative`)."""
         self.worker = worker
         self.ps = worker.ps
         cfg = worker.model.config
@@ -103,6 +113,7 @@ class Coordinator:
                 eos_token_ids=cfg.eos_token_ids,
                 scheduling_policy=scheduling_policy,
                 max_loras=0 if worker.lora is None else worker.lora.opts.max_loras,
+                speculative=served(speculative, own_positions=worker.positions is not None),
             )
         )
         self.keepalive_s = keepalive_s
@@ -111,18 +122,8 @@ class Coordinator:
         self._last_plan_at = time.monotonic()
         self.max_in_flight = self.ps.pp_size if pipeline_overlap else 1
         self._in_flight: deque[_InFlight] = deque()
-        self.constraints = (
-            None
-            if model_dir is None
-            else Constraints(
-                GrammarCache(
-                    model_dir,
-                    cfg.vocab_size,
-                    list(cfg.eos_token_ids),
-                    compile_timeout_s=grammar_compile_timeout_s,
-                ),
-                cfg.vocab_size,
-            )
+        self.constraints = _constraints(
+            model_dir, cfg.vocab_size, cfg.eos_token_ids, grammar_compile_timeout_s
         )
         self._refused: list[Reply] = []  # constrained requests refused once their grammar was known
         self.traces = RequestTraces()  # opt-in TTFT stamps (GenerateRequest.trace)
@@ -280,23 +281,17 @@ class Coordinator:
         """Wait for a launched step's tokens and apply them."""
         result = step.result if step.result is not None else self.worker.collect(step.plan)
         updates = self.scheduler.update(step.scheduled, result.tokens)
+        # each sampled chunk's first row: the one token of a chunk without drafts
+        firsts = first_rows(step.plan.chunks)
         if self.constraints is not None:
-            for seq_id in self.constraints.advance(step.sampled, result.tokens):
+            tokens = [result.tokens[i] for i in firsts[:-1]]
+            for seq_id in self.constraints.advance(step.sampled, tokens):
                 self.scheduler.hold(seq_id)  # until its next mask is ready
         self.prompt_scores.record(
             step.plan.chunks, step.scheduled.sequences, result.prompt_logprobs
         )
         if result.logprobs is not None:
-            by_seq = {id(seq): lp for seq, lp in zip(step.sampled, result.logprobs, strict=True)}
-            updates = [
-                SeqUpdate(
-                    u.sequence,
-                    msgspec.structs.replace(u.output, logprobs=[by_seq[id(u.sequence)]]),
-                )
-                if u.sequence.request.sampling.logprobs is not None
-                else u
-                for u in updates
-            ]
+            updates = with_logprobs(updates, step.sampled, firsts, result.logprobs)
         return self.traces.attach(self.prompt_scores.attach(updates))
 
     def _with_stop_ids(self, scheduled: ScheduledStep) -> list[NewSequence]:
@@ -386,3 +381,13 @@ class Coordinator:
     def serve(self, address: str, settings: PortSettings) -> None:
         """Serve frontends on a ZMQ ROUTER at ``address`` until ``Shutdown``; then stop ranks."""
         serve_frontends(self, address, settings)
+
+
+def _constraints(
+    model_dir: str | None, vocab_size: int, eos_token_ids: tuple[int, ...], timeout_s: float
+) -> Constraints | None:
+    """Structured output's grammars, or ``None`` (refused) without a ``model_dir``."""
+    if model_dir is None:
+        return None
+    grammars = GrammarCache(model_dir, vocab_size, list(eos_token_ids), compile_timeout_s=timeout_s)
+    return Constraints(grammars, vocab_size)

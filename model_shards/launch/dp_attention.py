@@ -212,6 +212,7 @@ def run_dp_attention_rank(
             model_dir=str(config.model_dir),
             grammar_compile_timeout_s=config.grammar_compile_timeout_s,
             scheduling_policy=config.scheduling_policy,
+            speculative=config.speculative,
         )
         serve_lockstep(LockstepEngine(coordinator, ep), address, settings)
         clean = True

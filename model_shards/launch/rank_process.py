@@ -215,6 +215,7 @@ def serve_rank(
                 model_dir=str(config.model_dir),
                 grammar_compile_timeout_s=config.grammar_compile_timeout_s,
                 scheduling_policy=config.scheduling_policy,
+                speculative=config.speculative,
             ).serve(address, settings)
         else:
             worker.serve_forever()

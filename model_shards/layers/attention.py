@@ -104,9 +104,9 @@ class ForwardBatch:
             n = len(c.token_ids)
             end = c.start_pos + n
             positions.extend(range(c.start_pos, end))
-            if n == 1:
-                decode_rows.append(row)
-                decode_lens.append(end)
+            if n == 1 or c.num_draft:  # a verify chunk's rows attend as decodes do, one each
+                decode_rows.extend(range(row, row + n))
+                decode_lens.extend(range(c.start_pos + 1, end + 1))
             else:
                 prefill_rows.append(row)
                 prefill_lens.append(n)
@@ -157,6 +157,10 @@ class _GroupLists:
         if end - chunk.start_pos == 1:
             self.slots.append(kv.slot(chunk.seq_id, chunk.start_pos, group))
             self.decode_tables.append(table)
+        elif chunk.num_draft:  # speculative verify: one decode row per position
+            self.slots.extend(kv.slot_list(chunk.seq_id, chunk.start_pos, end, group))
+            for p in range(chunk.start_pos + 1, end + 1):
+                self.decode_tables.append(kv.table_prefix(chunk.seq_id, p, group))
         else:
             self.slots.extend(kv.slot_list(chunk.seq_id, chunk.start_pos, end, group))
             self.prefill_tables.append(table)

@@ -18,6 +18,8 @@
 * ``sampler.py``: next-token sampling on the last stage's TP rank 0 (vLLM semantics);
 * ``sampling_batch.py``: the sampler's tokens for every row at once, on the logits' device;
 * ``top_p.py``: the batch's top-p cut from each row's largest probabilities (no vocabulary sort);
+* ``spec_rows.py``: the rows a step samples after (a verify chunk's ``num_draft + 1``), each
+  as the chunk that ends there;
 * ``step_trace.py``: ``StepTrace``: rank 0's TTFT stamps of a traced step, called at its phase ends;
 * ``prompt_logprobs.py``: prompt scoring on the last stage: LM head, log-softmax, rank, top-k;
 * ``step_result.py``: ``StepResult`` (tokens, logprobs, prompt scores) and its way to rank 0;

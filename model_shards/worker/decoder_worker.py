@@ -15,7 +15,6 @@ One step, the same plan on every rank:
 from __future__ import annotations
 
 import logging
-from itertools import accumulate
 
 import torch
 
@@ -53,6 +52,7 @@ from model_shards.worker.open_checkpoint import open_checkpoint
 from model_shards.worker.prompt_logprobs import score_prompts
 from model_shards.worker.quant_sources import QuantizedStore
 from model_shards.worker.sampler import SampleOutput, Sampler
+from model_shards.worker.spec_rows import sampled_rows
 from model_shards.worker.step_result import (
     StepResult,
     recv_step_result,
@@ -310,16 +310,17 @@ class Worker:
         sampled = [i for i, c in enumerate(chunks) if c.sample]
         if not sampled:
             return None
+        views = [chunks[i] for i in sampled]
         if graphed:
             logits = stage_out if len(sampled) == len(chunks) else stage_out[sampled]
         else:
-            ends = list(accumulate(len(c.token_ids) for c in chunks))
-            rows = torch.tensor([ends[i] - 1 for i in sampled], device=self.ps.device)
+            row_list, views = sampled_rows(chunks)  # a verify chunk samples K + 1 rows
+            rows = torch.tensor(row_list, device=self.ps.device)
             logits = self.model.compute_logits(stage_out[rows])  # [S, V]
             trace.stamp("lm_head_done")
         if self.ps.tp_rank != 0:
             return None
-        out = self.sampler.sample(logits, [chunks[i] for i in sampled])
+        out = self.sampler.sample(logits, views)
         trace.stamp("sampled")
         return out
 

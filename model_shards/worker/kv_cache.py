@@ -110,9 +110,15 @@ class PagedKVCache:
 
     def extend_tables(self, chunks: list[SeqChunk]) -> None:
         for chunk in chunks:
-            self.tables.setdefault(chunk.seq_id, []).extend(chunk.new_block_ids)
-            for tables, new in zip(self.window_tables, chunk.window_block_ids, strict=True):
-                tables.setdefault(chunk.seq_id, []).extend(new)
+            cut = chunk.table_len  # >= 0: blocks of rolled-back drafts leave first
+            for tables, new in (
+                (self.tables, chunk.new_block_ids),
+                *zip(self.window_tables, chunk.window_block_ids, strict=True),
+            ):
+                table = tables.setdefault(chunk.seq_id, [])
+                if cut >= 0:
+                    del table[cut:]
+                table.extend(new)
 
     def _table_through(self, seq_id: int, last_position: int, group: int) -> list[int]:
         """``seq_id``'s block table of ``group``, checked to reach ``last_position``."""

@@ -128,7 +128,15 @@ def _add_lora_flags(command: argparse.ArgumentParser) -> None:
 
 
 def _add_weight_flags(engine: Any) -> None:
-    """How the replica holds and splits its weights: experts, stages, quantization."""
+    """How the replica holds and splits its weights: experts, stages, quantization; and
+    speculative decoding."""
+    engine.add_argument(
+        "--speculative-config",
+        default=None,
+        metavar="JSON",
+        help='speculative decoding, vLLM\'s JSON: {"method": "ngram", "num_speculative_tokens": '
+        'K, "prompt_lookup_max": N, "prompt_lookup_min": M, "disable_by_batch_size": B}',
+    )
     engine.add_argument(
         "--enable-expert-parallel",
         action="store_true",

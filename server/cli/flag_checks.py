@@ -45,6 +45,7 @@ def replica_config(args: argparse.Namespace) -> ReplicaConfig:
         max_loras=args.max_loras,
         max_lora_rank=args.max_lora_rank,
         max_cpu_loras=args.max_cpu_loras,
+        speculative_config=args.speculative_config,
     )
 
 

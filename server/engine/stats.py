@@ -3,7 +3,7 @@
 :class:`EngineStatsBoard` keeps each replica's latest :class:`~model_shards.messages.EngineStats`
 (sent with every ``StepOutputs``) and sets, over all replicas: KV cache usage (blocks used /
 total), the prefix-cache hit rate (hit tokens / (hit + computed prompt tokens)), the preemption
-total and the frames the engine ports dropped
+total and the frames the engine ports dropped, speculative decoding's counters
 (:meth:`~server.http.metrics.Metrics.record_engine_stats` re-bases both when a replica
 restarts from 0) and, for MoE models, per-expert token counts (each replica's latest sample,
 summed). :meth:`EngineStatsBoard.forget` drops a replica that went away, with its KV blocks.
@@ -67,4 +67,14 @@ class EngineStatsBoard:
                 sum(s.mm_encoder_cache_misses for s in all_stats),
             ),
             rejected_messages_total=sum(s.rejected_messages for s in all_stats),
+        )
+        per_pos = [0] * max((len(s.spec_accepted_per_pos) for s in all_stats), default=0)
+        for s in all_stats:
+            for pos, n in enumerate(s.spec_accepted_per_pos):
+                per_pos[pos] += n
+        self._metrics.record_spec_decode(
+            sum(s.spec_num_drafts for s in all_stats),
+            sum(s.spec_num_draft_tokens for s in all_stats),
+            sum(s.spec_num_accepted_tokens for s in all_stats),
+            per_pos,
         )

@@ -126,6 +126,7 @@ class Metrics:
             registry=r,
         )
         self._add_engine_metrics(r)
+        self._add_spec_decode_metrics(r)
         self._totals_seen: dict[object, int] = {}  # an engine running total -> last recorded
 
     def _add_engine_metrics(self, r: CollectorRegistry) -> None:
@@ -188,6 +189,37 @@ class Metrics:
             ["replica"],
             registry=r,
         )
+
+    def _add_spec_decode_metrics(self, r: CollectorRegistry) -> None:
+        """Speculative decoding's counters, vLLM's ``spec_decode`` names (engine). Tokens
+        emitted by verify steps = accepted + drafts (each also emits one sampled token)."""
+        self.spec_drafts = Counter(
+            f"{PREFIX}_spec_decode_num_drafts", "Verify steps of a sequence.", registry=r
+        )
+        self.spec_draft_tokens = Counter(
+            f"{PREFIX}_spec_decode_num_draft_tokens", "Tokens proposed.", registry=r
+        )
+        self.spec_accepted_tokens = Counter(
+            f"{PREFIX}_spec_decode_num_accepted_tokens", "Proposed tokens accepted.", registry=r
+        )
+        self.spec_accepted_per_pos = Counter(
+            f"{PREFIX}_spec_decode_num_accepted_tokens_per_pos",
+            "Proposed tokens accepted, by position in the draft (0: the first).",
+            ["position"],
+            registry=r,
+        )
+
+    def record_spec_decode(
+        self, drafts: int, draft_tokens: int, accepted: int, per_pos: list[int]
+    ) -> None:
+        """The engines' running speculative-decoding totals (advanced as preemptions are)."""
+        self.spec_drafts.inc(self._advance("spec drafts", drafts))
+        self.spec_draft_tokens.inc(self._advance("spec draft tokens", draft_tokens))
+        self.spec_accepted_tokens.inc(self._advance("spec accepted", accepted))
+        for pos, total in enumerate(per_pos):
+            step = self._advance(("spec pos", pos), total)
+            if step:
+                self.spec_accepted_per_pos.labels(position=str(pos)).inc(step)
 
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric."""

@@ -8,7 +8,8 @@
   on a stop-string match cut before the stop string;
 * no partial UTF-8 character and no partial stop string is ever emitted;
 * ``completion_tokens`` counts every token the engine produced for the text
-  so far (including a final stop/EOS token);
+  so far (including a final stop/EOS token); an output of several tokens (speculative
+  decoding) is taken one token at a time, so tokens after a stop string's are not counted;
 * a stop-string match ends the iteration with ``finish_reason="stop"`` and
   aborts the request on the engine; so does closing the iterator early;
 * ``logprobs`` is ``None`` unless the request asked for them; then it lists
@@ -76,12 +77,17 @@ async def generate_text(
             if output.prompt_logprobs is not None and not scored:
                 scores, scored = output.prompt_logprobs, True
             ids = output.new_token_ids
-            completion_tokens += len(ids)
             if output.finish_reason == "stop" and ids and ids[-1] in unrendered:
+                completion_tokens += 1  # counted, never rendered
                 ids = ids[:-1]
-            if want_logprobs and output.logprobs is not None:
-                pending.extend(zip(ids, output.logprobs, strict=False))
-            text = matcher.feed(detokenizer.add(ids))
+            text = ""
+            for i, token in enumerate(ids):  # one at a time: a stop string ends at its token
+                completion_tokens += 1
+                if want_logprobs and output.logprobs is not None and i < len(output.logprobs):
+                    pending.append((token, output.logprobs[i]))
+                text += matcher.feed(detokenizer.add([token]))
+                if matcher.stopped:
+                    break
             finish = output.finish_reason
             if finish is not None and not matcher.stopped:
                 text += matcher.feed(detokenizer.finish())

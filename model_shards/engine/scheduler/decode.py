@@ -13,15 +13,41 @@ from __future__ import annotations
 from model_shards.engine.scheduler.sequence import SeqStatus, Sequence
 from model_shards.engine.scheduler.state import SchedulerState, priority_rank
 from model_shards.engine.scheduler.step_builder import StepBuilder
+from model_shards.engine.speculative.proposer import SeqProposer
 
 
-def schedule_decode(state: SchedulerState, seq: Sequence, step: StepBuilder) -> None:
-    """Add ``seq``'s next token to ``step``, preempting others if it needs a block."""
+def schedule_decode(
+    state: SchedulerState, seq: Sequence, step: StepBuilder, speculate: bool = False
+) -> None:
+    """Add ``seq``'s next token to ``step`` (with ``speculate``, and the proposer's drafts after
+    it if the free blocks hold them: drafts never preempt), preempting others if it needs a
+    block."""
     end = seq.num_computed + 1
     state.release_outside_windows(seq)
-    need = state.blocks_to_extend(seq, end)
+    drafts = _drafts(state, seq, step) if speculate else []
+    if drafts and state.blocks_to_extend(seq, end + len(drafts)) > state.blocks.num_free:
+        drafts = []
+    need = state.blocks_to_extend(seq, end + len(drafts))
     if make_room(state, seq, need, step):
-        state.extend_and_add(seq, end, step)
+        state.extend_and_add(seq, end + len(drafts), step, drafts)
+
+
+def _drafts(state: SchedulerState, seq: Sequence, step: StepBuilder) -> list[int]:
+    """Proposals after ``seq``'s last token: none under a grammar (its mask covers one
+    position), at most what ``max_tokens``, the model length and the step's budget leave (a
+    token kept for each other running sequence still to schedule)."""
+    config = state.config
+    if config.speculative is None or seq.request.grammar is not None:
+        return []
+    if seq.proposer is None:
+        seq.proposer = SeqProposer.for_config(config.speculative)
+    others = sum(1 for s in state.running if s is not seq and state.ready(s, step))
+    room = min(
+        step.budget - 1 - others,
+        seq.request.max_tokens - len(seq.output_ids) - 1,
+        config.max_model_len - len(seq.token_ids) - 1,
+    )
+    return seq.proposer.propose(seq.token_ids, room)
 
 
 def make_room(state: SchedulerState, seq: Sequence, need: int, step: StepBuilder) -> bool:
@@ -59,6 +85,7 @@ def preempt_for_priority(state: SchedulerState, step: StepBuilder) -> None:
 def _preempt(state: SchedulerState, seq: Sequence, step: StepBuilder) -> None:
     state.running.remove(seq)
     state.release_blocks(seq)
+    seq.table_cut = -1
     seq.num_computed = 0
     seq.num_registered_blocks = 0
     seq.status = SeqStatus.WAITING

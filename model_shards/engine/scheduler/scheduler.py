@@ -11,6 +11,11 @@ One step (:meth:`Scheduler.schedule`) packs, within ``max_num_seqs`` sequences a
    the chunk that reaches the last token). A sequence whose next full prompt block a running
    one is computing right now (``n > 1`` choices, identical prompts) waits to share it.
 
+With ``--speculative-config`` (and at most ``disable_by_batch_size`` running), a decode also
+carries the sequence's drafts; :meth:`Scheduler.update` emits the drafts the samples accept and
+the next sample, one token at a time through the stop checks, and rolls the rest back
+(:mod:`model_shards.engine.speculative`).
+
 A running sequence short of a block preempts the newest one not in this step (:mod:`.decode`;
 under the ``priority`` policy the one ranking last, and a waiting sequence without a seat or
 blocks preempts a running one ranking after it);
@@ -44,7 +49,8 @@ from model_shards.engine.scheduler.prefill import schedule_prefill, step_limits
 from model_shards.engine.scheduler.sequence import ScheduledStep, SeqStatus, Sequence, SeqUpdate
 from model_shards.engine.scheduler.state import SchedulerState
 from model_shards.engine.scheduler.step_builder import StepBuilder
-from model_shards.messages import FinishReason, GenerateRequest, RequestOutput
+from model_shards.engine.speculative.verify import accepted_run
+from model_shards.messages import FinishReason, GenerateRequest, RequestOutput, SeqChunk
 
 
 class Scheduler:
@@ -147,11 +153,13 @@ class Scheduler:
         budget, seats = step_limits(state, micro_batches)
         step = StepBuilder(budget, seats, state.take_freed())
         preempt_for_priority(state, step)
+        spec = self.config.speculative
+        speculate = spec is not None and len(state.running) <= spec.disable_by_batch_size
         for seq in list(state.running):
             if step.full:
                 break
             if state.ready(seq, step) and not seq.is_prefilling:
-                schedule_decode(state, seq, step)
+                schedule_decode(state, seq, step, speculate)
         for seq in list(state.running):
             if step.full:
                 break
@@ -168,37 +176,63 @@ class Scheduler:
         return bool(self.waiting) or any(s.seq_id not in in_flight for s in self.running)
 
     def update(self, step: ScheduledStep, tokens: list[int]) -> list[SeqUpdate]:
-        """Record a step's ``tokens`` (one per ``sample`` chunk, in chunk order) → one update per
-        sampled chunk of a still-live sequence. Finished sequences release their blocks now;
-        their ids go out with the next step's ``freed_seq_ids``."""
-        num_sampled = sum(1 for c in step.chunks if c.sample)
-        if len(tokens) != num_sampled:
-            raise ValueError(f"step sampled {num_sampled} chunks but got {len(tokens)} tokens")
+        """Record a step's ``tokens`` (``1 + num_draft`` per ``sample`` chunk, in chunk order) →
+        one update per sampled chunk of a still-live sequence. Finished sequences release their
+        blocks now; their ids go out with the next step's ``freed_seq_ids``."""
+        rows = sum(1 + c.num_draft for c in step.chunks if c.sample)
+        if len(tokens) != rows:
+            chunks = sum(1 for c in step.chunks if c.sample)
+            raise ValueError(
+                f"step sampled {chunks} chunks but got {len(tokens)} tokens for {rows} positions"
+            )
         state = self._state
-        sampled = iter(tokens)
         state.in_flight.difference_update(c.seq_id for c in step.chunks)
-        updates = []
+        updates, at = [], 0
         for seq, chunk in zip(step.sequences, step.chunks, strict=True):
-            token = next(sampled) if chunk.sample else None
+            n = 1 + chunk.num_draft if chunk.sample else 0
+            samples, at = tokens[at : at + n], at + n
             if (
                 seq.status is not SeqStatus.RUNNING
                 or state.by_request.get(seq.request_id) is not seq
             ):
                 continue
-            seq.num_computed = chunk.start_pos + len(chunk.token_ids)
-            state.register_computed_blocks(seq)
-            if token is None:
-                continue
-            seq.append_token(token)
-            reason = self._finish_reason(seq, token)
-            first = len(seq.output_ids) == 1
-            output = RequestOutput(
-                seq.request_id, [token], reason, seq.num_prompt_tokens if first else 0
-            )
-            if reason is not None:
-                state.retire(seq)
-            updates.append(SeqUpdate(seq, output))
+            update = self._apply(seq, chunk, samples)
+            if update is not None:
+                updates.append(update)
         return updates
+
+    def _apply(self, seq: Sequence, chunk: SeqChunk, samples: list[int]) -> SeqUpdate | None:
+        """A live sequence's chunk ran: its KV now reaches the chunk's end (or, after drafts,
+        the last accepted one: rejected drafts' positions are computed again later, and the
+        blocks holding them are never cached); emit the tokens its ``samples`` accept, one at a
+        time up to the first that finishes it."""
+        state = self._state
+        first_draft = len(chunk.token_ids) - chunk.num_draft
+        emitted = accepted_run(chunk.token_ids[first_draft:], samples) if samples else []
+        if chunk.num_draft:
+            accepted = len(emitted) - 1
+            state.counters.spec.record(chunk.num_draft, accepted)
+            if seq.proposer is not None:
+                seq.proposer.record(accepted)
+        out: list[int] = []
+        reason: FinishReason | None = None
+        for token in emitted:
+            seq.append_token(token)
+            out.append(token)
+            reason = self._finish_reason(seq, token)
+            if reason is not None:
+                break
+        seq.num_computed = chunk.start_pos + first_draft + max(0, len(out) - 1)
+        state.register_computed_blocks(seq)
+        if chunk.num_draft and reason is None:
+            state.roll_back(seq)
+        if not out:
+            return None
+        first = len(seq.output_ids) == len(out)
+        output = RequestOutput(seq.request_id, out, reason, seq.num_prompt_tokens if first else 0)
+        if reason is not None:
+            state.retire(seq)
+        return SeqUpdate(seq, output)
 
     def _peak_blocks(self, tokens: int) -> int:
         """Blocks one sequence of ``tokens`` KV positions holds at most, every KV group's."""

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import msgspec
 
 from model_shards.engine.scheduler.prefix_cache import BlockHash, hash_block
+from model_shards.engine.speculative.proposer import SeqProposer
 from model_shards.messages import (
     GenerateRequest,
     LoraLoad,
@@ -32,7 +33,8 @@ class Sequence:
     in the KV cache (covered by ``block_table``, and by ``window_tables``: the tables of
     KV groups 1.. when the model has several, ``-1`` where a block left the window).
     A running sequence is *decoding* when exactly its last token is not yet computed, else
-    *prefilling*. ``sampling`` always carries a seed.
+    *prefilling*. ``sampling`` always carries a seed. Speculative drafts never enter
+    ``token_ids``: a verify chunk carries them, and only the accepted ones are appended.
     """
 
     seq_id: int
@@ -48,6 +50,8 @@ class Sequence:
     window_tables: list[list[int]] = field(default_factory=list)
     num_registered_blocks: int = 0  # leading full blocks offered to the prefix cache
     lora_slot: int = -1  # the LoRA adapter slot it holds while running (.lora_slots)
+    proposer: SeqProposer | None = None  # speculative decoding's state, once it proposed
+    table_cut: int = -1  # >= 0: the ranks cut its tables to this length with its next chunk
     _hashes: list[BlockHash] = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:

@@ -74,9 +74,11 @@ class SchedulerState:
             and seq.seq_id not in self.in_flight
         )
 
-    def extend_and_add(self, seq: Sequence, end: int, step: StepBuilder) -> None:
+    def extend_and_add(
+        self, seq: Sequence, end: int, step: StepBuilder, drafts: list[int] | None = None
+    ) -> None:
         """Grow a running sequence's block tables (one per KV group) to cover ``end``
-        tokens; add its chunk."""
+        tokens; add its chunk (ending with ``drafts``, if any)."""
         self.counters.prefill_tokens += max(0, min(end, seq.prefill_end) - seq.num_computed)
         n = self.blocks.blocks_for(end) - len(seq.block_table)
         new_blocks = self.blocks.allocate(n)
@@ -84,7 +86,7 @@ class SchedulerState:
         window_blocks = [self.blocks.allocate(n) for _ in seq.window_tables]
         for table, new in zip(seq.window_tables, window_blocks, strict=True):
             table.extend(new)
-        step.add(seq, seq.num_computed, end, new_blocks, window_blocks)
+        step.add(seq, seq.num_computed, end, new_blocks, window_blocks, drafts)
 
     def blocks_to_extend(self, seq: Sequence, end: int) -> int:
         """Block ids growing every table of ``seq`` to cover ``end`` tokens takes."""
@@ -122,6 +124,17 @@ class SchedulerState:
                     self.blocks.register(table[i], group_hash(g, hashes[i]))
         seq.num_registered_blocks = max(seq.num_registered_blocks, full)
 
+    def roll_back(self, seq: Sequence) -> None:
+        """Release the blocks of ``seq``'s tables past ``num_computed`` (they held only
+        rejected drafts, never cached); the ranks cut their tables with its next chunk."""
+        keep = self.blocks.blocks_for(seq.num_computed)
+        if len(seq.block_table) <= keep:
+            return
+        for table in reversed(self.tables(seq)):
+            self.blocks.release(b for b in reversed(table[keep:]) if b >= 0)
+            del table[keep:]
+        seq.table_cut = keep
+
     def retire(self, seq: Sequence) -> None:
         """A running sequence is done (finished or aborted): release (blocks, adapter slot) and
         forget it."""
@@ -155,6 +168,7 @@ class SchedulerState:
             num_blocks=self.config.num_blocks,
             num_running=len(self.running),
             num_waiting=len(self.waiting),
+            spec=counters.spec.snapshot(),
         )
 
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from model_shards.engine.speculative.verify import SpecCounters
 
 
 @dataclass
@@ -12,3 +14,4 @@ class SchedulerCounters:
     prefill_tokens: int = 0
     hit_tokens: int = 0
     preemptions: int = 0
+    spec: SpecCounters = field(default_factory=SpecCounters)

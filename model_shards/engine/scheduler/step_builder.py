@@ -35,12 +35,18 @@ class StepBuilder:
         end: int,
         new_blocks: list[int],
         window_blocks: list[list[int]],
+        drafts: list[int] | None = None,
     ) -> None:
         """Add the chunk of positions ``start .. end - 1``; it samples if it reaches the end.
-        ``new_blocks``/``window_blocks``: the ids appended to KV group 0's / 1..'s tables."""
-        sample = end == len(seq.token_ids)
-        tokens = seq.token_ids[start:end]
+        ``new_blocks``/``window_blocks``: the ids appended to KV group 0's / 1..'s tables;
+        ``drafts``: proposed tokens after the sequence's last, its chunk's last positions."""
+        drafts = drafts or []
+        sample = end == len(seq.token_ids) + len(drafts)
+        tokens = seq.token_ids[start : end - len(drafts)] + drafts
         chunk = SeqChunk(seq.seq_id, start, tokens, sample, new_blocks, window_blocks)
+        cut, seq.table_cut = seq.table_cut, -1
+        if drafts or cut >= 0:
+            chunk = msgspec.structs.replace(chunk, num_draft=len(drafts), table_len=cut)
         if seq.lora_slot >= 0:
             chunk = msgspec.structs.replace(chunk, lora_slot=seq.lora_slot)
         self.chunks.append(chunk)

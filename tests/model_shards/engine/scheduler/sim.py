@@ -85,6 +85,8 @@ class FakeWorker:
         assert len(ids) == len(set(ids)), "a sequence has two chunks in one step"
         for chunk in step.chunks:
             assert chunk.seq_id in self.tables, f"chunk for unannounced sequence {chunk.seq_id}"
+            if chunk.table_len >= 0:  # rolled-back drafts' blocks
+                del self.tables[chunk.seq_id][chunk.table_len :]
             self.tables[chunk.seq_id].extend(chunk.new_block_ids)
         owners: dict[int, set[int]] = {}
         for seq_id, table in self.tables.items():
@@ -98,8 +100,11 @@ class FakeWorker:
                 assert all(self._slot_filled(block, i) for i in range(self.bs)), (
                     f"block {block} shared by {holders} is not full"
                 )
-        return [
-            self._sample(c.seq_id, c.start_pos + len(c.token_ids)) for c in step.chunks if c.sample
+        return [  # a verify chunk samples after each of its last 1 + num_draft positions
+            self._sample(c.seq_id, c.start_pos + len(c.token_ids) - c.num_draft + j)
+            for c in step.chunks
+            if c.sample
+            for j in range(1 + c.num_draft)
         ]
 
     def _write(
@@ -122,13 +127,21 @@ class FakeWorker:
             self.kv[self._slot(table, p)] = (p, token)
 
     def _sample(self, seq_id: int, end: int) -> int:
+        return self.next_token(self.seeds[seq_id], self.read(seq_id, end))
+
+    def read(self, seq_id: int, end: int) -> list[int]:
+        """The tokens of positions ``0 .. end - 1`` read back through the block table."""
         table = self.tables[seq_id]
         tokens = []
         for p in range(end):
             entry = self.kv[self._slot(table, p)]
             assert entry is not None and entry[0] == p
             tokens.append(entry[1])
-        return fake_next_token(self.seeds[seq_id], tokens)
+        return tokens
+
+    def next_token(self, seed: int, tokens: list[int]) -> int:
+        """The fake model (a subclass may use another)."""
+        return fake_next_token(seed, tokens)
 
     def _slot(self, table: list[int], p: int) -> int:
         return table[p // self.bs] * self.bs + p % self.bs

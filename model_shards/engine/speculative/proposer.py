@@ -1,0 +1,62 @@
+"""A sequence's proposer: its n-gram index, its draft length, and the acceptance gate.
+
+The gate: an exponential average of the drafts accepted per verify step; while it is below
+:data:`MIN_ACCEPTED` a verify step costs more than it saves (``K + 1`` rows of compute for
+little more than one token), so proposals pause for :data:`PAUSE_STEPS` decode steps, then
+resume with a fresh average.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from model_shards.config.speculative import SpeculativeConfig
+from model_shards.engine.speculative.ngram import NgramIndex
+
+log = logging.getLogger(__name__)
+
+MIN_ACCEPTED = 0.5  # drafts accepted per verify step, averaged, below which proposals pause
+PAUSE_STEPS = 16
+_DECAY = 0.7
+
+
+@dataclass
+class SeqProposer:
+    """Proposal state of one sequence (rank 0)."""
+
+    index: NgramIndex
+    num_speculative_tokens: int
+    accepted_avg: float = float(MIN_ACCEPTED + 1)
+    pause: int = 0
+
+    @staticmethod
+    def for_config(spec: SpeculativeConfig) -> SeqProposer:
+        index = NgramIndex(spec.prompt_lookup_min, spec.prompt_lookup_max)
+        return SeqProposer(index, spec.num_speculative_tokens)
+
+    def propose(self, tokens: list[int], room: int) -> list[int]:
+        """Drafts after ``tokens``, at most ``room`` (and ``num_speculative_tokens``); none
+        while paused."""
+        if self.pause > 0:
+            self.pause -= 1
+            return []
+        k = min(room, self.num_speculative_tokens)
+        return self.index.propose(tokens, k) if k > 0 else []
+
+    def record(self, accepted: int) -> None:
+        """A verify step accepted ``accepted`` drafts: update the gate."""
+        self.accepted_avg = _DECAY * self.accepted_avg + (1 - _DECAY) * accepted
+        if self.accepted_avg < MIN_ACCEPTED:
+            self.pause = PAUSE_STEPS
+            self.accepted_avg = float(MIN_ACCEPTED + 1)
+
+
+def served(spec: SpeculativeConfig | None, own_positions: bool) -> SpeculativeConfig | None:
+    """``spec``, unless the model tracks its own position streams (``own_positions``: M-RoPE),
+    which a verify step's rolled-back positions would confuse: then speculation is off
+    (logged)."""
+    if spec is not None and own_positions:
+        log.warning("speculative decoding off: the model has its own position streams")
+        return None
+    return spec

@@ -1,0 +1,97 @@
+"""``--speculative-config`` mistakes: exit 2 naming the flag, before anything is spawned.
+
+Bad JSON, an unknown method or field, a missing ``num_speculative_tokens``, lookup bounds out
+of order, a draft model with another vocabulary or tokenizer, and a draft model at all (not
+served yet) are refused; the same n-gram config, well formed, reaches spawning.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.server.cli.spawn_guard import Spawned, error_line, run_cli
+from tests.server.cli.test_cli_validation import SERVE, _model
+
+NGRAM = '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4}'
+
+
+@pytest.fixture(scope="module")
+def dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("spec")
+    target = _model(root / "target")
+    other_vocab = _model(root / "other-vocab", vocab_size=300)
+    other_tokenizer = _model(root / "other-tokenizer")
+    (other_tokenizer / "tokenizer.json").write_text(
+        json.dumps({**json.loads((target / "tokenizer.json").read_text()), "truncation": None})
+        + " "
+    )
+    same = _model(root / "same")
+    return {"target": target, "vocab": other_vocab, "tok": other_tokenizer, "same": same}
+
+
+CASES = [
+    ("{not json", "not valid JSON"),
+    ("[1, 2]", "expected a JSON object"),
+    ('{"method": "medusa", "num_speculative_tokens": 2}', "method 'medusa'"),
+    ('{"method": "ngram"}', "'num_speculative_tokens' is required"),
+    ('{"method": "ngram", "num_speculative_tokens": 0}', "'num_speculative_tokens' must be"),
+    ('{"method": "ngram", "num_speculative_tokens": "3"}', "must be an integer"),
+    ('{"method": "ngram", "num_speculative_tokens": 3, "lookahead": 2}', "unknown field"),
+    (
+        '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 5, '
+        '"prompt_lookup_max": 2}',
+        "prompt_lookup_min 5 exceeds",
+    ),
+    ('{"method": "ngram", "num_speculative_tokens": 3, "disable_by_batch_size": 0}', "disable"),
+    ('{"method": "draft_model", "num_speculative_tokens": 3}', "needs 'model'"),
+]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(("config", "words"), CASES)
+def test_bad_config_exits_2(
+    dirs: dict[str, Path],
+    no_spawning: None,
+    capsys: pytest.CaptureFixture[str],
+    config: str,
+    words: str,
+) -> None:
+    argv = [*SERVE, "--model", str(dirs["target"]), "--speculative-config", config]
+    assert run_cli(argv) == 2
+    err = capsys.readouterr().err
+    line = error_line(err)
+    assert "--speculative-config" in line and words in line, err
+    assert "Traceback" not in err
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    ("draft", "words"),
+    [
+        ("vocab", "vocabulary of 300 tokens"),
+        ("tok", "another tokenizer"),
+        ("same", "not served yet"),
+        ("missing", "no such file"),
+    ],
+)
+def test_draft_model_checked_then_refused(
+    dirs: dict[str, Path],
+    no_spawning: None,
+    capsys: pytest.CaptureFixture[str],
+    draft: str,
+    words: str,
+) -> None:
+    path = str(dirs.get(draft, "/nonexistent/draft"))
+    config = json.dumps({"model": path, "num_speculative_tokens": 2})
+    assert run_cli([*SERVE, "--model", str(dirs["target"]), "--speculative-config", config]) == 2
+    line = error_line(capsys.readouterr().err)
+    assert "--speculative-config" in line and words in line, line
+
+
+@pytest.mark.timeout(60)
+def test_good_ngram_config_reaches_spawning(dirs: dict[str, Path], no_spawning: None) -> None:
+    with pytest.raises(Spawned):
+        run_cli([*SERVE, "--model", str(dirs["target"]), "--speculative-config", NGRAM])
