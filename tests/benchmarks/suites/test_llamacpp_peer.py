@@ -35,7 +35,7 @@ def test_no_prompt_comes_twice_across_points(tmp_path: Path) -> None:
         assert len(lines) == peer.point_requests(point)
         assert {json.loads(line)["output_len"] for line in lines} == {peer.OUTPUT_LEN}
         seen += [json.loads(line)["prompt"] for line in lines]
-    assert len(seen) == len(set(seen)) == 2 * (2 + 2 * 4 + 2 * 16)
+    assert len(seen) == len(set(seen)) == 2 * (2 + 2 * 8 + 2 * 16)  # warm-up, c=1, c=8
 
 
 def test_prompts_of_a_tokenizer_without_bos() -> None:
