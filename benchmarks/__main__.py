@@ -37,7 +37,7 @@ COMMANDS: dict[str, tuple[str, ...]] = {
         "sched_share",
     ),
     "harness": ("roofline", "hf_generate", "gguf_dequantize", "quantize_checkpoint"),
-    "gpu": ("build_model", "hf_bench"),
+    "gpu": ("build_model", "hf_bench", "quant_checkpoints", "smollm2_dense"),
 }
 
 
