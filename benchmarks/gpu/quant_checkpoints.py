@@ -98,8 +98,8 @@ def write_sharded(dense: Path, out: Path, fmt: str, group_size: int, device: str
     weight_map: dict[str, str] = {}
     total = 0
     for shard in shard_names(dense):
-        with safe_open(str(dense / shard), framework="pt", device=device) as f:
-            tensors = {name: f.get_tensor(name) for name in f.keys()}  # noqa: SIM118
+        with safe_open(str(dense / shard), framework="pt", device="cpu") as f:
+            tensors = {name: f.get_tensor(name).to(device) for name in f.keys()}  # noqa: SIM118
         stored = quantize_tensors(tensors, fmt, group_size)
         save_file(stored, str(out / shard), metadata={"format": "pt"})
         total += sum(t.numel() * t.element_size() for t in stored.values())
