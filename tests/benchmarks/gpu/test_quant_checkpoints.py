@@ -63,7 +63,9 @@ def quantized(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str,
 
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("fmt", quant_runs.FORMATS)
-def test_quantized_checkpoint_reads_back(quantized: tuple[Path, dict[str, Path], Run], fmt: str):
+def test_quantized_checkpoint_reads_back(
+    quantized: tuple[Path, dict[str, Path], Run], fmt: str
+) -> None:
     dense, built, run = quantized
     assert run.results["missing"] == {} and set(built) == set(quant_runs.FORMATS)
     out = built[fmt]
