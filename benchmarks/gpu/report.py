@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from benchmarks.gpu import quant_report
 from benchmarks.gpu.parity import parity_ok
 from benchmarks.gpu.shapes import roofline_fraction
 
@@ -192,6 +193,7 @@ def rows(results: dict[str, Any]) -> list[Row]:
         parity_row(results, "float32"),
         *startup_rows(results),
         *throughput_rows(results),
+        *quant_report.rows(results),
     ]
 
 

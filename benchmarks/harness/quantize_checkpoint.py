@@ -63,7 +63,7 @@ def pack_awq(values: Any) -> Any:
     import torch
 
     v = values.to(torch.int64).view(values.shape[0], -1, 8)  # [R, C/8, 8]
-    words = torch.zeros(v.shape[:2], dtype=torch.int64)
+    words = torch.zeros(v.shape[:2], dtype=torch.int64, device=v.device)
     for i, column in enumerate(AWQ_ORDER):
         words |= v[:, :, column] << (4 * i)
     return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
