@@ -157,17 +157,21 @@ def _save(
     write_tokenizer(path, qwen2_style=qwen2_style)
 
 
-def build_tiny_llama(path: Path, *, sharded: bool = True) -> Path:
+def build_tiny_llama(
+    path: Path, *, sharded: bool = True, num_layers: int = 4, seed: int = 1234
+) -> Path:
     """Write a tiny random ``LlamaForCausalLM`` (see the module table) into ``path``.
 
     With ``sharded`` the weights span several ``model-0000k-of-0000n.safetensors``
     files plus ``model.safetensors.index.json``; otherwise one
-    ``model.safetensors``. Returns ``path``.
+    ``model.safetensors``. ``num_layers`` and ``seed`` (the weights') other than the
+    defaults: another model with the same vocabulary and tokenizer (a speculative draft).
+    Returns ``path``.
     """
     config = transformers.LlamaConfig(
         **_common_shape(),
         vocab_size=LLAMA_VOCAB_SIZE,
-        num_hidden_layers=4,
+        num_hidden_layers=num_layers,
         tie_word_embeddings=False,
         rope_parameters={**LLAMA3_ROPE, "rope_theta": LLAMA_ROPE_THETA},
         attention_bias=False,
@@ -176,7 +180,7 @@ def build_tiny_llama(path: Path, *, sharded: bool = True) -> Path:
     )
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(config)
-    randomize(model, seed=1234)
+    randomize(model, seed=seed)
     _save(model, Path(path), LLAMA_SHARD_SIZE if sharded else None)
     return Path(path)
 

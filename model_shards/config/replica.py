@@ -195,7 +195,7 @@ class ReplicaConfig:
             if not isinstance(model, ModelConfig):
                 raise ValueError("--speculative-config: encoder models generate no tokens")
             if spec.model is not None:
-                check_draft(spec, self.model_dir, model.vocab_size)
+                check_draft(spec, model, self.model_dir, self.pp)
         return model
 
     def _check_lora(self, model: ModelConfig | EncoderConfig) -> None:

@@ -6,8 +6,10 @@ Two kinds of proposer, as vLLM spells them:
   M}``: prompt lookup over the sequence's own prompt and output (``prompt_lookup_*`` default as
   in vLLM: both 5 when neither is given, else the one given);
 * ``{"model": DIR, "num_speculative_tokens": K}`` (``method`` ``draft_model`` or absent): a
-  small draft model with the target's tokenizer. Checked (same vocabulary and tokenizer) and
-  then refused: draft-model proposals are not served yet.
+  small draft model (a directory or a GGUF file) with the target's tokenizer, run at tp=1 in
+  rank 0's process (:mod:`model_shards.engine.speculative.draft_model`); it proposes its greedy
+  tokens. Checked before spawn (:func:`check_draft`): same vocabulary and tokenizer, a text-only
+  decoder with one KV group, a text-only target at pp=1.
 
 ``disable_by_batch_size``: no proposals in a step whose running batch is larger (vLLM's name;
 our default :data:`DEFAULT_DISABLE_BY_BATCH_SIZE`, so that loaded servers pay nothing).
@@ -20,7 +22,10 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from model_shards.config.model import ModelConfig
 
 FLAG = "--speculative-config"
 METHODS = ("ngram", "draft_model")
@@ -98,17 +103,36 @@ def _int(raw: dict[str, Any], key: str, default: int | None, lo: int, hi: int | 
     return value
 
 
-def check_draft(spec: SpeculativeConfig, target_dir: str, target_vocab: int) -> None:
-    """A draft model must share the target's vocabulary and tokenizer; then it is refused
-    (draft proposals are not served yet). ``ValueError`` naming the flag either way."""
+def check_draft(spec: SpeculativeConfig, target: ModelConfig, target_dir: str, pp: int) -> None:
+    """What a draft model must be: a text-only decoder with one KV group, sharing the
+    vocabulary and tokenizer of a text-only ``target`` at ``pp`` 1 (the draft runs in rank 0's
+    process, which holds the first stage only at pp > 1). ``ValueError`` naming the flag."""
+    from model_shards.config.kv_layout import KVLayout
     from model_shards.config.model import ModelConfig, load_model_config
+    from model_shards.config.vlm import is_vlm
 
     assert spec.model is not None
+    target_vocab = target.vocab_size
+    if is_vlm(target.extra):
+        raise ValueError(
+            f"{FLAG}: draft models serve text-only targets; {target.architecture} has a vision "
+            'tower (and its own position streams): use {"method": "ngram"}'
+        )
+    if pp > 1:
+        raise ValueError(
+            f"{FLAG}: a draft model is served with --pipeline-parallel-size 1 only (got {pp}); "
+            'use {"method": "ngram"} or -pp 1'
+        )
     if not Path(spec.model).exists():
         raise ValueError(f"{FLAG}: draft model {spec.model}: no such file or directory")
     draft = load_model_config(spec.model)
     if not isinstance(draft, ModelConfig):
         raise ValueError(f"{FLAG}: draft model {spec.model} is not a decoder")
+    if is_vlm(draft.extra) or KVLayout.for_model(draft).num_groups > 1:
+        raise ValueError(
+            f"{FLAG}: draft model {spec.model}: only text-only drafts with full attention in "
+            "every layer are served (no vision tower, no sliding-window KV groups)"
+        )
     if draft.vocab_size != target_vocab:
         raise ValueError(
             f"{FLAG}: draft model {spec.model} has a vocabulary of {draft.vocab_size} tokens, "
@@ -119,10 +143,6 @@ def check_draft(spec: SpeculativeConfig, target_dir: str, target_vocab: int) -> 
             f"{FLAG}: draft model {spec.model} has another tokenizer than the target; the draft "
             "must share the target's tokenizer"
         )
-    raise ValueError(
-        f"{FLAG}: draft-model proposals are not served yet; use "
-        '{"method": "ngram", "num_speculative_tokens": K}'
-    )
 
 
 def _tokenizer_digest(model_dir: str) -> str | None:

@@ -42,7 +42,7 @@ from model_shards.engine.scheduler.scheduler import (
     Sequence,
     SeqUpdate,
 )
-from model_shards.engine.speculative.proposer import served
+from model_shards.engine.speculative.proposer import BatchProposer, served
 from model_shards.engine.structured.compile_pool import COMPILE_TIMEOUT_S, GrammarError
 from model_shards.engine.structured.constraints import Constraints
 from model_shards.engine.structured.grammars import GrammarCache
@@ -91,16 +91,19 @@ class Coordinator:
         grammar_compile_timeout_s: float = COMPILE_TIMEOUT_S,
         scheduling_policy: str = "fcfs",
         speculative: SpeculativeConfig | None = None,
+        draft: BatchProposer | None = None,
     ) -> None:
         """``model_dir``: where grammars find ``tokenizer.json`` (``None``: grammars refused);
         ``grammar_compile_timeout_s``: a grammar compiling longer is refused; ``speculative``:
-        n-gram proposals verified in each step (:mod:`model_shards.engine.speculative`)."""
+        proposals verified in each step (:mod:`model_shards.engine.speculative`), ``draft``
+        making them when it names a draft ``model``."""
         self.worker = worker
         self.ps = worker.ps
         cfg = worker.model.config
         self.vocab_size = cfg.vocab_size
         self.max_model_len = max_model_len
         self.eos_token_ids = cfg.eos_token_ids
+        spec = served(speculative, own_positions=worker.positions is not None)
         self.scheduler = Scheduler(
             SchedulerConfig(
                 max_num_seqs=max_num_seqs,
@@ -113,8 +116,9 @@ class Coordinator:
                 eos_token_ids=cfg.eos_token_ids,
                 scheduling_policy=scheduling_policy,
                 max_loras=0 if worker.lora is None else worker.lora.opts.max_loras,
-                speculative=served(speculative, own_positions=worker.positions is not None),
-            )
+                speculative=spec,
+            ),
+            draft if spec is not None else None,
         )
         self.keepalive_s = keepalive_s
         self._expert_tokens = ExpertTokenSampler(worker.model)  # MoE routing, for /metrics

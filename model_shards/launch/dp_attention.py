@@ -182,6 +182,7 @@ def run_dp_attention_rank(
 
     from model_shards.engine.coordinator import Coordinator
     from model_shards.engine.dp_attention import LockstepEngine, serve_lockstep
+    from model_shards.engine.speculative.draft_model import build_draft
     from model_shards.parallel.comm import Comm
     from model_shards.parallel.state import destroy_parallel, init_parallel, single_process_state
     from model_shards.worker.decoder_worker import Worker
@@ -213,6 +214,7 @@ def run_dp_attention_rank(
             grammar_compile_timeout_s=config.grammar_compile_timeout_s,
             scheduling_policy=config.scheduling_policy,
             speculative=config.speculative,
+            draft=build_draft(config, worker, max_len),
         )
         serve_lockstep(LockstepEngine(coordinator, ep), address, settings)
         clean = True

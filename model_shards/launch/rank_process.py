@@ -183,6 +183,7 @@ def serve_rank(
 
     from model_shards.engine.coordinator import Coordinator
     from model_shards.engine.engine_port import PortSettings
+    from model_shards.engine.speculative.draft_model import build_draft
     from model_shards.launch.cpu_budget import default_threads_per_rank
     from model_shards.launch.cpu_governor import govern_threads
     from model_shards.parallel.comm import Comm
@@ -209,6 +210,7 @@ def serve_rank(
         if settings is not None:
             Coordinator(
                 worker,
+                draft=build_draft(config, worker, max_len),
                 **_step_limits(config, max_len),
                 enable_prefix_caching=config.enable_prefix_caching,
                 pipeline_overlap=config.pipeline_overlap,

@@ -10,10 +10,11 @@ output so far, to be recomputed over prompt + output.
 
 from __future__ import annotations
 
+from model_shards.config.scheduler import SchedulerConfig
 from model_shards.engine.scheduler.sequence import SeqStatus, Sequence
 from model_shards.engine.scheduler.state import SchedulerState, priority_rank
 from model_shards.engine.scheduler.step_builder import StepBuilder
-from model_shards.engine.speculative.proposer import SeqProposer
+from model_shards.engine.speculative.proposer import BatchProposer, SeqProposer
 
 
 def schedule_decode(
@@ -42,12 +43,37 @@ def _drafts(state: SchedulerState, seq: Sequence, step: StepBuilder) -> list[int
     if seq.proposer is None:
         seq.proposer = SeqProposer.for_config(config.speculative)
     others = sum(1 for s in state.running if s is not seq and state.ready(s, step))
-    room = min(
-        step.budget - 1 - others,
+    room = min(step.budget - 1 - others, _room_left(config, seq))
+    return seq.proposer.propose(seq.token_ids, room)
+
+
+def _room_left(config: SchedulerConfig, seq: Sequence) -> int:
+    """Drafts ``max_tokens`` and the model length leave room for after ``seq``'s next token."""
+    return min(
         seq.request.max_tokens - len(seq.output_ids) - 1,
         config.max_model_len - len(seq.token_ids) - 1,
     )
-    return seq.proposer.propose(seq.token_ids, room)
+
+
+def offer_drafts(state: SchedulerState, draft: BatchProposer, step: StepBuilder) -> None:
+    """Before a speculating step: ``draft``'s proposals (in one batch) for each running decoding
+    sequence ready for ``step`` that may take some (no grammar, its gate open), at most what
+    ``max_tokens`` and the model length leave; :func:`_drafts` trims them to the step's budget."""
+    spec = state.config.speculative
+    assert spec is not None
+    wants: dict[int, tuple[list[int], int]] = {}
+    by_id: dict[int, SeqProposer] = {}
+    for seq in state.running:
+        if not state.ready(seq, step) or seq.is_prefilling or seq.request.grammar is not None:
+            continue
+        if seq.proposer is None:
+            seq.proposer = SeqProposer.for_config(spec)
+        k = min(spec.num_speculative_tokens, _room_left(state.config, seq))
+        if k > 0 and not seq.proposer.paused:
+            wants[seq.seq_id] = (seq.token_ids, k)
+            by_id[seq.seq_id] = seq.proposer
+    for seq_id, drafts in draft.propose(wants).items():
+        by_id[seq_id].offer(len(wants[seq_id][0]), drafts)
 
 
 def make_room(state: SchedulerState, seq: Sequence, need: int, step: StepBuilder) -> bool:

@@ -44,11 +44,16 @@ from model_shards.config.scheduler import SchedulerConfig, SchedulerStats
 from model_shards.engine.request_checks import fit_problem
 from model_shards.engine.scheduler.admission import admit
 from model_shards.engine.scheduler.block_manager import BlockManager
-from model_shards.engine.scheduler.decode import preempt_for_priority, schedule_decode
+from model_shards.engine.scheduler.decode import (
+    offer_drafts,
+    preempt_for_priority,
+    schedule_decode,
+)
 from model_shards.engine.scheduler.prefill import schedule_prefill, step_limits
 from model_shards.engine.scheduler.sequence import ScheduledStep, SeqStatus, Sequence, SeqUpdate
 from model_shards.engine.scheduler.state import SchedulerState
 from model_shards.engine.scheduler.step_builder import StepBuilder
+from model_shards.engine.speculative.proposer import BatchProposer
 from model_shards.engine.speculative.verify import accepted_run
 from model_shards.messages import FinishReason, GenerateRequest, RequestOutput, SeqChunk
 
@@ -56,8 +61,12 @@ from model_shards.messages import FinishReason, GenerateRequest, RequestOutput, 
 class Scheduler:
     """Rank 0's scheduler; see the module docstring for the policy."""
 
-    def __init__(self, config: SchedulerConfig) -> None:
+    def __init__(self, config: SchedulerConfig, draft: BatchProposer | None = None) -> None:
+        """``draft``: the draft model proposing for ``config.speculative``'s ``model``."""
+        if (draft is None) != (config.speculative is None or config.speculative.model is None):
+            raise ValueError("a draft model's speculative config and its draft go together")
         self.config = config
+        self._draft = draft
         self._state = SchedulerState(config)
         self._next_seq_id = 0
         self._eos = frozenset(config.eos_token_ids)
@@ -155,6 +164,8 @@ class Scheduler:
         preempt_for_priority(state, step)
         spec = self.config.speculative
         speculate = spec is not None and len(state.running) <= spec.disable_by_batch_size
+        if speculate and self._draft is not None:
+            offer_drafts(state, self._draft, step)
         for seq in list(state.running):
             if step.full:
                 break
@@ -168,6 +179,8 @@ class Scheduler:
         while not step.preempted and admit(state, step):
             pass
         state.in_flight |= step.scheduled
+        if self._draft is not None and step.freed:
+            self._draft.free(step.freed)
         return step.build()
 
     def has_schedulable(self) -> bool:

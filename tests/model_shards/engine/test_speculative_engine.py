@@ -7,7 +7,8 @@ tiny model seldom repeats itself, so the speculative run's proposer is an oracle
 plain run's output and gets every third draft wrong: drafts are accepted (their K/V written
 through the paged cache and read by later steps) and rejected (rolled back). Tokens, finish
 reasons and logprobs agree, under preemption (a pool of a few blocks) and with a prompt served
-from the prefix cache. Every KV block is free afterwards.
+from the prefix cache. Every KV block is free afterwards. The same world then runs draft-model
+speculation (:mod:`.draft_runs`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from model_shards.messages import GenerateRequest, SamplingParams
 from model_shards.parallel.comm import Comm
 from model_shards.worker.decoder_worker import Worker
 from tests.checkpoints import build_tiny_llama
+from tests.model_shards.engine.draft_runs import check_draft_runs, draft_runs
 from tests.model_shards.engine.engine_harness import MAX_LEN, build_worker
 from tests.world import run_world
 
@@ -82,7 +84,7 @@ def _run(
 
 
 def _pair(worker: Worker, requests: list[GenerateRequest]) -> list[dict[str, object]]:
-    """The same requests without, then with speculation."""
+    """The same requests without, then with speculation (the ranks keep serving)."""
     results = []
     for spec in (None, NGRAM):
         coord = Coordinator(
@@ -96,26 +98,29 @@ def _pair(worker: Worker, requests: list[GenerateRequest]) -> list[dict[str, obj
         if spec is not None:
             results[-1]["preemptions"] = coord.stats.num_preemptions
             results[-1]["hits"] = coord.stats.prefix_cache_hit_tokens
-            coord.shutdown()
     return results
 
 
-def _spec_rank(peers: Comm, model_dir: str, out_dir: str) -> None:
+def _spec_rank(peers: Comm, model_dir: str, draft_dir: str, out_dir: str) -> None:
     worker = build_worker(peers, model_dir, SMALL_POOL_BLOCKS)
     if peers.ps.rank != 0:
         worker.serve_forever()
         return
     reqs = _requests()
     reqs.append(GenerateRequest("again", reqs[0].prompt_token_ids, 24, reqs[0].sampling))
-    Path(out_dir, "results.json").write_text(json.dumps(_pair(worker, reqs)))
+    results = _pair(worker, reqs)
+    drafts = draft_runs(worker, model_dir, draft_dir)
+    Path(out_dir, "results.json").write_text(json.dumps([*results, drafts]))
 
 
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("tp", [1, 2])
 def test_verify_steps_give_the_tokens_of_plain_decoding(tmp_path: Path, tp: int) -> None:
     model_dir = build_tiny_llama(tmp_path / "llama", sharded=False)
-    run_world(_spec_rank, tp, 1, str(model_dir), str(tmp_path), timeout=200)
-    plain, fast = json.loads((tmp_path / "results.json").read_text())
+    draft_dir = build_tiny_llama(tmp_path / "draft", sharded=False, num_layers=1, seed=99)
+    run_world(_spec_rank, tp, 1, str(model_dir), str(draft_dir), str(tmp_path), timeout=200)
+    plain, fast, drafts = json.loads((tmp_path / "results.json").read_text())
+    check_draft_runs(drafts)
     for rid, want in plain["out"].items():
         got = fast["out"][rid]
         assert (got["ids"], got["finish"]) == (want["ids"], want["finish"]), rid

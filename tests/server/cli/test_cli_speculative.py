@@ -1,8 +1,9 @@
 """``--speculative-config`` mistakes: exit 2 naming the flag, before anything is spawned.
 
 Bad JSON, an unknown method or field, a missing ``num_speculative_tokens``, lookup bounds out
-of order, a draft model with another vocabulary or tokenizer, and a draft model at all (not
-served yet) are refused; the same n-gram config, well formed, reaches spawning.
+of order, a draft model with another vocabulary or tokenizer, or with a target at pp > 1 are
+refused; a well formed n-gram config, and a draft model sharing the target's tokenizer, reach
+spawning.
 """
 
 from __future__ import annotations
@@ -73,11 +74,10 @@ def test_bad_config_exits_2(
     [
         ("vocab", "vocabulary of 300 tokens"),
         ("tok", "another tokenizer"),
-        ("same", "not served yet"),
         ("missing", "no such file"),
     ],
 )
-def test_draft_model_checked_then_refused(
+def test_bad_draft_model_refused(
     dirs: dict[str, Path],
     no_spawning: None,
     capsys: pytest.CaptureFixture[str],
@@ -95,3 +95,21 @@ def test_draft_model_checked_then_refused(
 def test_good_ngram_config_reaches_spawning(dirs: dict[str, Path], no_spawning: None) -> None:
     with pytest.raises(Spawned):
         run_cli([*SERVE, "--model", str(dirs["target"]), "--speculative-config", NGRAM])
+
+
+@pytest.mark.timeout(60)
+def test_draft_model_with_pipeline_stages_refused(
+    dirs: dict[str, Path], no_spawning: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = json.dumps({"model": str(dirs["same"]), "num_speculative_tokens": 2})
+    argv = [*SERVE, "--model", str(dirs["target"]), "-pp", "2", "--speculative-config", config]
+    assert run_cli(argv) == 2
+    line = error_line(capsys.readouterr().err)
+    assert "--speculative-config" in line and "--pipeline-parallel-size 1" in line, line
+
+
+@pytest.mark.timeout(60)
+def test_good_draft_config_reaches_spawning(dirs: dict[str, Path], no_spawning: None) -> None:
+    config = json.dumps({"model": str(dirs["same"]), "num_speculative_tokens": 2})
+    with pytest.raises(Spawned):
+        run_cli([*SERVE, "--model", str(dirs["target"]), "--speculative-config", config])

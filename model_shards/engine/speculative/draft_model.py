@@ -1,0 +1,170 @@
+"""A draft model on rank 0: greedy proposals for a batch of sequences, at tp=1.
+
+The draft is a :class:`~model_shards.worker.decoder_worker.Worker` of its own, in a world of one
+inside rank 0's process (whatever the target's tp): its own weights, its own small paged KV pool
+and sampler, driven by step plans of its own that never leave the process. It remembers, per
+sequence, the tokens its KV cache holds (``fed``). To propose ``k`` tokens after ``tokens``:
+
+1. catch up: one chunk of the tokens after the longest common prefix of ``fed`` and ``tokens``
+   (the whole prompt on first use; after a verify step, the last accepted drafts and the
+   target's own token); the positions past that prefix held rejected drafts and are written
+   over, so a rollback is only a shorter prefix;
+2. ``k - 1`` one-token decode steps, each fed the proposal before it.
+
+Every sequence goes in the same forwards: ``k`` draft forwards a step at most. The draft samples
+greedily, so each proposal is a point mass at the draft's argmax, for which the verify rule
+(:mod:`.verify`) is exactly the rejection rule: the output is the target's whatever the draft
+proposes (greedy: token for token; sampled: in distribution).
+
+Its pool holds ``max_num_seqs`` sequences of ``max_model_len + k`` positions (blocks taken as a
+sequence's positions need them, given back by :meth:`DraftModel.free`); it is logged at start.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass, field
+
+from model_shards.config.model import ModelConfig, load_model_config
+from model_shards.config.replica import ReplicaConfig
+from model_shards.messages import NewSequence, SamplingParams, SeqChunk, StepPlan
+from model_shards.parallel.comm import Comm
+from model_shards.parallel.state import single_process_state
+from model_shards.worker.decoder_worker import Worker
+
+log = logging.getLogger(__name__)
+
+_GREEDY = SamplingParams(temperature=0.0, seed=0)
+
+
+@dataclass
+class _DraftSeq:
+    fed: list[int] = field(default_factory=list)  # the tokens whose K/V the draft pool holds
+    blocks: list[int] = field(default_factory=list)  # its block table in the draft pool
+
+
+class DraftModel:
+    """Greedy proposals of a draft :class:`Worker` (a world of one) for rank 0's scheduler;
+    a :class:`~model_shards.engine.speculative.proposer.BatchProposer`."""
+
+    def __init__(self, worker: Worker) -> None:
+        self.worker = worker
+        self.block_size = worker.kv.block_size
+        self._free_blocks = list(range(worker.kv.num_blocks))
+        self._seqs: dict[int, _DraftSeq] = {}
+        self._freed: list[int] = []  # dropped since the last draft step: the worker drops them
+        self._step_id = 0
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self._free_blocks)
+
+    def free(self, seq_ids: list[int]) -> None:
+        """Forget these sequences (unknown ids are ignored); their blocks go back to the pool."""
+        for seq_id in seq_ids:
+            seq = self._seqs.pop(seq_id, None)
+            if seq is not None:
+                self._free_blocks += seq.blocks
+                self._freed.append(seq_id)
+
+    def propose(self, wants: dict[int, tuple[list[int], int]]) -> dict[int, list[int]]:
+        """``{seq_id: (tokens, k)}`` → the draft's ``k`` greedy tokens after each ``tokens``
+        (none for a sequence whose positions the pool cannot hold)."""
+        out: dict[int, list[int]] = {seq_id: [] for seq_id in wants}
+        new: list[NewSequence] = []
+        chunks = [c for sid, (t, k) in wants.items() if (c := self._catch_up(sid, t, k, new))]
+        while chunks:
+            sampled = self._run(chunks, new)  # one token per chunk
+            new, ahead = [], []
+            for chunk, token in zip(chunks, sampled, strict=True):
+                drafts = out[chunk.seq_id]
+                drafts.append(token)
+                if len(drafts) < wants[chunk.seq_id][1]:
+                    fed = self._seqs[chunk.seq_id].fed
+                    ahead.append(SeqChunk(chunk.seq_id, len(fed), [token]))
+                    fed.append(token)
+            chunks = ahead
+        return out
+
+    def _catch_up(
+        self, seq_id: int, tokens: list[int], k: int, new: list[NewSequence]
+    ) -> SeqChunk | None:
+        """The chunk that brings the draft's K/V of ``seq_id`` up to ``tokens`` (at least their
+        last token), with the blocks for ``k - 1`` decode positions after them; ``None`` if the
+        pool cannot hold them."""
+        fresh = seq_id not in self._seqs
+        seq = self._seqs.setdefault(seq_id, _DraftSeq())
+        start = min(_common_prefix(seq.fed, tokens), len(tokens) - 1)
+        need = max(0, -(-(len(tokens) + k - 1) // self.block_size) - len(seq.blocks))
+        if need > len(self._free_blocks):
+            if fresh:
+                del self._seqs[seq_id]
+            return None
+        if fresh:
+            new.append(NewSequence(seq_id, _GREEDY, num_prompt_tokens=len(tokens)))
+        taken = self._free_blocks[:need]
+        del self._free_blocks[:need]
+        seq.blocks += taken
+        seq.fed = list(tokens)
+        return SeqChunk(seq_id, start, tokens[start:], new_block_ids=taken)
+
+    def _run(self, chunks: list[SeqChunk], new: list[NewSequence]) -> list[int]:
+        """One draft forward over ``chunks`` → the greedy token after each."""
+        plan = StepPlan(self._step_id, chunks, new, self._freed)
+        self._step_id += 1
+        self._freed = []
+        result = self.worker.execute(plan)
+        assert result is not None  # a world of one: its rank 0 samples
+        return result.tokens
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def build_draft(replica: ReplicaConfig, target: Worker, max_model_len: int) -> DraftModel | None:
+    """Rank 0: load ``--speculative-config``'s draft model (checked by
+    :func:`~model_shards.config.speculative.check_draft`) on the target's device, in its dtype,
+    unquantized, eager, with a pool for ``max_num_seqs`` sequences of ``max_model_len + k``;
+    ``None`` when the flag names no draft model."""
+    spec = replica.speculative
+    if spec is None or spec.model is None:
+        return None
+    cfg = load_model_config(spec.model)
+    assert isinstance(cfg, ModelConfig)
+    length = max_model_len + spec.num_speculative_tokens
+    blocks = -(-length // replica.block_size) * replica.max_num_seqs
+    per_block = cfg.kv_block_bytes(1, cfg.num_layers, replica.block_size, target.dtype.itemsize)
+    draft_replica = dataclasses.replace(
+        replica,
+        model_dir=spec.model,
+        tp=1,
+        pp=1,
+        dtype=str(target.dtype).removeprefix("torch."),
+        kv_cache_memory=blocks * per_block,
+        enforce_eager=True,
+        enable_lora=False,
+        lora_modules=(),
+        quantization=None,
+        kv_cache_dtype="auto",
+        pp_layer_partition="even",
+        max_num_batched_tokens=max(replica.max_num_batched_tokens, length),
+        speculative_config=None,
+    )
+    comm = Comm(single_process_state(target.ps.device))
+    worker = Worker.build(draft_replica, cfg, comm, length, ops=target.ops)
+    log.info(
+        "draft model %s (%d layers) on %s: KV pool %d blocks x %d = %.1f MiB",
+        spec.model,
+        cfg.num_layers,
+        target.ps.device,
+        worker.kv.num_blocks,
+        worker.kv.block_size,
+        worker.kv.num_blocks * per_block / 2**20,
+    )
+    return DraftModel(worker)
