@@ -1,7 +1,8 @@
 """End to end: ``shardserve serve --speculative-config`` (n-gram) answers greedy requests with
 exactly the tokens of decoding without speculation (transformers' greedy loop on the same
 weights), at ``-tp 1`` (whole answers, ``usage`` counting every token) and ``-tp 2``
-(streamed); ``/metrics`` shows that verify steps ran."""
+(streamed); ``/metrics`` shows that verify steps ran. A draft model (the target as its own
+draft, at ``-tp 1``) gives the same answers, and ``/metrics`` shows its drafts accepted."""
 
 from __future__ import annotations
 
@@ -78,3 +79,18 @@ def test_ngram_speculation_keeps_greedy_output(
     drafts = got[("shardserve_spec_decode_num_drafts_total", ())]
     draft_tokens = got[("shardserve_spec_decode_num_draft_tokens_total", ())]
     assert drafts > 0 and draft_tokens >= drafts
+
+
+@pytest.mark.timeout(240)
+def test_draft_model_speculation_keeps_greedy_output(
+    tiny: tuple[Path, list[str]], tmp_path: Path
+) -> None:
+    model_dir, expected = tiny
+    spec = json.dumps({"model": str(model_dir), "num_speculative_tokens": 3})
+    args = ["--model", str(model_dir), "--dtype", "float32", "--speculative-config", spec]
+    with live_server(args, tmp_path) as server:
+        assert asyncio.run(_run_all(server.url, stream=False)) == expected
+        got = samples(httpx.get(f"{server.url}/metrics", timeout=30).text)
+    draft_tokens = got[("shardserve_spec_decode_num_draft_tokens_total", ())]
+    accepted = got[("shardserve_spec_decode_num_accepted_tokens_total", ())]
+    assert draft_tokens > 0 and accepted >= 0.9 * draft_tokens, (accepted, draft_tokens)

@@ -9,7 +9,8 @@ an accepted run. After every step: each block registered in the prefix cache hol
 sequence's own tokens (never a rejected draft), and no sequence's table reaches past the
 blocks its computed positions need (the ranks' tables are cut the same way); afterwards
 every block is free. Drafts stop above ``disable_by_batch_size`` and after a run of rejections;
-a sequence under a grammar never takes any.
+a sequence under a grammar never takes any. A draft model (:class:`FakeDraft`: one batch of
+proposals a step) changes no output either, and is told of every sequence that leaves.
 """
 
 from __future__ import annotations
@@ -118,6 +119,43 @@ def test_speculation_changes_no_output(overrides: dict[str, object]) -> None:
         assert fast["stats"].num_preemptions > 0  # type: ignore[attr-defined]
     if overrides.get("enable_prefix_caching", True):
         assert fast["stats"].prefix_cache_hit_tokens > 0  # type: ignore[attr-defined]
+
+
+class FakeDraft:
+    """A draft model's stand-in: each sequence's tokens ``PERIOD`` back, in one batch a step."""
+
+    def __init__(self) -> None:
+        self.live: set[int] = set()
+        self.batches = 0
+
+    def propose(self, wants: dict[int, tuple[list[int], int]]) -> dict[int, list[int]]:
+        self.batches += 1
+        out = {}
+        for seq_id, (tokens, k) in wants.items():
+            self.live.add(seq_id)
+            ahead = list(tokens)
+            for _ in range(k):
+                ahead.append(ahead[-PERIOD])
+            out[seq_id] = ahead[len(tokens) :]
+        return out
+
+    def free(self, seq_ids: list[int]) -> None:
+        self.live.difference_update(seq_ids)
+
+
+def test_draft_model_changes_no_output() -> None:
+    requests, overrides = _requests(12), {"num_blocks": 30}
+    spec = SpeculativeConfig("draft_model", 3, disable_by_batch_size=64, model="draft")
+    draft = FakeDraft()
+    plain = _drive(Scheduler(config(**overrides)), requests)
+    fast = _drive(Scheduler(config(**overrides, speculative=spec), draft), requests)
+    assert fast["outputs"] == plain["outputs"] and fast["finish"] == plain["finish"]
+    stats = fast["stats"]
+    assert 0 < stats.spec.accepted_tokens < stats.spec.draft_tokens  # type: ignore[attr-defined]
+    assert stats.num_preemptions > 0 and stats.prefix_cache_hit_tokens > 0  # type: ignore[attr-defined]
+    assert draft.batches > 0 and not draft.live  # every sequence freed in the draft too
+    with pytest.raises(ValueError, match="go together"):
+        Scheduler(config(speculative=spec))
 
 
 def test_no_drafts_above_the_batch_size() -> None:
