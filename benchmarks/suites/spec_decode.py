@@ -1,15 +1,20 @@
-"""``make bench``'s speculative-decoding rows: n-gram proposals against none, on the real model.
+"""``make bench``'s speculative-decoding rows: n-gram and draft-model proposals against none, on
+the real model.
 
-The packaged SmolLM2-135M-Instruct GGUF, served twice at once: plain, and with
-``--speculative-config`` (:data:`NGRAM`). Two workloads, as ChatML prompts on ``/completions``
-(greedy, ``OUTPUT_LEN`` tokens, ``ignore_eos``): **editing** hands over a code or text block and
-asks for it back with a small change (the output quotes the prompt: prompt lookup's best case);
-**chat** asks plain questions (little to look up: speculation should cost nearly nothing).
-Concurrency 1 for both (the issue's targets: editing >= 1.5x, chat >= 0.95x), and 32 on chat
-(``disable_by_batch_size`` turns speculation off: within 3%). Each point runs every server in
-turn, ``ROUNDS`` times, the order alternating; each request opens with its own line, so no point
-hits another's prefix cache. The speculative rows carry the acceptance the load tester read from
-``/metrics``. Alone::
+The packaged SmolLM2-135M-Instruct GGUF, served several times at once: plain, with
+``--speculative-config`` (:data:`NGRAM`), and (at concurrency 1 only) with a draft model
+(:data:`DRAFTS`, written by :mod:`.spec_draft`, ``num_speculative_tokens`` :data:`DRAFT_K`): a
+2-layer draft of SmolLM2's shape and vocabulary with random weights (what a draft distilled from
+nothing accepts), SmolLM2 cut after its first 2 layers (an early-exit draft), and SmolLM2 as its
+own draft (every draft accepted: the ceiling of what the draft's forwards cost). Two workloads,
+as ChatML prompts on ``/completions`` (greedy, ``OUTPUT_LEN`` tokens, ``ignore_eos``):
+**editing** hands over a code or text block and asks for it back with a small change (the output
+quotes the prompt: prompt lookup's best case); **chat** asks plain questions (little to look up:
+speculation should cost nearly nothing). Concurrency 1 for both (the issue's targets: editing >=
+1.5x, chat >= 0.95x), and 32 on chat (``disable_by_batch_size`` turns speculation off: within
+3%). Each point runs every server in turn, ``ROUNDS`` times, the order alternating; each request
+opens with its own line, so no point hits another's prefix cache. The speculative rows carry the
+acceptance the load tester read from ``/metrics``. Alone::
 
     python -m benchmarks suites spec_decode [--quick]
 """
@@ -27,10 +32,14 @@ from benchmarks.harness import http_load, servers
 from benchmarks.harness.bench import Bench
 from benchmarks.harness.paths import CACHE
 from benchmarks.harness.tables import ratio
+from benchmarks.suites.spec_draft import write_draft
 from model_shards.launch import packaged_model
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 4}
 SPEC_NGRAM, SPEC_NONE = "ngram", "none"
+DRAFT_K = 3
+# system name → (layers, seed) of spec_draft.write_draft; (0, None): the target itself
+DRAFTS = {"draft-random-2l": (2, 0), "draft-first-2l": (2, None), "draft-self": (0, None)}
 POINTS = ((1, "editing"), (1, "chat"), (32, "chat"))
 ROUNDS, OUTPUT_LEN, DTYPE = 2, 96, "bfloat16"
 POINT_CAP_S, REQUEST_TIMEOUT_S = 240.0, 300.0
@@ -90,9 +99,12 @@ def dataset(workload: str, count: int, tag: str) -> str:
 def run_spec(
     bench: Bench | Results, points: tuple[tuple[int, str], ...] = POINTS, rounds: int = ROUNDS
 ) -> None:
-    """The rows (and a note) into ``bench``: every point, every server, ``rounds`` times."""
+    """The rows (and a note) into ``bench``: every point, every server (the draft-model ones at
+    concurrency 1 only), ``rounds`` times."""
     model = packaged_model.packaged_gguf()
     flags = {SPEC_NONE: [], SPEC_NGRAM: ["--speculative-config", json.dumps(NGRAM)]}
+    if any(c == 1 for c, _ in points):
+        flags.update(draft_flags(model))
     with contextlib.ExitStack() as stack:
         urls = {
             name: stack.enter_context(
@@ -108,8 +120,9 @@ def run_spec(
                 hf_serve=False, duration_s=POINT_CAP_S, timeout_s=REQUEST_TIMEOUT_S,
             )  # fmt: skip
         for c, workload in points:
+            systems = [n for n in urls if c == 1 or n in (SPEC_NONE, SPEC_NGRAM)]
             for r in range(rounds):
-                order = list(urls) if r % 2 == 0 else list(reversed(urls))
+                order = systems if r % 2 == 0 else systems[::-1]
                 for name in order:
                     tag = f"{workload}-c{c}-r{r}-{name}"
                     metrics = http_load.run_point(
@@ -118,7 +131,22 @@ def run_spec(
                         duration_s=POINT_CAP_S, timeout_s=REQUEST_TIMEOUT_S,
                     )  # fmt: skip
                     bench.rows.append(_row(name, workload, c, r, metrics))
-    bench.notes.append(f"speculative rows: {OUTPUT_LEN} greedy tokens, n-gram config {NGRAM}")
+    bench.notes.append(
+        f"speculative rows: {OUTPUT_LEN} greedy tokens, n-gram config {NGRAM}; draft models "
+        f"(c=1 only, num_speculative_tokens {DRAFT_K}): {', '.join(DRAFTS)}"
+    )
+
+
+def draft_flags(model: Path) -> dict[str, list[str]]:
+    """The ``--speculative-config`` of each :data:`DRAFTS` system (drafts written once)."""
+    out = {}
+    for name, (layers, seed) in DRAFTS.items():
+        path = model if layers == 0 else CACHE / "drafts" / f"smollm2-{name}.gguf"
+        if layers:
+            write_draft(model, path, layers, seed)
+        spec = {"model": str(path), "num_speculative_tokens": DRAFT_K}
+        out[name] = ["--speculative-config", json.dumps(spec)]
+    return out
 
 
 @dataclass
@@ -149,25 +177,27 @@ def _median(rows: list[dict[str, Any]], key: str) -> float | None:
 
 
 def spec_table(result: dict[str, Any]) -> str:
-    """Markdown: per point, tok/s without and with n-gram speculation, the ratio, acceptance."""
+    """Markdown: per point and speculative system, tok/s without and with it, the ratio and the
+    acceptance."""
     rows = [r for r in result["rows"] if r.get("layout") == LAYOUT]
     if not rows:
         return "(speculative decoding not measured)"
     lines = [
-        "| workload | concurrency | tok/s none | tok/s n-gram | ratio | accepted | tokens/step |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| workload | concurrency | system | tok/s none | tok/s | ratio | accepted | tokens/step |",
+        "|---|---:|---|---:|---:|---:|---:|---:|",
     ]
     for c, workload in dict.fromkeys((r["concurrency"], r["workload"]) for r in rows):
         point = [r for r in rows if (r["concurrency"], r["workload"]) == (c, workload)]
         none = _median([r for r in point if r["system"] == SPEC_NONE], "output_throughput")
-        fast = [r for r in point if r["system"] == SPEC_NGRAM]
-        ngram = _median(fast, "output_throughput")
-        acc, per_step = _median(fast, "spec_acceptance"), _median(fast, "spec_tokens_per_step")
-        lines.append(
-            f"| {workload} | {c} | {none or 0:.1f} | {ngram or 0:.1f} | {ratio(ngram, none)} | "
-            f"{'—' if acc is None else f'{100 * acc:.0f}%'} | "
-            f"{'—' if per_step is None else f'{per_step:.2f}'} |"
-        )
+        for system in dict.fromkeys(r["system"] for r in point if r["system"] != SPEC_NONE):
+            fast = [r for r in point if r["system"] == system]
+            tok_s = _median(fast, "output_throughput")
+            acc, per_step = _median(fast, "spec_acceptance"), _median(fast, "spec_tokens_per_step")
+            lines.append(
+                f"| {workload} | {c} | {system} | {none or 0:.1f} | {tok_s or 0:.1f} | "
+                f"{ratio(tok_s, none)} | {'—' if acc is None else f'{100 * acc:.0f}%'} | "
+                f"{'—' if per_step is None else f'{per_step:.2f}'} |"
+            )
     return "\n".join(lines)
 
 

@@ -16,14 +16,18 @@ greedily, so each proposal is a point mass at the draft's argmax, for which the 
 (:mod:`.verify`) is exactly the rejection rule: the output is the target's whatever the draft
 proposes (greedy: token for token; sampled: in distribution).
 
-Its pool holds ``max_num_seqs`` sequences of ``max_model_len + k`` positions (blocks taken as a
-sequence's positions need them, given back by :meth:`DraftModel.free`); it is logged at start.
+Its pool (:func:`draft_pool_blocks`, logged at start) holds the positions of the sequences that
+may speculate at once, ``min(max_num_seqs, disable_by_batch_size)``, at most as many as the
+target's pool holds: blocks are taken as a sequence's positions need them and given back by
+:meth:`DraftModel.free`; when they run short, the sequences proposed for least recently (not in
+the batch at hand) are forgotten, to be caught up again from their first token.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Container
 from dataclasses import dataclass, field
 
 from model_shards.config.model import ModelConfig, load_model_config
@@ -52,7 +56,7 @@ class DraftModel:
         self.worker = worker
         self.block_size = worker.kv.block_size
         self._free_blocks = list(range(worker.kv.num_blocks))
-        self._seqs: dict[int, _DraftSeq] = {}
+        self._seqs: dict[int, _DraftSeq] = {}  # least recently proposed for first
         self._freed: list[int] = []  # dropped since the last draft step: the worker drops them
         self._step_id = 0
 
@@ -73,7 +77,9 @@ class DraftModel:
         (none for a sequence whose positions the pool cannot hold)."""
         out: dict[int, list[int]] = {seq_id: [] for seq_id in wants}
         new: list[NewSequence] = []
-        chunks = [c for sid, (t, k) in wants.items() if (c := self._catch_up(sid, t, k, new))]
+        chunks = [
+            c for sid, (t, k) in wants.items() if (c := self._catch_up(sid, t, k, new, wants))
+        ]
         while chunks:
             sampled = self._run(chunks, new)  # one token per chunk
             new, ahead = [], []
@@ -88,15 +94,19 @@ class DraftModel:
         return out
 
     def _catch_up(
-        self, seq_id: int, tokens: list[int], k: int, new: list[NewSequence]
+        self, seq_id: int, tokens: list[int], k: int, new: list[NewSequence], keep: Container[int]
     ) -> SeqChunk | None:
         """The chunk that brings the draft's K/V of ``seq_id`` up to ``tokens`` (at least their
-        last token), with the blocks for ``k - 1`` decode positions after them; ``None`` if the
-        pool cannot hold them."""
+        last token), with the blocks for ``k - 1`` decode positions after them (forgetting
+        sequences not in ``keep`` if the pool is short); ``None`` if the pool cannot hold them."""
         fresh = seq_id not in self._seqs
-        seq = self._seqs.setdefault(seq_id, _DraftSeq())
+        seq = self._seqs.pop(seq_id, None) or _DraftSeq()
+        self._seqs[seq_id] = seq  # the most recently proposed for
         start = min(_common_prefix(seq.fed, tokens), len(tokens) - 1)
         need = max(0, -(-(len(tokens) + k - 1) // self.block_size) - len(seq.blocks))
+        idle = [sid for sid in self._seqs if sid not in keep]
+        while need > len(self._free_blocks) and idle:
+            self.free([idle.pop(0)])
         if need > len(self._free_blocks):
             if fresh:
                 del self._seqs[seq_id]
@@ -127,18 +137,33 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
     return i
 
 
+def draft_pool_blocks(
+    replica: ReplicaConfig, target_blocks: int, max_model_len: int, k: int
+) -> int:
+    """Blocks of the draft's pool: every position of ``min(max_num_seqs,
+    disable_by_batch_size)`` sequences of ``max_model_len + k``, but no more than the target's
+    ``target_blocks`` plus each such sequence's ``k`` decode positions (and a partial block)."""
+    spec = replica.speculative
+    assert spec is not None
+    bs = replica.block_size
+    seqs = min(replica.max_num_seqs, spec.disable_by_batch_size)
+    return min(seqs * -(-(max_model_len + k) // bs), target_blocks + seqs * (-(-k // bs) + 1))
+
+
 def build_draft(replica: ReplicaConfig, target: Worker, max_model_len: int) -> DraftModel | None:
     """Rank 0: load ``--speculative-config``'s draft model (checked by
     :func:`~model_shards.config.speculative.check_draft`) on the target's device, in its dtype,
-    unquantized, eager, with a pool for ``max_num_seqs`` sequences of ``max_model_len + k``;
-    ``None`` when the flag names no draft model."""
+    unquantized, eager, with the pool of :func:`draft_pool_blocks`; ``None`` when the flag
+    names no draft model."""
     spec = replica.speculative
     if spec is None or spec.model is None:
         return None
     cfg = load_model_config(spec.model)
     assert isinstance(cfg, ModelConfig)
     length = max_model_len + spec.num_speculative_tokens
-    blocks = -(-length // replica.block_size) * replica.max_num_seqs
+    blocks = draft_pool_blocks(
+        replica, target.kv.num_blocks, max_model_len, spec.num_speculative_tokens
+    )
     per_block = cfg.kv_block_bytes(1, cfg.num_layers, replica.block_size, target.dtype.itemsize)
     draft_replica = dataclasses.replace(
         replica,

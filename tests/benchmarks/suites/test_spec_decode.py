@@ -35,5 +35,8 @@ def test_table_shows_the_ratio_and_acceptance() -> None:
     rows = [row(SPEC_NONE, 10.0, None, 0), row(SPEC_NGRAM, 18.0, 0.5, 0)]
     rows += [row(SPEC_NONE, 12.0, None, 1), row(SPEC_NGRAM, 20.0, 0.7, 1)]
     table = spec_table({"rows": rows})
-    assert "| editing | 1 | 10.0 | 18.0 | 1.80× | 50% | 3.00 |" in table
+    rows.append(row("draft-self", 9.0, 1.0, 0))
+    table = spec_table({"rows": rows})
+    assert "| editing | 1 | ngram | 10.0 | 18.0 | 1.80× | 50% | 3.00 |" in table
+    assert "| editing | 1 | draft-self | 10.0 | 9.0 | 0.90× | 100% | 5.00 |" in table
     assert spec_table({"rows": []}) == "(speculative decoding not measured)"
