@@ -13,5 +13,7 @@
 - ``llamacpp_peer``: the real SmolLM2 model (GGUF Q4_1, Q8_0, Q4_K_M) beside ``llama-server``.
 - ``llamacpp_table``: its table.
 - ``spec_decode``: n-gram speculative decoding against none on the real SmolLM2 model (editing
-  and chat at concurrency 1, chat at 32), with the acceptance read from ``/metrics``.
+  and chat at concurrency 1, chat at 32), with the acceptance read from ``/metrics``; draft
+  models at concurrency 1 (random 2-layer, the target's first 2 layers, the target itself).
+- ``spec_draft``: the draft GGUFs ``spec_decode`` serves, written from the target's.
 """

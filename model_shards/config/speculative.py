@@ -9,7 +9,8 @@ Two kinds of proposer, as vLLM spells them:
   small draft model (a directory or a GGUF file) with the target's tokenizer, run at tp=1 in
   rank 0's process (:mod:`model_shards.engine.speculative.draft_model`); it proposes its greedy
   tokens. Checked before spawn (:func:`check_draft`): same vocabulary and tokenizer, a text-only
-  decoder with one KV group, a text-only target at pp=1.
+  decoder with one KV group, a text-only target at pp=1. ``draft_tensor_parallel_size`` (vLLM's
+  key) may only be 1.
 
 ``disable_by_batch_size``: no proposals in a step whose running batch is larger (vLLM's name;
 our default :data:`DEFAULT_DISABLE_BY_BATCH_SIZE`, so that loaded servers pay nothing).
@@ -39,6 +40,7 @@ _KEYS = {
     "prompt_lookup_max",
     "prompt_lookup_min",
     "disable_by_batch_size",
+    "draft_tensor_parallel_size",
 }
 
 
@@ -73,6 +75,11 @@ class SpeculativeConfig:
             )
         k = _int(raw, "num_speculative_tokens", None, 1, MAX_SPECULATIVE_TOKENS)
         disable = _int(raw, "disable_by_batch_size", DEFAULT_DISABLE_BY_BATCH_SIZE, 1, None)
+        if _int(raw, "draft_tensor_parallel_size", 1, 1, None) != 1:
+            raise ValueError(
+                f"{FLAG}: draft_tensor_parallel_size must be 1: the draft runs whole in rank 0's "
+                "process, whatever the target's tensor parallelism"
+            )
         if method == "draft_model":
             model = raw.get("model")
             if not isinstance(model, str) or not model:

@@ -135,7 +135,9 @@ def _add_weight_flags(engine: Any) -> None:
         default=None,
         metavar="JSON",
         help='speculative decoding, vLLM\'s JSON: {"method": "ngram", "num_speculative_tokens": '
-        'K, "prompt_lookup_max": N, "prompt_lookup_min": M, "disable_by_batch_size": B}',
+        'K, "prompt_lookup_max": N, "prompt_lookup_min": M, "disable_by_batch_size": B}, or a '
+        'draft model with the same tokenizer: {"model": DIR_OR_GGUF, "num_speculative_tokens": '
+        "K} (greedy proposals at tp=1 on rank 0)",
     )
     engine.add_argument(
         "--enable-expert-parallel",

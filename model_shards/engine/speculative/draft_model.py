@@ -20,7 +20,9 @@ Its pool (:func:`draft_pool_blocks`, logged at start) holds the positions of the
 may speculate at once, ``min(max_num_seqs, disable_by_batch_size)``, at most as many as the
 target's pool holds: blocks are taken as a sequence's positions need them and given back by
 :meth:`DraftModel.free`; when they run short, the sequences proposed for least recently (not in
-the batch at hand) are forgotten, to be caught up again from their first token.
+the batch at hand) are forgotten, to be caught up again from their first token. On CUDA the
+draft's weights and pool come out of what the target's ``--gpu-memory-utilization`` budget left
+(the target sizes its pool first, not counting the draft): leave room by lowering the flag.
 """
 
 from __future__ import annotations

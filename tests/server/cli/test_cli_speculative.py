@@ -48,6 +48,7 @@ CASES = [
     ),
     ('{"method": "ngram", "num_speculative_tokens": 3, "disable_by_batch_size": 0}', "disable"),
     ('{"method": "draft_model", "num_speculative_tokens": 3}', "needs 'model'"),
+    ('{"model": "d", "num_speculative_tokens": 3, "draft_tensor_parallel_size": 2}', "must be 1"),
 ]
 
 
