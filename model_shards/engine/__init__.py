@@ -7,7 +7,8 @@
 * ``request_checks.py``: every reason the engine refuses a generation request, in one place;
 * ``scheduler/``: continuous batching over the paged, prefix-cached KV pool (pure Python);
 * ``structured/``: grammar-constrained decoding: compiles, matchers, each step's token masks;
-* ``speculative/``: speculative decoding: n-gram proposals, the acceptance gate, the accept rule;
+* ``speculative/``: speculative decoding: n-gram proposals, a draft model's (tp=1, on rank 0),
+  the acceptance gate, the accept rule;
 * ``request_trace.py``: a traced request's TTFT stamps on rank 0 (opt-in);
 * ``prompt_logprobs.py``: which prompt rows each chunk scores; the scores into first outputs;
 * ``embedding_coordinator.py``: an encoder replica's engine: batch inputs, embed or score, reply;

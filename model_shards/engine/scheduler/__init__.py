@@ -4,7 +4,8 @@
 * ``sequence.py``: one request's state, its block hashes; ``ScheduledStep``, ``SeqUpdate``;
 * ``state.py``: the pool, queues and counters all parts share; windowed tables kept to the window;
 * ``decode.py``: one more token per running sequence (and its speculative drafts, if the free
-  blocks hold them); preemption by recompute;
+  blocks hold them; a draft model's, asked for all of a step's sequences at once:
+  ``offer_drafts``); preemption by recompute;
 * ``prefill.py``: a step's token and seat limits (the pipeline cap); a prompt's next chunk;
 * ``admission.py``: start the first waiting sequence after its prefix-cache hit, if it fits;
 * ``step_builder.py``: the step being assembled and what is left of its limits;

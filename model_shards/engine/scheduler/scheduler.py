@@ -12,8 +12,10 @@ One step (:meth:`Scheduler.schedule`) packs, within ``max_num_seqs`` sequences a
    one is computing right now (``n > 1`` choices, identical prompts) waits to share it.
 
 With ``--speculative-config`` (and at most ``disable_by_batch_size`` running), a decode also
-carries the sequence's drafts; :meth:`Scheduler.update` emits the drafts the samples accept and
-the next sample, one token at a time through the stop checks, and rolls the rest back
+carries the sequence's drafts (a draft model's proposals are made for every ready decoding
+sequence in one batch before the decodes are scheduled; the draft forgets the step's freed
+ids); :meth:`Scheduler.update` emits the drafts the samples accept and the next sample, one
+token at a time through the stop checks, and rolls the rest back
 (:mod:`model_shards.engine.speculative`).
 
 A running sequence short of a block preempts the newest one not in this step (:mod:`.decode`;
