@@ -228,6 +228,9 @@ class Worker:
             bytes_read = checkpoint.bytes_read
         prepare_weights(model)
         graph_backend = None if replica.enforce_eager else ops.graph_backend()
+        if graph_backend is not None and ps.host_tensors:
+            log.info("decode graphs off: the ranks share one GPU (host copies in TP)")
+            graph_backend = None
         if graph_backend is not None and KVLayout.for_model(cfg).num_groups > 1:
             log.info("decode graphs off: %s keeps several KV groups", cfg.architecture)
             graph_backend = None  # the captured inputs hold one group's tables
