@@ -36,7 +36,7 @@ COMMANDS: dict[str, tuple[str, ...]] = {
         "sched_share",
     ),
     "harness": ("roofline", "hf_generate", "gguf_dequantize"),
-    "gpu": ("build_model", "hf_bench"),
+    "gpu": ("build_model", "hf_bench", "ceiling", "step_breakdown", "graph_parity"),
 }
 
 
