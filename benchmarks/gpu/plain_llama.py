@@ -79,6 +79,12 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
 class PlainLlama(torch.nn.Module):
     """One batch of ``B`` sequences decoded in lockstep, positions shared by every row."""
 
+    k_cache: torch.Tensor  # [layers, B, KV, max_len, D] (buffers)
+    v_cache: torch.Tensor
+    cos: torch.Tensor  # [max_len, D]
+    sin: torch.Tensor
+    positions: torch.Tensor  # [max_len]
+
     def __init__(
         self, cfg: PlainConfig, weights: dict[str, torch.Tensor], batch: int, max_len: int
     ) -> None:

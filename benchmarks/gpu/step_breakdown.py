@@ -21,6 +21,7 @@ import json
 import statistics
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -82,7 +83,7 @@ def linear_table(
         w = torch.randn(out, inp, device=device, dtype=dtype)
         for m in (1, 32):
             x = torch.randn(m, inp, device=device, dtype=dtype)
-            ms = timed_ms(lambda x=x, w=w: F.linear(x, w), device, reps)
+            ms = timed_ms(partial(F.linear, x, w), device, reps)
             moved = (w.numel() + x.numel() + m * out) * w.element_size()
             gb_s = moved / ms / 1e6
             rows.append(
@@ -95,11 +96,11 @@ def linear_table(
 
 def kernel_rows(prof: Any, steps: int, top: int = TOP_KERNELS) -> list[dict[str, Any]]:
     """The profiler's device-side entries, most device time first (µs, totals and per step)."""
-    out = []
+    out: list[dict[str, Any]] = []
     for avg in prof.key_averages():
-        total = getattr(avg, "self_device_time_total", None)
-        if total is None:
-            total = getattr(avg, "self_cuda_time_total", 0.0)
+        total = float(getattr(avg, "self_device_time_total", 0.0) or 0.0)
+        if not total:
+            total = float(getattr(avg, "self_cuda_time_total", 0.0) or 0.0)
         if total > 0:
             out.append({"name": avg.key, "calls": avg.count, "total_us": float(total)})
     out.sort(key=lambda r: -r["total_us"])

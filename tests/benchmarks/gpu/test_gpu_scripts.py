@@ -3,14 +3,17 @@ order, with the fields the report reads (the numbers themselves mean nothing her
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 import pytest
 
-from benchmarks.gpu import ceiling, step_breakdown
+from benchmarks.gpu import ceiling, check, phases, phases_device, step_breakdown
 from benchmarks.gpu.build_model import write_checkpoint
+from benchmarks.gpu.parity import PARITY_RUNS
 from benchmarks.gpu.phases import parse_events
+from benchmarks.gpu.settings import Budget
 from benchmarks.gpu.shapes import SMOKE
 
 
@@ -57,3 +60,35 @@ def test_ceiling_events(
     assert [e["batch"] for e in events[1:]] == [1, 3]
     for e in events[1:]:
         assert e["steps"] == 4 and e["tok_s"] == pytest.approx(e["batch"] * 4 / e["seconds"])
+
+
+def _run(tmp_path: Path, **overrides: object) -> phases.Run:
+    args = check.parse_args(["--smoke", "--work-dir", str(tmp_path), "--timeout", "120"])
+    settings = dataclasses.replace(check.settings_from(args), **overrides)  # type: ignore[arg-type]
+    settings.logs_dir.mkdir(parents=True, exist_ok=True)
+    return phases.Run(settings, Budget(120.0, reserve_s=5.0), results={"missing": {}})
+
+
+def test_a_failing_script_phase_is_recorded_and_the_run_goes_on(tmp_path: Path) -> None:
+    run = _run(tmp_path, model_dir=tmp_path / "absent")
+    phases_device.ceiling(run)  # no checkpoint there: the script exits with an error
+    assert run.results["ceiling"] == {}
+    why = run.results["missing"]["ceiling"]
+    assert why.startswith("ceiling exited with 1; log tail:") and "config.json" in why
+    run.procs.stop_all()
+
+
+def test_a_phase_without_time_left_is_skipped(tmp_path: Path) -> None:
+    run = _run(tmp_path, step_cap_s=1.0)  # under the phases' 5 s minimum
+    phases_device.step_breakdown(run)
+    assert run.results["step"] == {}
+    assert run.results["missing"]["step"].startswith("not started:")
+
+
+def test_parity_runs_skipped_without_parity(tmp_path: Path) -> None:
+    run = _run(tmp_path)
+    phases.parity(run)
+    assert set(run.results["missing"]) == {f"parity.{r.key}" for r in PARITY_RUNS}
+    assert [r.key for r in PARITY_RUNS] == ["backends", "bfloat16", "tp2_shared"]
+    assert sum(r.share for r in PARITY_RUNS) == pytest.approx(1.0)
+    assert dict(PARITY_RUNS[2].env) == {"SHARDSERVE_SHARED_GPU": "1"}
