@@ -42,7 +42,7 @@ def parity_rows(results: dict[str, Any]) -> list[Row]:
 
 
 def family_row(results: dict[str, Any]) -> Row:
-    name = "families at tp=1: logits vs reference backend, graph replay = eager"
+    name = "families at tp=1: logits vs reference backend, graph replays = eager"
     target = f"rel err < {FAMILY_LOGITS_RTOL:g}; tokens equal"
     families: dict[str, dict[str, Any]] = results.get("graph_parity") or {}
     if not families:
@@ -52,13 +52,17 @@ def family_row(results: dict[str, Any]) -> Row:
     bad = sorted(
         n
         for n, f in done.items()
-        if not f["graph_tokens_equal_eager"] or f["logits_rel_err"] >= FAMILY_LOGITS_RTOL
+        if not f["graph_tokens_equal_eager"]
+        or not f.get("piecewise_tokens_equal_eager", True)
+        or f["logits_rel_err"] >= FAMILY_LOGITS_RTOL
     )
     worst = max((f["logits_rel_err"] for f in done.values()), default=float("nan"))
     graphed = sum(bool(f["graphed"]) for f in done.values())
+    pieced = sum(bool(f.get("piecewise")) for f in done.values())
     same = sum(bool(f["tokens_equal_reference"]) for f in done.values())
     text = (
-        f"{len(done)} families, {graphed} graphed; worst rel err {worst:.2e}; greedy = "
+        f"{len(done)} families, {graphed} graphed ({pieced} piecewise too); worst rel err "
+        f"{worst:.2e}; greedy = "
         f"reference in {same}/{len(done)}"
     )
     if bad:

@@ -15,6 +15,7 @@ One step, the same plan on every rank:
 from __future__ import annotations
 
 import logging
+import os
 from itertools import accumulate
 
 import torch
@@ -48,6 +49,7 @@ from model_shards.worker.kv_cache import PagedKVCache
 from model_shards.worker.loader import load_weights
 from model_shards.worker.media_inputs import MediaInputs
 from model_shards.worker.open_checkpoint import open_checkpoint
+from model_shards.worker.piecewise_graphs import PIECEWISE_ENV, PiecewiseGraphs, piecewise_for
 from model_shards.worker.prompt_logprobs import score_prompts
 from model_shards.worker.quant_sources import QuantizedStore
 from model_shards.worker.sampler import SampleOutput, Sampler
@@ -191,6 +193,7 @@ class Worker:
         )
         self.sampler = Sampler(ctx.ops)
         self.graphs: DecodeGraphs | None = None  # set by build() on a backend with graphs
+        self.piecewise: PiecewiseGraphs | None = None  # mixed steps' graphs (build(), opt-in)
         self.bytes_loaded = 0
         self.pending = Pending()  # non-blocking sends in progress
         # monotonic ns at which the last step's forward / LM head / sampling ended (request_trace)
@@ -252,6 +255,12 @@ class Worker:
                 worker.model, worker.kv, replica.max_num_seqs, max_model_len, graph_backend, ops
             )
             worker.graphs.capture()
+        plain = worker.media is None and worker.positions is None
+        if graph_backend is not None and plain and os.environ.get(PIECEWISE_ENV) == "1":
+            chunk = replica.max_num_batched_tokens
+            worker.piecewise = piecewise_for(model, graph_backend, chunk, ps.device, dtype)
+            if worker.piecewise is not None:
+                worker.piecewise.capture()
         worker.bytes_loaded = bytes_read
         return worker
 
@@ -344,6 +353,10 @@ class Worker:
             hidden = torch.tensor(ids, dtype=torch.int64, device=ps.device)
             if self.media is not None:  # token embeddings with the images' rows in
                 hidden = self.media.embed(hidden, chunks)  # [T, H]
+        if self.piecewise is not None:
+            out = self.piecewise.run(hidden, batch)  # None: above the largest bucket
+            if out is not None:  # a view the next step rewrites: a copy to send on
+                return out if ps.is_last_stage else out.clone()
         return self.model(hidden, batch)  # [T, H]
 
     def collect(self, plan: StepPlan) -> StepResult:

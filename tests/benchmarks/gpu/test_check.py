@@ -206,8 +206,8 @@ def test_report_targets() -> None:
     assert table["backend kernel tests (tests/model_shards/backends) on cuda"][2] == "met"
     assert table["model parity tests, bfloat16 on cuda"][2] == "met"
     assert table["tp=2 on one GPU over gloo = tp=1 greedy on cuda"][2] == "not met"
-    families = table["families at tp=1: logits vs reference backend, graph replay = eager"]
-    assert families[0].startswith("2 families, 1 graphed; worst rel err 2.00e-02")
+    families = table["families at tp=1: logits vs reference backend, graph replays = eager"]
+    assert families[0].startswith("2 families, 1 graphed (0 piecewise too); worst rel err 2.00e-02")
     assert "errors: mixtral" in families[0] and families[2] == "not met"
     assert table["host gap (step − replay), batch 1"][0] == "1.00 ms (20 % of the step)"
     assert table["engine step, batch 32 (median)"][0] == "9.00 ms"
