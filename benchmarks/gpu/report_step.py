@@ -171,6 +171,9 @@ def sections(results: dict[str, Any]) -> list[str]:
             "",
             f"## Top kernels, batch {kernels['batch']} decode ({kernels['steps']} steps)",
             "",
+            f"{kernels.get('launches_per_step', 0):.0f} device entries (kernels, copies) and "
+            f"{kernels.get('device_us_per_step', 0):.0f} µs of device time a step.",
+            "",
             "| kernel | calls/step | µs/step |",
             "|---|---|---|",
         ]

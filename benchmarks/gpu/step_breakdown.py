@@ -11,8 +11,10 @@ Run as ``python -m benchmarks gpu step_breakdown SPEC.json`` (``{"model_dir", "d
   batch: a whole engine step (``Coordinator.step``: schedule, plan, forward, sample,
   update; median of ``steps``) against the replay of the step's decode graph alone (CUDA
   events; ``null`` where no graph holds the step), their difference the host's share;
-- ``{"event": "kernels", "batch", "steps", "rows": [...]}``: the profiler's top kernels
-  by device time over ``steps`` engine steps at batch 1 (name, calls, total and per-step µs).
+- ``{"event": "kernels", "batch", "steps", "launches_per_step", "device_us_per_step",
+  "rows": [...]}``: the profiler's device entries over ``steps`` engine steps at batch 1
+  (kernels and copies: their count and time a step), the top ones by device time (name,
+  calls, total and per-step µs).
 """
 
 from __future__ import annotations
@@ -94,7 +96,7 @@ def linear_table(
     return rows
 
 
-def kernel_rows(prof: Any, steps: int, top: int = TOP_KERNELS) -> list[dict[str, Any]]:
+def kernel_rows(prof: Any, steps: int) -> list[dict[str, Any]]:
     """The profiler's device-side entries, most device time first (µs, totals and per step)."""
     out: list[dict[str, Any]] = []
     for avg in prof.key_averages():
@@ -107,7 +109,7 @@ def kernel_rows(prof: Any, steps: int, top: int = TOP_KERNELS) -> list[dict[str,
     for row in out:
         row["per_step_us"] = row["total_us"] / steps
         row["calls_per_step"] = row["calls"] / steps
-    return out[:top]
+    return out
 
 
 def _engine(spec: dict[str, Any], max_seqs: int) -> Any:
@@ -206,7 +208,15 @@ def kernel_point(coord: Any, spec: dict[str, Any], batch: int = 1) -> dict[str, 
             coord.step()
         _sync(device)
     drain(coord)
-    return {"event": "kernels", "batch": batch, "steps": steps, "rows": kernel_rows(prof, steps)}
+    rows = kernel_rows(prof, steps)
+    return {
+        "event": "kernels",
+        "batch": batch,
+        "steps": steps,
+        "launches_per_step": sum(r["calls"] for r in rows) / steps,  # every device entry
+        "device_us_per_step": sum(r["total_us"] for r in rows) / steps,
+        "rows": rows[:TOP_KERNELS],
+    }
 
 
 def main(argv: list[str]) -> int:

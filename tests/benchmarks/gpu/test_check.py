@@ -161,6 +161,8 @@ RESULTS: dict[str, Any] = {
         "kernels": {
             "batch": 1,
             "steps": 20,
+            "launches_per_step": 640,
+            "device_us_per_step": 4000,
             "rows": [
                 {
                     "name": "gemv|x",
@@ -227,6 +229,7 @@ def test_report_targets() -> None:
     assert "more" not in text  # notes: first line only in the markdown
     assert "| qkv | 1 | [6144, 4096] | 0.0125 | 4026 | 101 % |" in text
     assert "| `gemv\\|x` | 32.0 | 2000.0 |" in text
+    assert "640 device entries (kernels, copies) and 4000 µs of device time a step." in text
 
 
 def test_report_never_invents_a_number() -> None:

@@ -47,6 +47,7 @@ def test_step_breakdown_events(
         assert event["batch"] == batch and event["engine_ms"] > 0
         assert event["replay_ms"] is None and not event["graphed"]  # no graphs on CPU
     assert events[4]["batch"] == 1 and events[4]["steps"] == 3
+    assert events[4]["rows"] == [] and events[4]["launches_per_step"] == 0  # no device on CPU
 
 
 def test_ceiling_events(
