@@ -49,7 +49,12 @@ from model_shards.worker.kv_cache import PagedKVCache
 from model_shards.worker.loader import load_weights
 from model_shards.worker.media_inputs import MediaInputs
 from model_shards.worker.open_checkpoint import open_checkpoint
-from model_shards.worker.piecewise_graphs import PIECEWISE_ENV, PiecewiseGraphs, piecewise_for
+from model_shards.worker.piecewise_graphs import (
+    MAX_TOKENS,
+    PIECEWISE_ENV,
+    PiecewiseGraphs,
+    piecewise_for,
+)
 from model_shards.worker.prompt_logprobs import score_prompts
 from model_shards.worker.quant_sources import QuantizedStore
 from model_shards.worker.sampler import SampleOutput, Sampler
@@ -152,6 +157,8 @@ def _gpu_kv_budget(
         vision = gpu_memory.vision_peak_bytes(model, media)
     peak = max(peak, vision)
     pool = gpu_memory.forward_peak_bytes(model, seqs, 1, bs, seqs) if graphs else 0
+    if graphs and os.environ.get(PIECEWISE_ENV) == "1":  # their pool: 512 rows a step
+        pool += gpu_memory.forward_peak_bytes(model, min(tokens, MAX_TOKENS), 1, bs, seqs)
     free, total = torch.cuda.mem_get_info(model.ps.device)
     budget = gpu_memory.kv_budget_bytes(
         replica.gpu_memory_utilization, total, total - free, peak, pool
