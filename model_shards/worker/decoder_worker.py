@@ -163,6 +163,8 @@ def _gpu_kv_budget(
     budget = gpu_memory.kv_budget_bytes(
         replica.gpu_memory_utilization, total, total - free, peak, pool
     )
+    if model.ps.host_tensors:  # every rank of the replica on this one GPU: a share each
+        budget //= model.ps.world_size
     log.info(
         "GPU memory: %.2f GiB total, %.2f GiB in use after loading, forward peak %.2f GiB "
         "(%d tokens; vision tower %.2f GiB), graph pool %.2f GiB: %.2f GiB for the KV cache",

@@ -25,6 +25,7 @@ from tests.world import TEST_DEVICE, run_world
 
 PROMPTS = [[3, 17, 250, 96, 42, 7], [5, 6]]
 NEW_TOKENS = 8
+BLOCKS = 32  # of 4 tokens: a fixed pool, so three workers can share one GPU
 
 
 def test_shared_gpu_choice(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -74,7 +75,7 @@ def _tp2_rank(peers: Comm, model_dir: str, out: str) -> None:
     from model_shards.engine.coordinator import Coordinator
 
     comm = Comm(dataclasses.replace(peers.ps, host_tensors=True))
-    worker = build_worker(comm, model_dir, None)
+    worker = build_worker(comm, model_dir, BLOCKS)
     if comm.ps.rank != 0:
         worker.serve_forever()
         return
@@ -89,7 +90,7 @@ def test_tp2_sharing_a_device_gives_tp1_tokens(tmp_path: Path) -> None:
 
     model_dir = build_tiny_llama(tmp_path / "llama", sharded=False)
     device = torch.device("cuda", 0) if TEST_DEVICE == "cuda" else None
-    worker = build_worker(Comm(single_process_state(device)), str(model_dir), None)
+    worker = build_worker(Comm(single_process_state(device)), str(model_dir), BLOCKS)
     coord = Coordinator(worker, max_num_seqs=4, max_num_batched_tokens=256, max_model_len=64)
     alone = run_to_completion(coord, _requests())
     del coord, worker
