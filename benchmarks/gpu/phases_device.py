@@ -56,7 +56,7 @@ def step_breakdown(run: Run) -> None:
     with phase(run, "step"):
         cap = run.time_for("step", s.step_cap_s)
         spec = {**_model_spec(run), "prompt_len": s.prompt_len, "steps": 20,
-                "batches": list(BATCHES)}  # fmt: skip
+                "batches": list(BATCHES), "piecewise": True}  # fmt: skip
         for event in run_script(run, "step", "step_breakdown", spec, cap):
             name = event.pop("event")
             if name == "step":

@@ -110,6 +110,27 @@ def step_rows(results: dict[str, Any]) -> list[Row]:
     return out
 
 
+def mixed_rows(results: dict[str, Any]) -> list[Row]:
+    """A prefill beside decodes: eager against piecewise graphs (no target: measured first)."""
+    mixed = lookup(results, "step.mixed")
+    eager, pieces = (
+        measured(results, "step.mixed.eager_ms"),
+        measured(results, "step.mixed.piecewise_ms"),
+    )
+    what = "mixed step"
+    if isinstance(mixed, dict):
+        what = f"mixed step ({mixed['prefill']}-token prefill + {mixed['decodes']} decodes)"
+        if eager.number is not None and pieces.number is None:
+            pieces = Value(None, "no piecewise graphs (the stack does not cut, or no graphs)")
+        elif pieces.number is not None and eager.number:
+            detail = f"bucket {mixed['bucket']}; {eager.number / pieces.number:.2f}× eager's speed"
+            pieces = Value(pieces.number, detail=detail)
+    return [
+        (f"{what}, eager", fmt(eager, " ms", 2), "", status(eager, None)),
+        (f"{what}, piecewise graphs", fmt(pieces, " ms", 2), "", status(pieces, None)),
+    ]
+
+
 def ceiling_rows(results: dict[str, Any]) -> list[Row]:
     b1, b32 = measured(results, "ceiling.b1.tok_s"), measured(results, "ceiling.b32.tok_s")
     of_b1 = ratio(results, "ours.c1.decode_tok_s", "ceiling.b1.tok_s")
@@ -149,7 +170,7 @@ def copy_fraction(results: dict[str, Any]) -> Value:
 
 
 def device_rows(results: dict[str, Any]) -> list[Row]:
-    return [family_row(results), *step_rows(results), *ceiling_rows(results)]
+    return [family_row(results), *step_rows(results), *mixed_rows(results), *ceiling_rows(results)]
 
 
 def sections(results: dict[str, Any]) -> list[str]:

@@ -14,12 +14,16 @@ Run as ``python -m benchmarks gpu step_breakdown SPEC.json`` (``{"model_dir", "d
 - ``{"event": "kernels", "batch", "steps", "launches_per_step", "device_us_per_step",
   "rows": [...]}``: the profiler's device entries over ``steps`` engine steps at batch 1
   (kernels and copies: their count and time a step), the top ones by device time (name,
-  calls, total and per-step µs).
+  calls, total and per-step µs);
+- ``{"event": "mixed", "decodes", "prefill", "tokens", "bucket", "eager_ms",
+  "piecewise_ms"}``: a step of one prompt's prefill beside 31 decodes, eager and (with
+  ``"piecewise": true`` in the spec: ``SHARDSERVE_PIECEWISE_GRAPHS``) through piecewise graphs.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -119,8 +123,10 @@ def _engine(spec: dict[str, Any], max_seqs: int) -> Any:
     from model_shards.parallel.comm import Comm
     from model_shards.parallel.state import single_process_state
     from model_shards.worker.decoder_worker import Worker
+    from model_shards.worker.piecewise_graphs import PIECEWISE_ENV
 
     model_dir, device = str(spec["model_dir"]), torch.device(str(spec["device"]))
+    os.environ[PIECEWISE_ENV] = "1" if spec.get("piecewise") else "0"
     if device.type == "cuda":
         torch.cuda.set_device(device)
     max_len = int(spec["prompt_len"]) + 4 * int(spec["steps"]) + 16
@@ -219,6 +225,42 @@ def kernel_point(coord: Any, spec: dict[str, Any], batch: int = 1) -> dict[str, 
     }
 
 
+def mixed_point(
+    coord: Any, spec: dict[str, Any], decodes: int = 31, reps: int = 5
+) -> dict[str, Any]:
+    """Steps of one new prompt's prefill beside ``decodes`` decodes (median ms), eager and
+    through the worker's piecewise graphs (``null`` where it has none)."""
+    from model_shards.messages import GenerateRequest, SamplingParams
+
+    device, prompt_len = str(spec["device"]), int(spec["prompt_len"])
+    worker, gen = coord.worker, torch.Generator().manual_seed(7)
+    pieces = worker.piecewise
+    start_decoding(coord, decodes, prompt_len, 3 * int(spec["steps"]), "mix-")
+    medians: dict[str, float | None] = {"eager": None, "piecewise": None}
+    for mode, graphs in (("eager", None), ("piecewise", pieces)):
+        if mode == "piecewise" and pieces is None:
+            continue
+        worker.piecewise = graphs
+        times = []
+        for r in range(reps):
+            prompt = torch.randint(3, 1000, (prompt_len,), generator=gen).tolist()
+            greedy = SamplingParams(0.0)
+            coord.add_request(GenerateRequest(f"new-{mode}{r}", prompt, 1, greedy, ignore_eos=True))
+            _sync(device)
+            began = time.perf_counter()
+            coord.step()  # the prefill beside every decode
+            _sync(device)
+            times.append(1000 * (time.perf_counter() - began))
+        medians[mode] = statistics.median(times)
+    worker.piecewise = pieces
+    drain(coord)
+    tokens = decodes + prompt_len
+    bucket = None if pieces is None else pieces.bucket(tokens)
+    shape = {"decodes": decodes, "prefill": prompt_len, "tokens": tokens, "bucket": bucket}
+    return {"event": "mixed", **shape, "eager_ms": medians["eager"],
+            "piecewise_ms": medians["piecewise"]}  # fmt: skip
+
+
 def main(argv: list[str]) -> int:
     spec: dict[str, Any] = json.loads(Path(argv[0]).read_text())
     device, dtype = str(spec["device"]), getattr(torch, str(spec["dtype"]))
@@ -231,5 +273,6 @@ def main(argv: list[str]) -> int:
     for batch in spec["batches"]:
         emit(step_point(coord, spec, int(batch)))
     emit(kernel_point(coord, spec))
+    emit(mixed_point(coord, spec))
     coord.shutdown()
     return 0

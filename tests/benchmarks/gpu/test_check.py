@@ -158,6 +158,14 @@ RESULTS: dict[str, Any] = {
         },
         "b1": {"batch": 1, "engine_ms": 5.0, "replay_ms": 4.0, "host_gap_ms": 1.0},
         "b32": {"batch": 32, "engine_ms": 9.0, "replay_ms": None, "host_gap_ms": None},
+        "mixed": {
+            "decodes": 31,
+            "prefill": 128,
+            "tokens": 159,
+            "bucket": 256,
+            "eager_ms": 30.0,
+            "piecewise_ms": 20.0,
+        },
         "kernels": {
             "batch": 1,
             "steps": 20,
@@ -213,6 +221,9 @@ def test_report_targets() -> None:
     assert "errors: mixtral" in families[0] and families[2] == "not met"
     assert table["host gap (step − replay), batch 1"][0] == "1.00 ms (20 % of the step)"
     assert table["engine step, batch 32 (median)"][0] == "9.00 ms"
+    mixed = "mixed step (128-token prefill + 31 decodes)"
+    assert table[f"{mixed}, eager"][0] == "30.00 ms"
+    assert table[f"{mixed}, piecewise graphs"][0] == "20.00 ms (bucket 256; 1.50× eager's speed)"
     eager = table["its decode graph's replay alone, batch 32"]
     assert eager == ("missing: no decode graph holds this step: it ran eagerly", "", "missing")
     assert table["ours c=1 decode / ceiling batch 1"][::2] == (

@@ -37,7 +37,7 @@ def test_step_breakdown_events(
                  prompt_len=8, steps=3, batches=[1, 2], copy_bytes=1 << 20)  # fmt: skip
     assert step_breakdown.main([spec]) == 0
     events = parse_events(capsys.readouterr().out)
-    assert [e["event"] for e in events] == ["copy", "linear", "step", "step", "kernels"]
+    assert [e["event"] for e in events] == ["copy", "linear", "step", "step", "kernels", "mixed"]
     assert events[0]["gb_s"] > 0
     linear = events[1]["rows"]
     assert [(r["matrix"], r["m"]) for r in linear[:2]] == [("qkv", 1), ("qkv", 32)]
@@ -48,6 +48,9 @@ def test_step_breakdown_events(
         assert event["replay_ms"] is None and not event["graphed"]  # no graphs on CPU
     assert events[4]["batch"] == 1 and events[4]["steps"] == 3
     assert events[4]["rows"] == [] and events[4]["launches_per_step"] == 0  # no device on CPU
+    mixed = events[5]  # no graphs on CPU: eager only
+    assert (mixed["tokens"], mixed["bucket"], mixed["piecewise_ms"]) == (31 + 8, None, None)
+    assert mixed["eager_ms"] > 0
 
 
 def test_ceiling_events(
