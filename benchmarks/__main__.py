@@ -39,7 +39,15 @@ COMMANDS: dict[str, tuple[str, ...]] = {
         "sched_share",
     ),
     "harness": ("roofline", "hf_generate", "gguf_dequantize", "quantize_checkpoint"),
-    "gpu": ("build_model", "hf_bench", "quant_checkpoints", "smollm2_dense"),
+    "gpu": (
+        "build_model",
+        "hf_bench",
+        "quant_checkpoints",
+        "smollm2_dense",
+        "ceiling",
+        "step_breakdown",
+        "graph_parity",
+    ),
 }
 
 

@@ -22,9 +22,10 @@ from typing import Any
 import pytest
 
 from model_shards.launch.replicas import free_port
-from model_shards.parallel.state import ParallelState
+from model_shards.parallel.state import SHARED_GPU_ENV, ParallelState
 
-# ``make gpu-check`` runs the multi-rank tests on GPUs: SHARDSERVE_TEST_DEVICE=cuda
+# ``make gpu-check`` runs the multi-rank tests on GPUs: SHARDSERVE_TEST_DEVICE=cuda (and
+# with SHARDSERVE_SHARED_GPU=1 several ranks on one GPU, tensors over gloo)
 TEST_DEVICE = os.environ.get("SHARDSERVE_TEST_DEVICE", "cpu")
 
 
@@ -66,7 +67,8 @@ def run_world(fn: Callable[..., None], tp: int, pp: int, *args: Any, timeout: fl
     if TEST_DEVICE == "cuda":
         import torch
 
-        if torch.cuda.device_count() < tp * pp:
+        shared = os.environ.get(SHARED_GPU_ENV) == "1"  # every rank on cuda:0, gloo
+        if torch.cuda.device_count() < tp * pp and not shared:
             pytest.skip(f"tp={tp} pp={pp} needs {tp * pp} GPUs (NCCL: one per rank)")
     ctx = mp.get_context("spawn")
     port = free_port()

@@ -22,9 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import shutil
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,6 +31,7 @@ import torch
 from safetensors.torch import save_file
 
 from benchmarks.gpu.shapes import SHAPES, LlamaShape
+from benchmarks.harness.whole_dir import write_whole
 from model_shards.launch.default_model import (
     BOS_TOKEN_ID,
     DEFAULT_VOCAB_SIZE,
@@ -141,16 +139,7 @@ def ensure(target: Path, shape: LlamaShape, device: str, dtype: str) -> dict[str
     if is_built(target, shape, dtype):
         return {"cached": True, "build_s": 0.0, "parameters": shape.total_params()}
     start = time.perf_counter()
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
-    try:
-        written = write_checkpoint(tmp, shape, device, dtype)
-        tmp.chmod(0o755)
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(tmp, target)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    written = write_whole(target, lambda tmp: write_checkpoint(tmp, shape, device, dtype))
     return {
         "cached": False,
         "build_s": time.perf_counter() - start,

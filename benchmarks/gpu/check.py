@@ -4,30 +4,40 @@ Run as ``python -m benchmarks gpu-check`` (full, on the GPU host, under 8 minute
 ``python -m benchmarks gpu-check --smoke [--with-parity] --out DIR`` (the same pipeline
 on a tiny Llama on CPU, under ~2 minutes). Parts, in order:
 
-(a) **parity on the device**: ``pytest`` on the parity tests
-    (:data:`benchmarks.gpu.parity.PARITY_TESTS`) with ``SHARDSERVE_TEST_DEVICE=cuda``,
-    once with ``SHARDSERVE_TEST_DTYPE=bfloat16`` and once ``float32``; pass/fail counts
-    and time from pytest's summary line; both runs together capped (``--parity-cap``).
-    Meanwhile a random Llama-3-8B-shaped checkpoint (hidden 4096, 32 layers, 32 / 8
-    heads, intermediate 14336, vocab 128256, rope theta 500000, bf16; 8.03 B
-    parameters) is written as safetensors shards from tensors drawn on the GPU
-    (:mod:`benchmarks.gpu.build_model`), cached under ``--model-cache``.
-(b) **the 8B benchmark**: ``shardserve serve --device cuda --dtype bfloat16
+(a) **tests on the device** (:data:`benchmarks.gpu.parity.PARITY_RUNS`, together capped
+    by ``--parity-cap``): ``pytest tests/model_shards/backends`` with
+    ``SHARDSERVE_TEST_DEVICE=cuda`` first, then the model parity tests in bfloat16 (tp=1:
+    one GPU), then tp=2 with both ranks on ``cuda:0`` over gloo
+    (``SHARDSERVE_SHARED_GPU=1``) in float32, its greedy tokens equal to tp=1's; pass/fail
+    counts from pytest's summary. Then every decoder family's tiny checkpoint on the device
+    in bfloat16 against the reference backend, its graph replay against its eager steps
+    (:mod:`benchmarks.gpu.graph_parity`). Meanwhile a random Llama-3-8B-shaped checkpoint
+    (hidden 4096, 32 layers, 32 / 8 heads, intermediate 14336, vocab 128256, rope theta
+    500000, bf16; 8.03 B parameters) is written as safetensors shards from tensors drawn
+    on the GPU (:mod:`benchmarks.gpu.build_model`), cached under ``--model-cache``.
+(b) **the 8B step, explained** (:mod:`benchmarks.gpu.step_breakdown`): a copy's bandwidth,
+    ``F.linear`` at M = 1 and 32 on the model's shapes against it, the whole engine step
+    against its decode graph's replay alone (the host gap) at batch 1 and 32, the
+    profiler's top kernels; then **the same-GPU ceiling** (:mod:`benchmarks.gpu.ceiling`):
+    the same weights in a plain PyTorch decoder under ``torch.compile(mode=
+    "reduce-overhead")``, batch 1 and 32.
+(c) **the 8B benchmark**: ``shardserve serve --device cuda --dtype bfloat16
     --max-num-seqs 64 --max-model-len 4096`` on a free port; start-up split into
     "weights read" / CUDA graph capture / ready from its log and ``/health``; then
     ``deploy/loadtest.py`` points (128-token prompts, greedy, ``ignore_eos``): a
     warm-up, c=1 × 128 output tokens, c=32 × 64. Decode tok/s at c=1 (1000 / median
     TPOT) over the HBM roofline (weights bar the embedding + KV, bf16, against
-    ``--peak-bw``, by default the device's datasheet figure). The server is stopped,
-    then HF ``generate()`` runs on the same GPU at batch 1 and 32 with the same
-    prompts and lengths (:mod:`benchmarks.gpu.hf_bench`).
-(b2) **quantized and perplexity** (:mod:`benchmarks.gpu.quant_runs`,
+    ``--peak-bw``, by default the device's datasheet figure), over the copy's measured
+    bandwidth and over the ceiling. The server is stopped, then HF ``generate()`` runs on
+    the same GPU at batch 1 and 32 with the same prompts and lengths
+    (:mod:`benchmarks.gpu.hf_bench`), last: the first phase the budget cuts.
+(c2) **quantized and perplexity** (:mod:`benchmarks.gpu.quant_runs`,
     :mod:`benchmarks.gpu.perplexity_phase`): the 8B checkpoint quantized on the GPU to
     compressed-tensors FP8 and AWQ (4-bit, groups of 128) while the parity tests run, each
     served and measured like the bf16 run (c=1 decode tok/s, % of HBM roofline, c=32)
     against bf16's numbers; then the packaged SmolLM2 dequantized to bf16, its perplexity
     on the licence text served in bf16 and with ``--quantization fp8``.
-(c) **reports**: ``gpu-check.json`` and ``gpu-check.md`` in ``--out`` (default
+(d) **reports**: ``gpu-check.json`` and ``gpu-check.md`` in ``--out`` (default
     ``benchmarks/results``; with ``--smoke``, ``<work dir>/smoke-results``), each
     number with its target and met / not met, or ``missing`` with the reason; the
     markdown is printed too. Logs of every subprocess go to ``--logs-dir``.
@@ -82,14 +92,19 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from benchmarks.gpu import perplexity_phase, phases, quant_runs, report
+from benchmarks.gpu import perplexity_phase, phases, phases_device, quant_runs, report
 from benchmarks.gpu.settings import SMOKE_OVERRIDES, WORK_DIR, Budget, Deadline, Settings
 from benchmarks.gpu.shapes import default_peak_bw
 from benchmarks.harness.paths import RESULTS as RESULTS_DIR
 
 EXPECTED = (
+    "parity.backends",
     "parity.bfloat16",
-    "parity.float32",
+    "parity.tp2_shared",
+    "step.b1",
+    "step.b32",
+    "ceiling.b1",
+    "ceiling.b32",
     "ours.startup",
     "ours.c1",
     "ours.c32",
@@ -204,6 +219,10 @@ def pipeline(run: phases.Run) -> None:
     quantizer = quant_runs.start_build(run)  # waits for the dense checkpoint
     smollm2 = perplexity_phase.start_prep(run)
     phases.parity(run)
+    if run.settings.parity:
+        phases_device.graph_parity(run)
+    else:
+        run.missing("graph_parity", "skipped with the tests on the device (--no-parity, --smoke)")
     if not phases.finish_build(run, builder):
         fill_missing(run.results, f"not run: no checkpoint ({report.reason(run.results, 'model')})")
         return
@@ -216,10 +235,12 @@ def pipeline(run: phases.Run) -> None:
     if not datasets:
         fill_missing(run.results, f"not run: no prompts ({report.reason(run.results, 'prompts')})")
         return
+    phases_device.step_breakdown(run)
+    phases_device.ceiling(run)
     phases.ours(run, datasets)
-    phases.hf(run, prompts)
     quant_runs.serve_all(run, quantized, datasets)
     perplexity_phase.perplexity(run, smollm2)
+    phases.hf(run, prompts)  # last: the first phase the budget cuts
 
 
 def fill_missing(results: dict[str, Any], why: str) -> None:

@@ -1,4 +1,4 @@
-"""Part (a) of ``make gpu-check``: the parity tests on the GPU, once per dtype.
+"""Part (a) of ``make gpu-check``: the tests on the GPU, in the runs of :data:`PARITY_RUNS`.
 
 ``pytest -q`` on :data:`PARITY_TESTS` with ``SHARDSERVE_TEST_DEVICE`` and
 ``SHARDSERVE_TEST_DTYPE`` set (``tests/world.py`` and the live test servers read them),
@@ -12,24 +12,49 @@ from __future__ import annotations
 import re
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from benchmarks.gpu.procs import REPO, Procs
 
-# In the order they run, so that a run cut at its cap has covered the most per second: the
-# backends' kernels against the reference first (about 200 quick tests, the Triton kernels
-# compiled for the device), then whole models. The first H200 run (2026-12-04) spent its
-# 75 s on one Llama layout and the family fixture's set-up (259 s there) with these last.
-# Some backend tests run only here (skipped on CPU): the FP8 GEMM's native e4m3 dot and the
-# cuBLASLt _scaled_mm path (sm89+), the W4A16 GEMM at a decode shape (tests/.../cuda/).
-PARITY_TESTS = (
-    "tests/model_shards/backends",
+# The runs of the check's part (a), in order: the backends' kernels against the reference
+# first (about 200 quick tests, the Triton kernels compiled for the device; some run only on a
+# GPU: the FP8 GEMM's native e4m3 dot and cuBLASLt _scaled_mm on sm89+, the W4A16 GEMM at a
+# decode shape), then whole models in bfloat16 (tp=1: one GPU), then tp=2 on that one GPU
+# (SHARDSERVE_SHARED_GPU: both ranks on cuda:0, tensors over gloo) in float32, where its greedy
+# tokens must equal tp=1's. The first H200 run (2026-12-04) spent 259 s in the family
+# fixture's set-up alone: hence the backends first and the families last in their run.
+BACKEND_TESTS = ("tests/model_shards/backends",)
+MODEL_TESTS = (
     "tests/model_shards/models/test_llama_parity.py",
     "tests/model_shards/engine/test_engine_batching.py",
     "tests/test_http_parity.py",
     "tests/model_shards/models/test_family_parity.py",
 )
+SHARED_GPU_TESTS = ("tests/model_shards/parallel/test_shared_gpu.py",)
+PARITY_TESTS = (*BACKEND_TESTS, *MODEL_TESTS)
+
+
+@dataclass(frozen=True, slots=True)
+class ParityRun:
+    """One pytest run: its key under ``results["parity"]``, its tests, dtype and env."""
+
+    key: str
+    title: str
+    tests: tuple[str, ...]
+    dtype: str
+    env: tuple[tuple[str, str], ...] = ()
+    share: float = 1 / 3  # of the parity cap
+
+
+PARITY_RUNS = (
+    ParityRun("backends", "backend kernel tests (tests/model_shards/backends)", BACKEND_TESTS,
+              "bfloat16", share=0.35),
+    ParityRun("bfloat16", "model parity tests, bfloat16", MODEL_TESTS, "bfloat16", share=0.45),
+    ParityRun("tp2_shared", "tp=2 on one GPU over gloo = tp=1 greedy", SHARED_GPU_TESTS,
+              "float32", (("SHARDSERVE_SHARED_GPU", "1"),), share=0.2),
+)  # fmt: skip
 OUTCOMES = ("passed", "failed", "errors", "skipped", "xfailed", "xpassed", "deselected")
 _SINGULAR = {"error": "errors", "warning": "warnings"}
 _SUMMARY = re.compile(r"^(?P<body>.+?)\s+in\s+(?P<secs>\d+(?:\.\d+)?)s\b")
@@ -96,11 +121,19 @@ def parity_ok(result: dict[str, Any]) -> bool:
     )
 
 
-def run_parity(procs: Procs, device: str, dtype: str, cap_s: float, log: Path) -> dict[str, Any]:
-    """One pytest run of the parity tests on ``device`` in ``dtype``, killed at ``cap_s``."""
-    present = [t for t in PARITY_TESTS if (REPO / t).exists()]
+def run_parity(
+    procs: Procs,
+    device: str,
+    dtype: str,
+    cap_s: float,
+    log: Path,
+    tests: tuple[str, ...] = PARITY_TESTS,
+    extra_env: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """One pytest run of ``tests`` on ``device`` in ``dtype``, killed at ``cap_s``."""
+    present = [t for t in tests if (REPO / t).exists()]
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *present]
-    env = {"SHARDSERVE_TEST_DEVICE": device, "SHARDSERVE_TEST_DTYPE": dtype}
+    env = {"SHARDSERVE_TEST_DEVICE": device, "SHARDSERVE_TEST_DTYPE": dtype, **(extra_env or {})}
     proc = procs.start(command, log, env)
     rc = proc.wait(cap_s)
     timed_out = rc is None
@@ -122,6 +155,6 @@ def run_parity(procs: Procs, device: str, dtype: str, cap_s: float, log: Path) -
         "counts": {k: counts[k] for k in (*OUTCOMES, "seconds")},
         "summary": summary["line"] if summary else None,
         "log": str(log),
-        "absent": sorted(set(PARITY_TESTS) - set(present)),  # not in this checkout
+        "absent": sorted(set(tests) - set(present)),  # not in this checkout
         "tail": "" if parity_ok({"rc": rc, "counts": counts}) else proc.log_tail(1500),
     }

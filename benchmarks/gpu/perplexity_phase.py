@@ -5,7 +5,7 @@ fp8`` on the device, over the same fixed text, and their ratio.
 directory (:mod:`benchmarks.gpu.smollm2_dense`, a CPU subprocess started with the
 checkpoint build). :func:`perplexity` then serves that directory twice, one server at a
 time, as :func:`variant_command` says (``--quantization fp8`` for the second), and scores
-the text of :mod:`benchmarks.suites.perplexity` (the Apache-2.0 licence shipped in the
+the text of :mod:`benchmarks.harness.perplexity` (the Apache-2.0 licence shipped in the
 wheel, tokenized by the directory's ``tokenizer.json``, the GGUF's own tokenizer) in
 windows of :data:`WINDOW` tokens with that suite's prompt-logprobs request. Results:
 ``results["perplexity"][label]`` = ``{"tokens", "nll", "ppl", "startup"}``.
@@ -24,8 +24,8 @@ import httpx
 from benchmarks.gpu.phases import Run, Skip, phase
 from benchmarks.gpu.procs import Proc
 from benchmarks.gpu.serve import StartupFailed, serve_command, wait_ready
+from benchmarks.harness.perplexity import WINDOW, licence_text, window_logprobs, windows
 from benchmarks.harness.servers import free_port
-from benchmarks.suites.perplexity import WINDOW, licence_text, window_logprobs, windows
 
 VARIANTS: dict[str, tuple[str, ...]] = {"bf16": (), "fp8": ("--quantization", "fp8")}
 EXPECTED = tuple(f"perplexity.{label}" for label in VARIANTS)

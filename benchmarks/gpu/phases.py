@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from benchmarks.gpu.parity import run_parity
+from benchmarks.gpu.parity import PARITY_RUNS, run_parity
 from benchmarks.gpu.procs import Proc, Procs
 from benchmarks.gpu.serve import (
     StartupFailed,
@@ -30,7 +30,6 @@ from benchmarks.harness import http_load
 from benchmarks.harness.servers import free_port
 
 MIN_PHASE_S = 5.0  # a phase with less time than this left is skipped, not started
-PARITY_DTYPES = ("bfloat16", "float32")
 PROMPT_SEED = "gpu-check-v1"
 
 
@@ -111,25 +110,25 @@ def finish_build(run: Run, proc: Proc) -> bool:
 
 
 def parity(run: Run) -> None:
-    """Both dtypes; the first gets half the cap, the second what the first left."""
+    """The runs of :data:`PARITY_RUNS`; each may use its share of the cap and what the runs
+    before it left unused."""
     s = run.settings
     run.results["parity"] = {}
     if not s.parity:
         why = "--no-parity" if not s.smoke else "--smoke without --with-parity"
-        for dtype in PARITY_DTYPES:
-            run.missing(f"parity.{dtype}", f"skipped ({why})")
+        for r in PARITY_RUNS:
+            run.missing(f"parity.{r.key}", f"skipped ({why})")
         return
-    start = run.budget.elapsed()
-    for n, dtype in enumerate(PARITY_DTYPES):
-        key = f"parity.{dtype}"
+    start, allowed = run.budget.elapsed(), 0.0
+    for r in PARITY_RUNS:
+        key = f"parity.{r.key}"
+        allowed += s.parity_cap_s * r.share
         with phase(run, key):
-            spent = run.budget.elapsed() - start
-            share = s.parity_cap_s / 2 if n == 0 else s.parity_cap_s - spent
-            cap = run.time_for(key, share)
-            log = s.logs_dir / f"parity-{dtype}.log"
-            result = run_parity(run.procs, s.device, dtype, cap, log)
-            run.results["parity"][dtype] = result
-            print(f"  {dtype}: {result['summary'] or result['counts']}", flush=True)
+            cap = run.time_for(key, allowed - (run.budget.elapsed() - start))
+            log = s.logs_dir / f"parity-{r.key}.log"
+            result = run_parity(run.procs, s.device, r.dtype, cap, log, r.tests, dict(r.env))
+            run.results["parity"][r.key] = result
+            print(f"  {r.key}: {result['summary'] or result['counts']}", flush=True)
 
 
 def make_prompts(run: Run) -> dict[str, list[list[int]]]:

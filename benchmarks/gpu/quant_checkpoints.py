@@ -21,9 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -42,6 +40,7 @@ from benchmarks.harness.quantize_checkpoint import (
     fp8_tensors,
     quantization_config,
 )
+from benchmarks.harness.whole_dir import write_whole
 
 VERSION = "v1"  # bump when the bytes change
 MARKER = "gpu_check_quant.json"
@@ -124,17 +123,13 @@ def ensure(dense: Path, root: Path, fmt: str, group_size: int, device: str) -> d
     if is_quantized(target, dense, fmt, group_size):
         return {**event, "cached": True, "seconds": 0.0}
     start = time.perf_counter()
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=root))
-    try:
+
+    def write(tmp: Path) -> int:
         written = write_sharded(dense, tmp, fmt, group_size, device)
         (tmp / MARKER).write_text(json.dumps(marker(dense, fmt, group_size)) + "\n")
-        tmp.chmod(0o755)
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(tmp, target)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        return written
+
+    written = write_whole(target, write)
     return {**event, "cached": False, "seconds": time.perf_counter() - start, "bytes": written}
 
 

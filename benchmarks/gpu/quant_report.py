@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from benchmarks.gpu.report_values import lookup, reason
 from benchmarks.gpu.shapes import roofline_fraction
 
 NAMES = {"fp8": "FP8", "awq": "AWQ"}
@@ -30,29 +31,11 @@ Row = tuple[str, str, str, str]
 Found = tuple[float | None, str]  # the number, or None and why
 
 
-def _lookup(results: dict[str, Any], path: str) -> Any:
-    node: Any = results
-    for part in path.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return None
-        node = node[part]
-    return node
-
-
-def _why(results: dict[str, Any], path: str) -> str:
-    missing: dict[str, str] = results.get("missing") or {}
-    parts = path.split(".")
-    for n in range(len(parts), 0, -1):
-        if why := missing.get(".".join(parts[:n])):
-            return why.strip().splitlines()[0]
-    return "not measured"
-
-
 def _number(results: dict[str, Any], path: str) -> Found:
-    value = _lookup(results, path)
+    value = lookup(results, path)
     if isinstance(value, int | float) and not isinstance(value, bool):
         return float(value), ""
-    return None, _why(results, path)
+    return None, reason(results, path)
 
 
 def _row(name: str, found: Found, text: str, target: str = "", ok: bool | None = None) -> Row:
@@ -97,7 +80,7 @@ def vs_bf16(results: dict[str, Any], fmt: str, point: str, field: str, name: str
 
 def roofline_row(results: dict[str, Any], fmt: str, decode: Found) -> Row:
     name = f"{NAMES[fmt]} c=1 % of HBM roofline"
-    bytes_per_token = _lookup(results, f"quant.{fmt}.bytes_per_token")
+    bytes_per_token = lookup(results, f"quant.{fmt}.bytes_per_token")
     peak = results.get("peak_bw")
     if decode[0] is None:
         return _row(name, (None, f"needs {fmt} c=1 decode tok/s ({decode[1]})"), "")
@@ -109,11 +92,11 @@ def roofline_row(results: dict[str, Any], fmt: str, decode: Found) -> Row:
 
 
 def perplexity_rows(results: dict[str, Any]) -> list[Row]:
-    device = _lookup(results, "settings.device")
+    device = lookup(results, "settings.device")
     out = []
     for label, flag in (("bf16", "bfloat16"), ("fp8", "--quantization fp8")):
         found = _number(results, f"perplexity.{label}.ppl")
-        tokens = _lookup(results, f"perplexity.{label}.tokens")
+        tokens = lookup(results, f"perplexity.{label}.tokens")
         text = f"{found[0] or 0:.4f} ({tokens} tokens)"
         out.append(_row(f"SmolLM2 perplexity, {flag} on {device}", found, text))
     found, detail = _ratio(results, "perplexity.fp8.ppl", "perplexity.bf16.ppl", 4)

@@ -10,59 +10,27 @@ taken from ``results["missing"]`` under the longest matching key (``ours`` cover
   on the decode rate 1000 / median TPOT);
 - ours at c=32 / HF ``generate()`` at batch 32 ≥ 5×;
 - CUDA graph capture (the server's own ``captured ... in X s``) < 60 s;
-- parity: every test run passes, none fails or errors, within the time cap.
+- parity: every test run passes, none fails or errors, within the time cap;
+- the step, the ceiling and the families: :mod:`benchmarks.gpu.report_step`.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from benchmarks.gpu import quant_report
-from benchmarks.gpu.parity import parity_ok
+from benchmarks.gpu.report_step import device_rows, parity_rows, sections
+from benchmarks.gpu.report_values import Row, Value, lookup, measured, ratio, reason
+from benchmarks.gpu.report_values import fmt as _fmt
+from benchmarks.gpu.report_values import si as _si
+from benchmarks.gpu.report_values import status as _status
 from benchmarks.gpu.shapes import roofline_fraction
 
 TARGET_ROOFLINE = 0.75
 TARGET_RATIO_C32 = 5.0
 TARGET_CAPTURE_S = 60.0
-Row = tuple[str, str, str, str]
-
-
-@dataclass(frozen=True, slots=True)
-class Value:
-    number: float | None
-    why: str = ""  # the reason it is missing
-    detail: str = ""
-
-
-def lookup(results: dict[str, Any], path: str) -> Any:
-    """``results["a"]["b"]`` for ``"a.b"``; ``None`` where any step is absent."""
-    node: Any = results
-    for part in path.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return None
-        node = node[part]
-    return node
-
-
-def reason(results: dict[str, Any], path: str) -> str:
-    """Why ``path`` has no number: the longest recorded prefix's reason, first line."""
-    missing: dict[str, str] = results.get("missing") or {}
-    parts = path.split(".")
-    for n in range(len(parts), 0, -1):
-        why = missing.get(".".join(parts[:n]))
-        if why:
-            return why.strip().splitlines()[0]
-    return "not measured"
-
-
-def measured(results: dict[str, Any], path: str) -> Value:
-    number = lookup(results, path)
-    if isinstance(number, int | float) and not isinstance(number, bool):
-        return Value(float(number))
-    return Value(None, reason(results, path))
 
 
 def roofline(results: dict[str, Any]) -> Value:
@@ -78,14 +46,6 @@ def roofline(results: dict[str, Any]) -> Value:
     return Value(frac, detail=detail)
 
 
-def ratio(results: dict[str, Any], num: str, den: str) -> Value:
-    a, b = measured(results, num), measured(results, den)
-    if a.number is None or b.number is None or b.number == 0:
-        lacking = num if a.number is None else den
-        return Value(None, f"needs {lacking} ({(a if a.number is None else b).why})")
-    return Value(a.number / b.number, detail=f"{a.number:.1f} / {b.number:.1f} tok/s")
-
-
 def capture(results: dict[str, Any]) -> Value:
     secs = measured(results, "ours.startup.graph_capture_s")
     if secs.number is not None:
@@ -96,42 +56,6 @@ def capture(results: dict[str, Any]) -> Value:
     if lookup(results, "ours.startup.weights_read_s") is not None:
         return Value(None, "no 'captured N CUDA graphs ... in X s' line in the server log")
     return Value(None, reason(results, "ours.startup"))
-
-
-def _si(n: float) -> str:
-    """``8.03 G``, ``336.19 k``: three significant-ish digits with an SI prefix."""
-    for scale, prefix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if abs(n) >= scale:
-            return f"{n / scale:.2f} {prefix}"
-    return f"{n:.0f} "
-
-
-def _fmt(value: Value, unit: str, digits: int = 1, scale: float = 1.0) -> str:
-    if value.number is None:
-        return f"missing: {value.why}"
-    text = f"{value.number * scale:.{digits}f}{unit}"
-    return f"{text} ({value.detail})" if value.detail else text
-
-
-def _status(value: Value, ok: bool | None) -> str:
-    if value.number is None:
-        return "missing"
-    return "" if ok is None else ("met" if ok else "not met")
-
-
-def parity_row(results: dict[str, Any], dtype: str) -> Row:
-    name = f"parity tests, {dtype} on {lookup(results, 'settings.device')}"
-    run = lookup(results, f"parity.{dtype}")
-    if not isinstance(run, dict):
-        return (name, f"missing: {reason(results, f'parity.{dtype}')}", "all pass", "missing")
-    c = run["counts"]
-    text = (
-        f"{c['passed']} passed, {c['failed']} failed, {c['errors']} errors, "
-        f"{c['skipped']} skipped in {c['seconds']:.1f} s"
-    )
-    if run.get("timed_out"):
-        text += f" (cut at the {run['cap_s']:.0f} s cap)"
-    return (name, text, "all pass", "met" if parity_ok(run) else "not met")
 
 
 def startup_rows(results: dict[str, Any]) -> list[Row]:
@@ -189,11 +113,11 @@ def throughput_rows(results: dict[str, Any]) -> list[Row]:
 
 def rows(results: dict[str, Any]) -> list[Row]:
     return [
-        parity_row(results, "bfloat16"),
-        parity_row(results, "float32"),
+        *parity_rows(results),
         *startup_rows(results),
         *throughput_rows(results),
         *quant_report.rows(results),
+        *device_rows(results),
     ]
 
 
@@ -225,6 +149,7 @@ def render(results: dict[str, Any]) -> str:
     lines = header(results)
     lines += ["| check | value | target | status |", "|---|---|---|---|"]
     lines += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in rows(results)]
+    lines += sections(results)
     notes = [n.strip().splitlines()[0] for n in results.get("notes", [])]
     if notes:
         lines += ["", "## Notes", "", *[f"- {n}" for n in notes]]

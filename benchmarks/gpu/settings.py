@@ -48,7 +48,10 @@ class Settings:
     build_cap_s: float = 240.0
     start_cap_s: float = 180.0  # not ready by then: the start-up target is missed anyway
     point_cap_s: float = 60.0
-    hf_cap_s: float = 240.0
+    hf_cap_s: float = 150.0  # last: what the budget leaves
+    graph_parity_cap_s: float = 60.0
+    step_cap_s: float = 90.0
+    ceiling_cap_s: float = 150.0  # two torch.compile runs of the 8B decoder
 
     @property
     def shape(self) -> LlamaShape:

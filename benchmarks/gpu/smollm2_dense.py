@@ -18,9 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import shutil
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -28,6 +25,7 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
+from benchmarks.harness.whole_dir import write_whole
 from model_shards.gguf.architectures import load_hf_config
 from model_shards.gguf.tokenizer import tokenizer_from_gguf
 from model_shards.launch.packaged_model import packaged_gguf
@@ -65,17 +63,13 @@ def ensure(gguf: Path, target: Path, dtype: str) -> dict[str, Any]:
     except (OSError, ValueError):
         pass
     start = time.perf_counter()
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
-    try:
+
+    def write(tmp: Path) -> int:
         written = write_dense(gguf, tmp, dtype)
         (tmp / MARKER).write_text(json.dumps(marker(gguf, dtype)) + "\n")
-        tmp.chmod(0o755)
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(tmp, target)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        return written
+
+    written = write_whole(target, write)
     seconds = time.perf_counter() - start
     return {"cached": False, "seconds": seconds, "bytes": written, "dir": str(target)}
 

@@ -13,7 +13,6 @@ order reversed every other round; the table shows each kind's median round.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import json
@@ -25,6 +24,7 @@ import torch
 from safetensors.torch import save_file
 from tokenizers import Tokenizer
 
+from benchmarks.harness.ab_rows import Point, alternate, pair_table, run_alone
 from benchmarks.harness.bench import (
     OUTPUT_LEN,
     POINT_CAP_S,
@@ -34,10 +34,8 @@ from benchmarks.harness.bench import (
     num_requests,
     start_ours,
 )
-from benchmarks.harness.machine import machine
 from benchmarks.harness.paths import CACHE
 from benchmarks.harness.prompts import exact_prompts, write_dataset
-from benchmarks.harness.tables import ratio, tok_cell
 from deploy.loadtest import run_benchmark
 from deploy.loadtest_lib.config import LoadPoint, RunConfig
 from model_shards.config.lora import TARGET_MODULES, module_shape
@@ -45,6 +43,7 @@ from model_shards.config.model import ModelConfig
 
 ADAPTERS, RANK, DEFAULT_ROUNDS = 4, 16, 2
 LAYOUTS = {"base": "base model (same server)", "mixed": "4 LoRA adapters mixed"}
+KINDS = ("base", "mixed")
 
 
 def write_adapters(model_dir: Path, out: Path) -> list[tuple[str, Path]]:
@@ -119,41 +118,19 @@ def run_lora(bench: Bench, c: int, rounds: int = DEFAULT_ROUNDS) -> None:
     flags = ["--enable-lora", "--max-loras", str(ADAPTERS), "--max-lora-rank", str(RANK)]
     with contextlib.ExitStack() as stack:
         _, url, _ = start_ours(stack, "float32", [*flags, "--lora-modules", *modules], "lora")
-        _point(bench, url, datasets[-1], c, "mixed", record=False)  # the first batch is slow
-        for r in range(rounds):
-            kinds = ("base", "mixed") if r % 2 == 0 else ("mixed", "base")
-            for i, kind in enumerate(kinds):
-                _point(bench, url, datasets[2 * r + i], c, kind)
+        point: Point = lambda d, kind, rec: _point(bench, url, d, c, kind, rec)  # noqa: E731
+        alternate(point, datasets, KINDS, rounds, warm="mixed")
 
 
 def lora_table(result: dict[str, Any]) -> str:
     """Mixed adapters against the base model's tok/s, and their ratio (target ≥ 0.80×)."""
-    rows = {r["layout"]: r for r in result["rows"] if r["layout"] in LAYOUTS.values()}
-    base, mixed = rows.get(LAYOUTS["base"]), rows.get(LAYOUTS["mixed"])
-    if base is None or mixed is None:
-        return "(not measured)"
-    vs_base = ratio(float(mixed["output_throughput"]), float(base["output_throughput"]))
-    return "\n".join(
-        [
-            "| requests (float32, shardserve) | conc. | output tok/s | vs base |",
-            "|---|---:|---:|---:|",
-            f"| base model | {base['concurrency']} | {tok_cell(base)} | |",
-            f"| 4 LoRA adapters mixed | {mixed['concurrency']} | {tok_cell(mixed)} | {vs_base} |",
-        ]
-    )
+    layouts = (LAYOUTS["base"], LAYOUTS["mixed"])
+    return pair_table(result, layouts, ("base model", "4 LoRA adapters mixed"), "vs base")
 
 
 def main(argv: list[str] | None = None) -> int:
     """These rows alone (``--concurrency``, ``--rounds``), to ``--out``."""
-    parser = argparse.ArgumentParser(description="the multi-LoRA rows of make bench")
-    parser.add_argument("--concurrency", type=int, default=32)
-    parser.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS)
-    parser.add_argument("--out", default="/tmp/lora-bench.json")
-    args = parser.parse_args(argv)
-    bench = Bench([args.concurrency])
-    run_lora(bench, args.concurrency, args.rounds)
-    result = {"machine": machine(), "rows": bench.rows, "notes": bench.notes}
-    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
-    print(lora_table(result))
-    print("\n".join(f"- {n}" for n in bench.notes))
-    return 0
+    description = "the multi-LoRA rows of make bench"
+    return run_alone(
+        description, "/tmp/lora-bench.json", DEFAULT_ROUNDS, run_lora, lora_table, argv
+    )

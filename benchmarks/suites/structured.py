@@ -17,18 +17,16 @@ Target: constrained ≥ 85% of unconstrained.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
-import json
 import os
 import time
-from pathlib import Path
 from typing import Any
 
 import httpx
 from tokenizers import Tokenizer
 
+from benchmarks.harness.ab_rows import Point, alternate, pair_table, run_alone
 from benchmarks.harness.bench import (
     OUTPUT_LEN,
     POINT_CAP_S,
@@ -38,10 +36,8 @@ from benchmarks.harness.bench import (
     num_requests,
     start_ours,
 )
-from benchmarks.harness.machine import machine
 from benchmarks.harness.paths import CACHE
 from benchmarks.harness.prompts import exact_prompts, write_dataset
-from benchmarks.harness.tables import ratio, tok_cell
 from deploy.loadtest import run_benchmark
 from deploy.loadtest_lib.config import LoadPoint, RunConfig
 
@@ -53,6 +49,7 @@ SCHEMA: dict[str, Any] = {
     "required": ["notes"],
 }
 LAYOUTS = {"free": "unconstrained (same server)", "json": "json_schema"}
+KINDS = ("free", "json")
 DEFAULT_ROUNDS = 2
 
 
@@ -123,41 +120,18 @@ def run_structured(bench: Bench, c: int, rounds: int = DEFAULT_ROUNDS) -> None:
         bench.http_point(("shardserve", url, ""), "float32", None, "")
         compile_s = _compile_once(url)
         bench.notes.append(f"structured outputs: first json_schema request {compile_s:.1f} s")
-        _point(bench, url, keys[-1], c, "free", record=False)  # the first full batch is slow
-        for r in range(rounds):
-            kinds = ("free", "json") if r % 2 == 0 else ("json", "free")
-            for i, kind in enumerate(kinds):
-                _point(bench, url, keys[2 * r + i], c, kind)
+        point: Point = lambda d, kind, rec: _point(bench, url, d, c, kind, rec)  # noqa: E731
+        alternate(point, keys, KINDS, rounds, warm="free")
 
 
 def structured_table(result: dict[str, Any]) -> str:
     """Constrained against unconstrained tok/s, and their ratio (target ≥ 0.85×)."""
-    rows = {r["layout"]: r for r in result["rows"] if r["layout"] in LAYOUTS.values()}
-    free, constrained = rows.get(LAYOUTS["free"]), rows.get(LAYOUTS["json"])
-    if free is None or constrained is None:
-        return "(not measured)"
-    vs_free = ratio(float(constrained["output_throughput"]), float(free["output_throughput"]))
-    return "\n".join(
-        [
-            "| requests (float32, shardserve) | conc. | output tok/s | vs unconstrained |",
-            "|---|---:|---:|---:|",
-            f"| unconstrained | {free['concurrency']} | {tok_cell(free)} | |",
-            f"| json_schema | {constrained['concurrency']} | {tok_cell(constrained)} | {vs_free} |",
-        ]
-    )
+    layouts = (LAYOUTS["free"], LAYOUTS["json"])
+    return pair_table(result, layouts, ("unconstrained", "json_schema"), "vs unconstrained")
 
 
 def main(argv: list[str] | None = None) -> int:
     """These rows alone (reduced scale: ``--concurrency``, ``--rounds``), to ``--out``."""
-    parser = argparse.ArgumentParser(description="the structured-output rows of make bench")
-    parser.add_argument("--concurrency", type=int, default=32)
-    parser.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS)
-    parser.add_argument("--out", default="/tmp/structured-bench.json")
-    args = parser.parse_args(argv)
-    bench = Bench([args.concurrency])
-    run_structured(bench, args.concurrency, args.rounds)
-    result = {"machine": machine(), "rows": bench.rows, "notes": bench.notes}
-    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
-    print(structured_table(result))
-    print("\n".join(f"- {n}" for n in bench.notes))
-    return 0
+    description = "the structured-output rows of make bench"
+    out = "/tmp/structured-bench.json"
+    return run_alone(description, out, DEFAULT_ROUNDS, run_structured, structured_table, argv)

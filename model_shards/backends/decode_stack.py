@@ -5,9 +5,10 @@ A decode step of a small model at batch 1 is mostly Python between kernels (~45 
 layer through modules, the backend and the dispatcher). A backend that can run the stack's
 layers in one native call (the cpu backend: ``backends/cpu/decode_stack.py``) takes their
 weights once, as :class:`DecodeLayerParts`, and gives back a :class:`DecodeStack`; it must
-compute what the layers' modules compute, bit for bit. "Plain" is Llama's layer: RMSNorm
-before attention and MLP, fused q/k/v with RoPE (no q/k norm, softcap or window), a SiLU-gated
-MLP, tensor parallel 1 (``models/stack.py`` decides which layers are).
+compute what the layers' modules compute, bit for bit. "Plain" is Llama's layer (and
+Qwen3's): RMSNorm before attention and MLP, fused q/k/v with RoPE (q and k RMS-normalized per
+head or not; no softcap or window), a SiLU-gated MLP, tensor parallel 1
+(``models/plain_decode.py`` decides which layers are).
 """
 
 from __future__ import annotations
@@ -51,6 +52,8 @@ class DecodeLayerParts:
     num_kv_heads: int
     head_dim: int
     scale: float
+    q_norm: torch.Tensor | None = None  # [D]: q and k RMS-normalized per head (Qwen3)
+    k_norm: torch.Tensor | None = None  # [D]
 
 
 class DecodeStack(Protocol):

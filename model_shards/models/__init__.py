@@ -6,6 +6,7 @@
 - ``stack``: this stage's layer stack, the pre-norm decoder layer, Llama's fused names
 - ``stages``: pipeline stages, which layers each builds
 - ``plain_decode``: a stage's decode steps in one backend call where its layers are plain
+- ``piecewise``: a plain stack's forward cut at its attention cores (piecewise graphs' pieces)
 - ``naming``: parameter names ↔ checkpoint names of fused projections
 - ``sparse_moe``: the MoE families' layers and the loader's view of their experts
 - ``llama``: Llama, Mistral, Qwen2

@@ -24,16 +24,18 @@ def plain_layer_parts(
     input_norm: nn.Module, post_norm: nn.Module, attention: nn.Module, ffn: nn.Module
 ) -> DecodeLayerParts | None:
     """A pre-norm layer's parts, or ``None`` unless it is plain: RMSNorms of one eps,
-    :class:`RotaryAttention` without q/k norm, softcap or its own rotary tables, a SiLU
-    :class:`GatedMLP`, no checkpoint-quantized weight."""
+    :class:`RotaryAttention` without softcap or its own rotary tables (q/k normalized per head
+    by RMSNorms of that eps, or not at all), a SiLU :class:`GatedMLP`, no checkpoint-quantized
+    weight."""
     if type(input_norm) is not RMSNorm or type(post_norm) is not RMSNorm:
         return None
     if type(attention) is not RotaryAttention or type(ffn) is not GatedMLP or ffn.act != "silu":
         return None
     core = attention.attn
-    if attention.q_norm is not None or attention.k_norm is not None:
-        return None
     if core.softcap is not None or core.rotary is not None or input_norm.eps != post_norm.eps:
+        return None
+    qk_norms = _head_norms(attention, input_norm.eps)
+    if qk_norms is None:
         return None
     linears = (attention.qkv_proj, attention.o_proj, ffn.gate_up_proj, ffn.down_proj)
     qkv, o, gate_up, down = (linear.gemm_parts() for linear in linears)
@@ -51,7 +53,21 @@ def plain_layer_parts(
         core.num_kv_heads,
         core.head_dim,
         core.scale,
+        *qk_norms,
     )
+
+
+def _head_norms(
+    attention: RotaryAttention, eps: float
+) -> tuple[torch.Tensor | None, torch.Tensor | None] | None:
+    """The per-head q and k RMSNorm weights (``(None, None)``: no q/k norm), or ``None`` for
+    norms the native stack does not take (over the projection, another kind, another eps)."""
+    q, k = attention.q_norm, attention.k_norm
+    if q is None and k is None:
+        return None, None
+    if type(q) is not RMSNorm or type(k) is not RMSNorm or q.eps != eps or k.eps != eps:
+        return None
+    return q.weight, k.weight
 
 
 class PlainDecode:

@@ -1,7 +1,8 @@
 """Process groups and collectives for one replica's world (TP inside a stage, PP across).
 
 * ``state.py``: ``ParallelState``: who this rank is (global, TP, PP ranks) and its groups;
-* ``comm.py``: ``Comm`` and every collective and point-to-point send the replica uses;
+* ``comm.py``: ``Comm`` and every collective and point-to-point send the replica uses (through
+  host memory where ranks share one GPU: ``SHARDSERVE_SHARED_GPU=1``, ``state.py``);
 * ``store.py``: TCP stores whose server listens on the host given (torch's: every interface);
 * ``transports.py``: the same-host transports of a CPU replica, opened after the groups;
 * ``same_host.py``: what both fast paths share: the off switch, the host id, the agreement;

@@ -5,7 +5,8 @@ Each primitive is a no-op (or identity) when its group has one member, so a
 of the groups (set in :func:`model_shards.parallel.state.init_parallel`), so a
 dead peer turns into an exception, not a hang. Point-to-point messages and the
 plan broadcast go over :mod:`model_shards.parallel.local_links` where the
-replica's ranks have them (CPU ranks of one host), with the same timeout.
+replica's ranks have them (CPU ranks of one host), with the same timeout. Ranks sharing
+one GPU (``ps.host_tensors``) pass their tensors through host memory over gloo.
 """
 
 from __future__ import annotations
@@ -37,6 +38,11 @@ class Comm:
         self.host.close()
 
 
+def _host(x: torch.Tensor, comm: Comm) -> torch.Tensor:
+    """``x`` as the tensor group takes it: a host copy where ranks share a GPU, else ``x``."""
+    return x.cpu() if comm.ps.host_tensors else x
+
+
 def tp_all_reduce(x: torch.Tensor, comm: Comm) -> torch.Tensor:
     """Sum ``x`` over the TP group, in place; returns ``x``. Row-parallel outputs use this.
 
@@ -46,7 +52,10 @@ def tp_all_reduce(x: torch.Tensor, comm: Comm) -> torch.Tensor:
     """
     shm = comm.host.tp_shm
     if comm.ps.tp_size > 1 and not (shm is not None and shm.all_reduce(x)):
-        dist.all_reduce(x, group=comm.ps.tp_group)
+        staged = _host(x, comm)
+        dist.all_reduce(staged, group=comm.ps.tp_group)
+        if staged is not x:
+            x.copy_(staged)
     return x
 
 
@@ -54,9 +63,10 @@ def tp_all_gather_last_dim(x: torch.Tensor, comm: Comm) -> torch.Tensor:
     """Concatenate each TP rank's ``[..., n]`` into ``[..., tp * n]`` in TP-rank order."""
     if comm.ps.tp_size == 1:
         return x
-    parts = [torch.empty_like(x) for _ in range(comm.ps.tp_size)]
-    dist.all_gather(parts, x.contiguous(), group=comm.ps.tp_group)
-    return torch.cat(parts, dim=-1)
+    staged = _host(x, comm).contiguous()
+    parts = [torch.empty_like(staged) for _ in range(comm.ps.tp_size)]
+    dist.all_gather(parts, staged, group=comm.ps.tp_group)
+    return torch.cat(parts, dim=-1).to(x.device)
 
 
 def ep_all_to_all(
@@ -70,14 +80,15 @@ def ep_all_to_all(
     ps = comm.ps
     if ps.tp_size == 1:
         return x, [int(x.shape[0])]
+    staged = _host(x, comm).contiguous()
     if recv_counts is None:
-        counts = torch.tensor(send_counts, dtype=torch.int64, device=x.device)
+        counts = torch.tensor(send_counts, dtype=torch.int64, device=staged.device)
         received = torch.empty_like(counts)
         dist.all_to_all_single(received, counts, group=ps.tp_group)
         recv_counts = [int(n) for n in received.tolist()]
-    out = x.new_empty((sum(recv_counts), *x.shape[1:]))
-    dist.all_to_all_single(out, x.contiguous(), recv_counts, send_counts, group=ps.tp_group)
-    return out, recv_counts
+    out = staged.new_empty((sum(recv_counts), *x.shape[1:]))
+    dist.all_to_all_single(out, staged, recv_counts, send_counts, group=ps.tp_group)
+    return out.to(x.device), recv_counts
 
 
 @dataclass
@@ -122,7 +133,7 @@ def send_to_next_stage(x: torch.Tensor, comm: Comm, pending: Pending) -> None:
     if comm.host.links is not None:
         comm.host.links.send(comm.ps.next_stage_rank, x)
         return
-    buf = x.contiguous()
+    buf = _host(x, comm).contiguous()
     pending.add(dist.isend(buf, dst=comm.ps.next_stage_rank, group=comm.ps.tensor_group), buf)
 
 
@@ -131,8 +142,9 @@ def recv_from_prev_stage(shape: tuple[int, ...], dtype: torch.dtype, comm: Comm)
     out = torch.empty(shape, dtype=dtype, device=comm.ps.device)
     if comm.host.links is not None:
         return comm.host.links.recv_into(comm.ps.prev_stage_rank, out)
-    dist.recv(out, src=comm.ps.prev_stage_rank, group=comm.ps.tensor_group)
-    return out
+    staged = _host(out, comm)
+    dist.recv(staged, src=comm.ps.prev_stage_rank, group=comm.ps.tensor_group)
+    return staged.to(out.device)
 
 
 def broadcast_bytes_from_root(data: bytes, comm: Comm, pending: Pending) -> None:

@@ -16,11 +16,17 @@ gloo CPU group. Pipeline stages talk point to point over the default group, so
 no per-slot pipeline groups are made. Every group carries the same timeout, so
 every collective has one. This record holds ranks and groups only; the same-host
 transports of CPU replicas live in :mod:`model_shards.parallel.transports`.
+
+``SHARDSERVE_SHARED_GPU=1`` (a check, not a way to serve fast): every rank of a CUDA
+replica on ``cuda:0`` and its tensors over gloo through host memory (NCCL refuses two
+ranks on one device), so the sharded CUDA path runs on one GPU; decode graphs are off
+there (a host copy cannot be captured).
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -46,6 +52,7 @@ class ParallelState:
     tensor_group: dist.ProcessGroup | None  # NCCL world for stage hand-offs; None: default
     cpu_group: dist.ProcessGroup | None  # gloo: plans, tokens, agreements
     timeout_s: float
+    host_tensors: bool = False  # CUDA tensors cross ranks through host memory (gloo)
 
     @property
     def world_size(self) -> int:
@@ -90,10 +97,32 @@ def single_process_state(device: torch.device | None = None) -> ParallelState:
     )
 
 
+SHARED_GPU_ENV = "SHARDSERVE_SHARED_GPU"
+
+
+def shared_gpu(device: str, gpu_count: int, env: str | None) -> bool:
+    """Whether every rank shares ``cuda:0`` with tensors over gloo (``env``: the value of
+    :data:`SHARED_GPU_ENV`): ``1`` with a non-CPU ``--device`` and a GPU visible."""
+    if env not in (None, "", "0", "1"):
+        raise ValueError(f"{SHARED_GPU_ENV}={env!r}: use 1 (ranks share cuda:0) or 0")
+    if env != "1" or device == "cpu":
+        return False
+    if gpu_count < 1:
+        raise ValueError(f"{SHARED_GPU_ENV}=1 needs a CUDA device; none is visible")
+    return True
+
+
+def _gpu_count() -> int:
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
 def choose_backend(world_size: int, device: str) -> str:
     """``nccl`` when every rank can have its own CUDA device, else ``gloo`` on CPU
-    (:func:`~model_shards.config.replica.ranks_use_gpus`: too few GPUs is a ``ValueError``)."""
-    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    (:func:`~model_shards.config.replica.ranks_use_gpus`: too few GPUs is a ``ValueError``)
+    or on one shared GPU (:func:`shared_gpu`)."""
+    count = _gpu_count()
+    if shared_gpu(device, count, os.environ.get(SHARED_GPU_ENV)):
+        return "gloo"
     on_gpus = ranks_use_gpus(device, world_size, count, f"{world_size} rank(s)")
     return "nccl" if on_gpus else "gloo"
 
@@ -124,6 +153,7 @@ def init_parallel(
     """
     world = tp * pp
     backend = choose_backend(local_world_size or world, device)
+    shared = shared_gpu(device, _gpu_count(), os.environ.get(SHARED_GPU_ENV))
     timeout = timedelta(seconds=timeout_s)
     server = rank == 0 if hosts_store is None else hosts_store
     store = bound_store(
@@ -132,15 +162,16 @@ def init_parallel(
     dist.init_process_group(
         backend="gloo", store=store, rank=rank, world_size=world, timeout=timeout
     )
-    use_cuda = agree_on_cuda(backend == "nccl", rank)
+    use_cuda = agree_on_cuda(backend == "nccl" or shared, rank)
     local_device = torch.device("cpu")
     if use_cuda:
-        local_device = torch.device("cuda", rank if cuda_index is None else cuda_index)
+        index = 0 if shared else rank if cuda_index is None else cuda_index
+        local_device = torch.device("cuda", index)
         torch.cuda.set_device(local_device)
     tp_rank, pp_rank = rank % tp, rank // tp
-    tp_group = _tp_groups(tp, pp, "nccl" if use_cuda else "gloo", timeout)[pp_rank]
+    tp_group = _tp_groups(tp, pp, backend, timeout)[pp_rank]
     tensor_group = None
-    if use_cuda and world > 1:
+    if backend == "nccl" and world > 1:
         tensor_group = dist.new_group(timeout=timeout, backend="nccl")
     return ParallelState(
         rank=rank,
@@ -153,6 +184,7 @@ def init_parallel(
         tensor_group=tensor_group,
         cpu_group=dist.group.WORLD,
         timeout_s=timeout_s,
+        host_tensors=shared and world > 1,
     )
 
 

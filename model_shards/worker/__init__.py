@@ -14,6 +14,8 @@
 * ``lora_adapters.py``: ``--enable-lora``: slots filled as plans say, a host LRU of adapters;
 * ``gpu_memory.py``: the GPU KV budget: one forward's peak and the graph pool, measured;
 * ``decode_graphs.py``: decode-only steps replayed as CUDA graphs (``cuda`` backend);
+* ``piecewise_graphs.py``: mixed steps as graphs per token bucket, attention eager between
+  (opt-in: ``SHARDSERVE_PIECEWISE_GRAPHS=1``);
 * ``media_inputs.py``: a VLM's images on the first stage: encoder-output cache, embeddings;
 * ``sampler.py``: next-token sampling on the last stage's TP rank 0 (vLLM semantics);
 * ``sampling_batch.py``: the sampler's tokens for every row at once, on the logits' device;

@@ -15,10 +15,12 @@ One step, the same plan on every rank:
 from __future__ import annotations
 
 import logging
+import os
 
 import torch
 
 from model_shards.backends import Backend, select_backend
+from model_shards.backends.cuda.graphs import GraphBackend
 from model_shards.config import vision_budget
 from model_shards.config.encoder import EncoderConfig
 from model_shards.config.kv_layout import KVLayout, peak_blocks
@@ -49,6 +51,12 @@ from model_shards.worker.loader import load_weights
 from model_shards.worker.lora_adapters import LoraAdapters
 from model_shards.worker.media_inputs import MediaInputs
 from model_shards.worker.open_checkpoint import open_checkpoint
+from model_shards.worker.piecewise_graphs import (
+    MAX_TOKENS,
+    PIECEWISE_ENV,
+    PiecewiseGraphs,
+    piecewise_for,
+)
 from model_shards.worker.prompt_logprobs import score_prompts
 from model_shards.worker.quant_sources import QuantizedStore
 from model_shards.worker.sampler import SampleOutput, Sampler
@@ -140,10 +148,14 @@ def _gpu_kv_budget(
         vision = gpu_memory.vision_peak_bytes(model, media)
     peak = max(peak, vision)
     pool = gpu_memory.forward_peak_bytes(model, seqs, 1, bs, seqs) if graphs else 0
+    if graphs and os.environ.get(PIECEWISE_ENV) == "1":  # their pool: 512 rows a step
+        pool += gpu_memory.forward_peak_bytes(model, min(tokens, MAX_TOKENS), 1, bs, seqs)
     free, total = torch.cuda.mem_get_info(model.ps.device)
     budget = gpu_memory.kv_budget_bytes(
         replica.gpu_memory_utilization, total, total - free, peak, pool
     )
+    if model.ps.host_tensors:  # every rank of the replica on this one GPU: a share each
+        budget //= model.ps.world_size
     log.info(
         "GPU memory: %.2f GiB total, %.2f GiB in use after loading, forward peak %.2f GiB "
         "(%d tokens; vision tower %.2f GiB), graph pool %.2f GiB: %.2f GiB for the KV cache",
@@ -181,9 +193,9 @@ class Worker:
         )
         self.sampler = Sampler(ctx.ops)
         self.graphs: DecodeGraphs | None = None  # set by build() on a backend with graphs
+        self.piecewise: PiecewiseGraphs | None = None  # mixed steps' graphs (build(), opt-in)
         self.bytes_loaded = 0
         self.pending = Pending()  # non-blocking sends in progress
-        # monotonic ns at which the last step's forward / LM head / sampling ended (request_trace)
         # a vision-language model's first stage: images of its sequences, encoder cache
         self.media = MediaInputs(model, ps.device) if _takes_images(model, ps) else None  # type: ignore[arg-type]
         # a model with its own position streams (M-RoPE): every rank tracks them
@@ -223,13 +235,7 @@ class Worker:
         prepare_weights(model)
         lora_opts = replica.lora_options()
         lora = None if lora_opts is None else LoraAdapters(model.model, cfg, ctx, lora_opts)
-        graph_backend = None if replica.enforce_eager else ops.graph_backend()
-        if graph_backend is not None and KVLayout.for_model(cfg).num_groups > 1:
-            log.info("decode graphs off: %s keeps several KV groups", cfg.architecture)
-            graph_backend = None  # the captured inputs hold one group's tables
-        if graph_backend is not None and getattr(model, "step_positions", None) is not None:
-            log.info("decode graphs off: %s has its own position streams", cfg.architecture)
-            graph_backend = None  # the captured inputs index the model's tables
+        graph_backend = _graph_backend(replica, ops, ps, cfg, model)
         blocks = kv_cache_blocks(
             cfg,
             replica,
@@ -248,6 +254,12 @@ class Worker:
             if lora is not None:  # the graphs read each row's adapter slot as an input
                 lora.graph_slots(len(worker.graphs.rows))
             worker.graphs.capture()
+        plain = worker.media is None and worker.positions is None
+        if graph_backend is not None and plain and os.environ.get(PIECEWISE_ENV) == "1":
+            chunk = replica.max_num_batched_tokens
+            worker.piecewise = piecewise_for(model, graph_backend, chunk, ps.device, dtype)
+            if worker.piecewise is not None:
+                worker.piecewise.capture()
         worker.bytes_loaded = bytes_read
         worker.lora = lora
         return worker
@@ -346,6 +358,10 @@ class Worker:
             hidden = torch.tensor(ids, dtype=torch.int64, device=ps.device)
             if self.media is not None:  # token embeddings with the images' rows in
                 hidden = self.media.embed(hidden, chunks)  # [T, H]
+        if self.piecewise is not None:
+            out = self.piecewise.run(hidden, batch)  # None: above the largest bucket
+            if out is not None:  # a view the next step rewrites: a copy to send on
+                return out if ps.is_last_stage else out.clone()
         return self.model(hidden, batch)  # [T, H]
 
     def collect(self, plan: StepPlan) -> StepResult:
@@ -360,6 +376,23 @@ class Worker:
                 self.pending.wait_all()
                 return
             self.execute(plan)
+
+
+def _graph_backend(
+    replica: ReplicaConfig, ops: Backend, ps: ParallelState, cfg: ModelConfig, model: DecoderModel
+) -> GraphBackend | None:
+    """What captures this rank's decode steps; ``None``: eager (why is logged, if not asked)."""
+    graph_backend = None if replica.enforce_eager else ops.graph_backend()
+    if graph_backend is not None and ps.host_tensors:
+        log.info("decode graphs off: the ranks share one GPU (host copies in TP)")
+        return None
+    if graph_backend is not None and KVLayout.for_model(cfg).num_groups > 1:
+        log.info("decode graphs off: %s keeps several KV groups", cfg.architecture)
+        return None  # the captured inputs hold one group's tables
+    if graph_backend is not None and getattr(model, "step_positions", None) is not None:
+        log.info("decode graphs off: %s has its own position streams", cfg.architecture)
+        return None  # the captured inputs index the model's tables
+    return graph_backend
 
 
 def _takes_images(model: DecoderModel, ps: ParallelState) -> bool:

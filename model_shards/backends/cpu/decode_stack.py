@@ -68,7 +68,8 @@ def build_decode_stack(
     for layer in layers:
         if (layer.eps, layer.num_heads, layer.num_kv_heads, layer.head_dim, layer.scale) != shape:
             return None
-        native.add_layer(layer.input_norm.detach(), layer.post_norm.detach())
+        q_norm, k_norm = (None if n is None else n.detach() for n in (layer.q_norm, layer.k_norm))
+        native.add_layer(layer.input_norm.detach(), layer.post_norm.detach(), q_norm, k_norm)
         for which, parts in enumerate((layer.qkv, layer.o, layer.gate_up, layer.down)):
             segments = _segments(parts)
             if segments is None:

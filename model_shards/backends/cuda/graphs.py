@@ -348,6 +348,11 @@ class GraphRunner:
         bounds = self._bounds[n]
         return n, next((b for b in bounds if b is None or b >= longest), bounds[-1])
 
+    def graph_for(self, step: DecodeStep) -> CapturedGraph | None:
+        """The graph ``step`` would replay (``None``: it runs eagerly), for timing it alone."""
+        key = self.graph_key(step)
+        return None if key is None else self._graphs[key]
+
     def run(self, step: DecodeStep) -> torch.Tensor:
         """``forward`` on ``step``'s ``B`` rows → ``[B, ...]``, replayed when a bucket fits."""
         key = self.graph_key(step)

@@ -108,19 +108,81 @@ RESULTS: dict[str, Any] = {
     "peak_bw": 4.8e12,
     "peak_bw_source": "datasheet",
     "parity": {
+        "backends": {
+            "rc": 0,
+            "timed_out": False,
+            "cap_s": 80.0,
+            "counts": {"passed": 200, "failed": 0, "errors": 0, "skipped": 3, "seconds": 50.0},
+        },
         "bfloat16": {
             "rc": 0,
             "timed_out": False,
             "cap_s": 75.0,
             "counts": {"passed": 40, "failed": 0, "errors": 0, "skipped": 2, "seconds": 30.0},
         },
-        "float32": {
+        "tp2_shared": {
             "rc": 1,
             "timed_out": False,
-            "cap_s": 75.0,
-            "counts": {"passed": 39, "failed": 1, "errors": 0, "skipped": 2, "seconds": 31.0},
+            "cap_s": 45.0,
+            "counts": {"passed": 2, "failed": 1, "errors": 0, "skipped": 0, "seconds": 31.0},
         },
     },
+    "graph_parity": {
+        "llama": {
+            "logits_rel_err": 0.01,
+            "tokens_equal_reference": True,
+            "graphed": True,
+            "graph_tokens_equal_eager": True,
+        },
+        "gemma2": {
+            "logits_rel_err": 0.02,
+            "tokens_equal_reference": False,
+            "graphed": False,
+            "graph_tokens_equal_eager": True,
+        },
+        "mixtral": {"error": "RuntimeError: boom"},
+    },
+    "step": {
+        "copy": {"gb_s": 4000.0, "bytes": 1 << 30, "ms": 0.5},
+        "linear": {
+            "rows": [
+                {
+                    "matrix": "qkv",
+                    "m": 1,
+                    "shape": [6144, 4096],
+                    "ms": 0.0125,
+                    "gb_s": 4026.0,
+                    "copy_pct": 100.6,
+                }
+            ]
+        },
+        "b1": {"batch": 1, "engine_ms": 5.0, "replay_ms": 4.0, "host_gap_ms": 1.0},
+        "b32": {"batch": 32, "engine_ms": 9.0, "replay_ms": None, "host_gap_ms": None},
+        "mixed": {
+            "decodes": 31,
+            "prefill": 128,
+            "tokens": 159,
+            "bucket": 256,
+            "eager_ms": 30.0,
+            "piecewise_ms": 20.0,
+        },
+        "kernels": {
+            "batch": 1,
+            "steps": 20,
+            "launches_per_step": 640,
+            "device_us_per_step": 4000,
+            "rows": [
+                {
+                    "name": "gemv|x",
+                    "calls": 640,
+                    "total_us": 40000.0,
+                    "per_step_us": 2000.0,
+                    "calls_per_step": 32.0,
+                }
+            ],
+        },
+    },
+    "ceiling": {"b1": {"tok_s": 260.0}, "b32": {"tok_s": 5000.0}},
     "ours": {
         "startup": {
             "weights_read_s": 20.0,
@@ -151,12 +213,34 @@ def test_report_targets() -> None:
     assert table["ours c=1 / HF batch 1"][0].startswith("6.00×")
     capture = table["start-up: CUDA graph capture"]
     assert capture[::2] == ("14.2 s (35 graphs, per the server log)", "met")
-    assert table["parity tests, bfloat16 on cuda"][2] == "met"
-    assert table["parity tests, float32 on cuda"][2] == "not met"
+    assert table["backend kernel tests (tests/model_shards/backends) on cuda"][2] == "met"
+    assert table["model parity tests, bfloat16 on cuda"][2] == "met"
+    assert table["tp=2 on one GPU over gloo = tp=1 greedy on cuda"][2] == "not met"
+    families = table["families at tp=1: logits vs reference backend, graph replays = eager"]
+    assert families[0].startswith("2 families, 1 graphed (0 piecewise too); worst rel err 2.00e-02")
+    assert "errors: mixtral" in families[0] and families[2] == "not met"
+    assert table["host gap (step − replay), batch 1"][0] == "1.00 ms (20 % of the step)"
+    assert table["engine step, batch 32 (median)"][0] == "9.00 ms"
+    mixed = "mixed step (128-token prefill + 31 decodes)"
+    assert table[f"{mixed}, eager"][0] == "30.00 ms"
+    assert table[f"{mixed}, piecewise graphs"][0] == "20.00 ms (bucket 256; 1.50× eager's speed)"
+    eager = table["its decode graph's replay alone, batch 32"]
+    assert eager == ("missing: no decode graph holds this step: it ran eagerly", "", "missing")
+    assert table["ours c=1 decode / ceiling batch 1"][::2] == (
+        "96.2 % (250.0 / 260.0 tok/s)",
+        "met",
+    )
+    copy_share = table["ours c=1 decode bytes/s / measured copy"]  # 250 × 15 GB / 4000 GB/s
+    assert copy_share[::2] == ("93.8 % (3750 / 4000 GB/s)", "met")
+    assert table["ours c=32 output / ceiling batch 32"][::2] == ("0.80× (4000.0 / 5000.0 tok/s)",
+                                                                 "not met")  # fmt: skip
     text = report.render(RESULTS)
     assert "| check | value | target | status |" in text and "NVIDIA H200" in text
     assert "- ours c=32: requests not completed {'cancelled': 1}" in text
     assert "more" not in text  # notes: first line only in the markdown
+    assert "| qkv | 1 | [6144, 4096] | 0.0125 | 4026 | 101 % |" in text
+    assert "| `gemv\\|x` | 32.0 | 2000.0 |" in text
+    assert "640 device entries (kernels, copies) and 4000 µs of device time a step." in text
 
 
 def test_report_never_invents_a_number() -> None:
@@ -180,6 +264,14 @@ def test_report_never_invents_a_number() -> None:
     check.fill_missing(results, "not reached")
     assert results["missing"]["ours.startup"] == results["missing"]["ours.c32"] == "not reached"
     assert report.reason(results, "hf.b32") == "HF generate cut at 90 s"
+    del results["step"]
+    results["missing"]["step"] = "step_breakdown exited with 1; log tail:\nTraceback"
+    table = _table(results)
+    assert (
+        table["engine step, batch 1 (median)"][0]
+        == "missing: step_breakdown exited with 1; log tail:"
+    )
+    assert "needs ours c=1" in table["ours c=1 decode bytes/s / measured copy"][0]
 
 
 def test_smoke_settings_keep_the_real_reports() -> None:

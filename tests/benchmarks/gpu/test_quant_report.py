@@ -106,9 +106,9 @@ def test_pipeline_quantizes_before_measuring(monkeypatch: pytest.MonkeyPatch) ->
         "phases.make_prompts",
         "phases.write_datasets",
         "phases.ours",
-        "phases.hf",
         "quant_runs.serve_all",
         "perplexity_phase.perplexity",
+        "phases.hf",  # last: the first the budget cuts
     ]
 
 

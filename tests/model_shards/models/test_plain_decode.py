@@ -2,8 +2,9 @@
 ``backends/cpu/kernels/decode_stack.cpp``) against the modules it replaces: the same greedy
 tokens and the same logits bit for bit, on every kind of linear layer it takes (GGUF
 K-quants and 32-value types mixed within one projection, on-the-fly Q8_0 with q/k/v biases,
-dense packed bfloat16 with biases), several sequences a step across KV blocks; and the layers
-it must leave to the modules (Qwen3's q/k norms) left to them."""
+dense packed bfloat16 with biases) and Qwen3's per-head q/k norms, several sequences a step
+across KV blocks; and the layers it must leave to the modules (Gemma 2's soft-caps and
+sandwich norms) left to them."""
 
 from __future__ import annotations
 
@@ -63,6 +64,7 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {
         "llama-gguf": tiny.build("llama", root),
         "qwen3-gguf": tiny.build("qwen3", root),
+        "gemma2-gguf": tiny.build("gemma2", root),
         "qwen2": build_tiny_qwen2(root / "qwen2"),
     }
 
@@ -70,8 +72,8 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize(
     ("name", "quantization"),
-    [("llama-gguf", None), ("qwen2", "q8_0"), ("qwen2", None)],
-    ids=["gguf-k-quants-mixed", "q8_0-biases", "bf16-packed-biases"],
+    [("llama-gguf", None), ("qwen2", "q8_0"), ("qwen2", None), ("qwen3-gguf", None)],
+    ids=["gguf-k-quants-mixed", "q8_0-biases", "bf16-packed-biases", "qk-norms"],
 )
 def test_whole_step_decode_has_the_modules_bits(
     checkpoints: dict[str, Path],
@@ -91,9 +93,9 @@ def test_whole_step_decode_has_the_modules_bits(
 
 
 @pytest.mark.timeout(120)
-def test_layers_with_qk_norms_stay_with_the_modules(
+def test_soft_capped_layers_stay_with_the_modules(
     checkpoints: dict[str, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    tokens, _, active = _serve(checkpoints["qwen3-gguf"], None, True, monkeypatch)
+    tokens, _, active = _serve(checkpoints["gemma2-gguf"], None, True, monkeypatch)
     assert not active
     assert all(len(t) == NEW_TOKENS for t in tokens.values())

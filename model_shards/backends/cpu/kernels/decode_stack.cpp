@@ -6,6 +6,7 @@
 //
 //   h, residual = rms_norm(x, residual)            (layer 0: residual = x)
 //   qkv = h Wqkv^T (+ b)                           [T, (nh + 2 nkv) D]
+//   q, k RMS-normalized per head, in place         (Qwen3's q_norm / k_norm, when given)
 //   q = rope(q), k = rope(k); k, v -> the layer's paged pools at slot_mapping
 //   o = decode_attention(q, pools) Wo^T (+ b)      [T, H]
 //   h, residual = rms_norm(o, residual)
@@ -75,8 +76,16 @@ struct Linear {
 
 struct Layer {
   at::Tensor input_norm, post_norm;  // [H] each
+  std::optional<at::Tensor> q_norm, k_norm;  // [D] each, per head
   Linear qkv, o, gate_up, down;
 };
+
+// part [T, heads * D] (a view into qkv) normalized per head in place, as RotaryAttention does:
+// rows [T * heads, D] (a copy), then copied back.
+void norm_heads(at::Tensor part, const at::Tensor& weight, double eps, int64_t D) {
+  at::Tensor y = ops::rms_norm(part.reshape({-1, D}), std::nullopt, weight, eps);
+  part.copy_(y.view(part.sizes()));
+}
 
 class DecodeStack : public torch::CustomClassHolder {
  public:
@@ -84,8 +93,11 @@ class DecodeStack : public torch::CustomClassHolder {
               double scale)
       : eps_(eps), nh_(num_heads), nkv_(num_kv_heads), d_(head_dim), scale_(scale) {}
 
-  void add_layer(at::Tensor input_norm, at::Tensor post_norm) {
-    layers_.push_back(Layer{std::move(input_norm), std::move(post_norm), {}, {}, {}, {}});
+  void add_layer(at::Tensor input_norm, at::Tensor post_norm, std::optional<at::Tensor> q_norm,
+                 std::optional<at::Tensor> k_norm) {
+    TORCH_CHECK(q_norm.has_value() == k_norm.has_value(), "DecodeStack: q_norm with k_norm");
+    layers_.push_back(Layer{std::move(input_norm), std::move(post_norm), std::move(q_norm),
+                            std::move(k_norm), {}, {}, {}, {}});
   }
 
   // Linear ``which`` (0 qkv, 1 o, 2 gate_up, 3 down) of the last layer added.
@@ -117,6 +129,10 @@ class DecodeStack : public torch::CustomClassHolder {
       at::Tensor h = ops::rms_norm(x, residual, l.input_norm, eps_);
       if (!residual.has_value()) residual = x;
       at::Tensor qkv = l.qkv(h).contiguous();
+      if (l.q_norm.has_value()) {
+        norm_heads(qkv.slice(1, 0, nh_ * d_), *l.q_norm, eps_, d_);
+        norm_heads(qkv.slice(1, nh_ * d_, (nh_ + nkv_) * d_), *l.k_norm, eps_, d_);
+      }
       ops::rotary_and_cache(qkv, positions, cos, sin, k_pools[i], v_pools[i], slot_mapping, nh_,
                             nkv_);
       at::Tensor q = qkv.view({T, -1, d_}).slice(1, 0, nh_);  // [T, nh, D], rotated in place

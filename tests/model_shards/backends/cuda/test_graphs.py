@@ -239,6 +239,18 @@ def test_eager_above_largest_bucket() -> None:
     torch.testing.assert_close(model.pool, eager.pool)
 
 
+def test_graph_for_names_the_graph_a_step_replays() -> None:
+    runner, fake, _, _ = make_runner(5)
+    step = make_step(random.Random(4), 3)
+    assert runner.graph_for(step) is None  # nothing captured yet
+    runner.capture_all()
+    handle = runner.graph_for(step)
+    assert handle is not None and handle.output.shape[0] == 4  # bucket 4 holds 3 rows
+    assert runner.graph_for(make_step(random.Random(5), 7)) is None  # eager above 5
+    replays = fake.replays
+    assert fake.replay(handle) is handle.output and fake.replays == replays + 1
+
+
 def test_enforce_eager_captures_nothing() -> None:
     runner, fake, model, static = make_runner(5, enforce_eager=True)
     eager = copy.deepcopy(model)
