@@ -137,8 +137,8 @@ def check_draft(spec: SpeculativeConfig, target: ModelConfig, target_dir: str, p
         raise ValueError(f"{FLAG}: draft model {spec.model} is not a decoder")
     if is_vlm(draft.extra) or KVLayout.for_model(draft).num_groups > 1:
         raise ValueError(
-            f"{FLAG}: draft model {spec.model}: only text-only drafts with full attention in "
-            "every layer are served (no vision tower, no sliding-window KV groups)"
+            f"{FLAG}: draft model {spec.model}: only text-only drafts with one KV group are "
+            "served (no vision tower, no mix of sliding-window and full-attention layers)"
         )
     if draft.vocab_size != target_vocab:
         raise ValueError(

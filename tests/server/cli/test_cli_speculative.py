@@ -1,9 +1,9 @@
 """``--speculative-config`` mistakes: exit 2 naming the flag, before anything is spawned.
 
 Bad JSON, an unknown method or field, a missing ``num_speculative_tokens``, lookup bounds out
-of order, a draft model with another vocabulary or tokenizer, or with a target at pp > 1 are
-refused; a well formed n-gram config, and a draft model sharing the target's tokenizer, reach
-spawning.
+of order, a draft model with another vocabulary or tokenizer, with sliding-window and full
+layers mixed, for a vision-language target or a target at pp > 1 are refused; a well formed
+n-gram config, and a draft model sharing the target's tokenizer, reach spawning.
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.families import gemma2
+from tests.model_shards.config.test_vlm import TEXT, VISION
 from tests.server.cli.spawn_guard import Spawned, error_line, run_cli
 from tests.server.cli.test_cli_validation import SERVE, _model
 
@@ -96,6 +98,32 @@ def test_bad_draft_model_refused(
 def test_good_ngram_config_reaches_spawning(dirs: dict[str, Path], no_spawning: None) -> None:
     with pytest.raises(Spawned):
         run_cli([*SERVE, "--model", str(dirs["target"]), "--speculative-config", NGRAM])
+
+
+@pytest.mark.timeout(60)
+def test_windowed_draft_and_vision_target_refused(
+    dirs: dict[str, Path],
+    no_spawning: None,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+) -> None:
+    gemma = {**gemma2.config(vocab_size=400).to_dict(), "architectures": ["Gemma2ForCausalLM"]}
+    windowed = _model(tmp_path / "gemma2", base=gemma)
+    llava = {
+        "architectures": ["LlavaForConditionalGeneration"],
+        "text_config": {**TEXT, "vocab_size": 400},
+        "vision_config": VISION,
+        "image_token_index": 399,
+    }
+    vision_target = _model(tmp_path / "llava", base=llava)
+    for target, draft, words in (
+        (dirs["target"], windowed, "one KV group"),
+        (vision_target, dirs["same"], "text-only targets"),
+    ):
+        config = json.dumps({"model": str(draft), "num_speculative_tokens": 2})
+        assert run_cli([*SERVE, "--model", str(target), "--speculative-config", config]) == 2
+        line = error_line(capsys.readouterr().err)
+        assert "--speculative-config" in line and words in line, line
 
 
 @pytest.mark.timeout(60)
