@@ -48,6 +48,7 @@ _GREEDY = SamplingParams(temperature=0.0, seed=0)
 class _DraftSeq:
     fed: list[int] = field(default_factory=list)  # the tokens whose K/V the draft pool holds
     blocks: list[int] = field(default_factory=list)  # its block table in the draft pool
+    settled: int = 0  # fed[:settled] was the sequence's own tokens (they only grow at the end)
 
 
 class DraftModel:
@@ -76,7 +77,8 @@ class DraftModel:
 
     def propose(self, wants: dict[int, tuple[list[int], int]]) -> dict[int, list[int]]:
         """``{seq_id: (tokens, k)}`` → the draft's ``k`` greedy tokens after each ``tokens``
-        (none for a sequence whose positions the pool cannot hold)."""
+        (none for a sequence whose positions the pool cannot hold). A sequence's ``tokens`` only
+        grow at the end from call to call, until :meth:`free` drops it."""
         out: dict[int, list[int]] = {seq_id: [] for seq_id in wants}
         new: list[NewSequence] = []
         chunks = [
@@ -104,7 +106,7 @@ class DraftModel:
         fresh = seq_id not in self._seqs
         seq = self._seqs.pop(seq_id, None) or _DraftSeq()
         self._seqs[seq_id] = seq  # the most recently proposed for
-        start = min(_common_prefix(seq.fed, tokens), len(tokens) - 1)
+        start = min(_common_prefix(seq.fed, tokens, seq.settled), len(tokens) - 1)
         need = max(0, -(-(len(tokens) + k - 1) // self.block_size) - len(seq.blocks))
         idle = [sid for sid in self._seqs if sid not in keep]
         while need > len(self._free_blocks) and idle:
@@ -118,7 +120,7 @@ class DraftModel:
         taken = self._free_blocks[:need]
         del self._free_blocks[:need]
         seq.blocks += taken
-        seq.fed = list(tokens)
+        seq.fed, seq.settled = list(tokens), len(tokens)
         return SeqChunk(seq_id, start, tokens[start:], new_block_ids=taken)
 
     def _run(self, chunks: list[SeqChunk], new: list[NewSequence]) -> list[int]:
@@ -131,9 +133,10 @@ class DraftModel:
         return result.tokens
 
 
-def _common_prefix(a: list[int], b: list[int]) -> int:
+def _common_prefix(a: list[int], b: list[int], known: int) -> int:
+    """The length of the longest common prefix of ``a`` and ``b``, known to be ``>= known``."""
     n = min(len(a), len(b))
-    i = 0
+    i = min(known, n)
     while i < n and a[i] == b[i]:
         i += 1
     return i

@@ -29,7 +29,8 @@ class BatchProposer(Protocol):
 
     def propose(self, wants: dict[int, tuple[list[int], int]]) -> dict[int, list[int]]:
         """``{seq_id: (tokens, k)}`` → up to ``k`` proposed tokens after each ``tokens``
-        (a sequence may get none)."""
+        (a sequence may get none). A sequence's ``tokens`` only grow at the end from call to
+        call, until :meth:`free` drops it."""
         ...
 
     def free(self, seq_ids: list[int]) -> None:
