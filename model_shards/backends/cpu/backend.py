@@ -34,7 +34,15 @@ from functools import cache
 import torch
 import torch.nn.functional as F
 
-from model_shards.backends.base import DecodeMeta, ExpertWeights, KVPool, PrefillMeta, RotaryStep
+from model_shards.backends.base import (
+    DecodeMeta,
+    ExpertWeights,
+    KVPool,
+    LoraBatch,
+    PrefillMeta,
+    RotaryStep,
+)
+from model_shards.backends.cpu.build import KERNEL_DTYPES
 from model_shards.backends.cpu.decode_stack import CpuDecodeStack, build_decode_stack
 from model_shards.backends.cpu.packed_gemm import PackedGemm
 from model_shards.backends.decode_stack import DecodeLayerParts
@@ -155,6 +163,15 @@ class CpuBackend(ReferenceBackend):
 
     def pack_quantized(self, weight: QuantizedWeight) -> bool:
         return self._panels and weight.to_panels(BLOCK_TYPES)
+
+    def add_lora(
+        self, y: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, batch: LoraBatch
+    ) -> None:
+        """One native call a layer (``kernels/lora.cpp``): each row's shrink and expand."""
+        if x.dtype not in KERNEL_DTYPES or not y.is_contiguous():
+            super().add_lora(y, x, a, b, batch)
+            return
+        self._ops.lora_add(y, x.contiguous(), a, b, batch.row_slots)
 
     def decode_stack(self, layers: list[DecodeLayerParts]) -> CpuDecodeStack | None:
         return build_decode_stack(layers)

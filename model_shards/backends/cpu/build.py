@@ -37,6 +37,7 @@ SOURCES = [
         "quant_gemm.cpp",
         "quant_panels.cpp",
         "decode_stack.cpp",
+        "lora.cpp",
     )
 ]
 HEADERS = [
