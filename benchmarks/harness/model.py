@@ -21,15 +21,13 @@ still multiplies all 49152 rows, so the work per token is unchanged.
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from benchmarks.harness.paths import CACHE
+from benchmarks.harness.whole_dir import write_whole
 
 Variant = Literal["main", "tp2", "qwen3"]
 VERSION = "v3"  # bump when the bytes change
@@ -104,15 +102,7 @@ def ensure_checkpoint(target: Path, write: Callable[[Path], None]) -> Path:
     fills a temporary directory beside it, renamed into place once complete."""
     if (target / "config.json").is_file() and (target / "tokenizer.json").is_file():
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
-    try:
-        write(tmp)
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(tmp, target)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    write_whole(target, write)
     return target
 
 

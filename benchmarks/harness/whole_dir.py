@@ -7,9 +7,12 @@ import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
+
+R = TypeVar("R")
 
 
-def write_whole(target: Path, write: Callable[[Path], int]) -> int:
+def write_whole(target: Path, write: Callable[[Path], R]) -> R:
     """``write(tmp)`` into a fresh directory beside ``target``, which then replaces ``target``
     in one rename (a run killed half-way leaves no half checkpoint); ``write``'s result."""
     target.parent.mkdir(parents=True, exist_ok=True)

@@ -92,6 +92,10 @@ class ReplicaConfig:
     max_cpu_loras: int | None = None  # default: --max-loras
     speculative_config: str | None = None  # --speculative-config's JSON (config/speculative.py)
 
+    def __post_init__(self) -> None:
+        # a tuple however it came (``--config-json`` carries a JSON list to torchrun's ranks)
+        object.__setattr__(self, "lora_modules", tuple(self.lora_modules))
+
     @property
     def world_size(self) -> int:
         return self.tp * self.pp
