@@ -157,6 +157,28 @@ class TensorStore(Protocol):
     def source(self, name: str) -> TensorSource: ...
 
 
+class StoreView:
+    """A :class:`TensorStore` over another, ``store``: its bytes read are the other's, and by
+    default its names and sources too (a subclass filters or regroups them)."""
+
+    def __init__(self, store: TensorStore) -> None:
+        self.store = store
+
+    @property
+    def bytes_read(self) -> int:
+        return self.store.bytes_read
+
+    @bytes_read.setter
+    def bytes_read(self, value: int) -> None:
+        self.store.bytes_read = value
+
+    def names(self) -> Iterable[str]:
+        return self.store.names()
+
+    def source(self, name: str) -> TensorSource:
+        return self.store.source(name)
+
+
 class OpenFiles:
     """A checkpoint's files, each opened read-only on its first read and closed together (a
     context manager); :attr:`bytes_read` counts the bytes :meth:`pread` returned."""

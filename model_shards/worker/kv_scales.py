@@ -25,7 +25,7 @@ import torch
 from model_shards.backends import Backend
 from model_shards.config.model import ModelConfig
 from model_shards.config.replica import ReplicaConfig
-from model_shards.worker.checkpoint import CheckpointError, TensorSource, TensorStore
+from model_shards.worker.checkpoint import CheckpointError, StoreView, TensorStore
 from model_shards.worker.kv_cache import PagedKVCache
 
 log = logging.getLogger(__name__)
@@ -40,12 +40,12 @@ _ROLES |= {"k_proj.output_scale": "k", "v_proj.output_scale": "v"}
 _ROLES |= {"k_proj.k_scale": "k", "v_proj.v_scale": "v"}
 
 
-class KVScaleStore:
+class KVScaleStore(StoreView):
     """``store`` (a :class:`~model_shards.worker.checkpoint.TensorStore`) without its K/V scale
     tensors, which :meth:`read` reads by layer."""
 
     def __init__(self, store: TensorStore) -> None:
-        self.store = store
+        super().__init__(store)
         self.scales: dict[int, dict[str, str]] = {}  # layer → "k" | "v" | "kv" → tensor name
         self.plain: list[str] = []
         for name in store.names():
@@ -59,19 +59,8 @@ class KVScaleStore:
                 raise CheckpointError(f"tensors {roles[role]!r} and {name!r}: two {role} scales")
             roles[role] = name
 
-    @property
-    def bytes_read(self) -> int:
-        return self.store.bytes_read
-
-    @bytes_read.setter
-    def bytes_read(self, value: int) -> None:
-        self.store.bytes_read = value
-
     def names(self) -> Iterator[str]:
         yield from self.plain
-
-    def source(self, name: str) -> TensorSource:
-        return self.store.source(name)
 
     def _value(self, name: str) -> float:
         src = self.store.source(name)

@@ -35,7 +35,7 @@ from model_shards.quant.checkpoint_weight import CheckpointPart
 from model_shards.quant.fp8 import Fp8Weight
 from model_shards.quant.int4 import Int4GroupWeight
 from model_shards.quant.int4_packing import pack_nibbles, unpack_int32
-from model_shards.worker.checkpoint import CheckpointError, TensorSource, TensorStore
+from model_shards.worker.checkpoint import CheckpointError, StoreView, TensorSource, TensorStore
 
 log = logging.getLogger(__name__)
 
@@ -253,12 +253,13 @@ def _dense_shape(
     return n, k
 
 
-class QuantizedStore:
+class QuantizedStore(StoreView):
     """A checkpoint's tensors with each quantized weight's as one :class:`QuantSource`
     (a :class:`~model_shards.worker.checkpoint.TensorStore`)."""
 
     def __init__(self, store: TensorStore, quant: CheckpointQuant) -> None:
-        self.store, self.quant = store, quant
+        super().__init__(store)
+        self.quant = quant
         main, required, optional = _TENSORS[quant.layout]
         names = set(store.names())
         self.weights: dict[str, tuple[str, ...]] = {}  # P.weight → the stored names it takes
@@ -274,14 +275,6 @@ class QuantizedStore:
             self.weights[f"{prefix}.weight"] = tuple(taken)
         consumed = {t for taken in self.weights.values() for t in taken}
         self.plain = [n for n in names if n not in consumed]
-
-    @property
-    def bytes_read(self) -> int:
-        return self.store.bytes_read
-
-    @bytes_read.setter
-    def bytes_read(self, value: int) -> None:
-        self.store.bytes_read = value
 
     def names(self) -> Iterator[str]:
         yield from self.plain
