@@ -4,9 +4,9 @@
 //
 // a [S, R, in], b [S, out, R]: every slot's adapter (layers/lora.py). The reference backend's
 // GEMMs per slot, its rows gathered once for all slots (slot by slot) and their products added
-// back once, in one call a linear layer: from Python they were ~60 us an adapter a layer, ~30 ms of an 80 ms
-// step with four adapters over seven linears and 30 layers. (A per-row loop of float32 dot
-// products was no faster: its expand reduces across lanes for every output.)
+// back once, in one call a linear layer: from Python they were ~60 us an adapter a layer,
+// ~30 ms of an 80 ms step with four adapters over seven linears and 30 layers. (A per-row loop
+// of float32 dot products was no faster: its expand reduces across lanes for every output.)
 
 #include <ATen/ATen.h>
 #include <torch/library.h>
@@ -57,7 +57,8 @@ void lora_add(at::Tensor y, const at::Tensor& x, const at::Tensor& a, const at::
   const auto groups = slot_rows(slots, rows);
   if (groups.empty()) return;
   std::vector<int64_t> order;  // the adapter rows, slot by slot
-  for (const auto& group : groups) order.insert(order.end(), group.second.begin(), group.second.end());
+  for (const auto& group : groups)
+    order.insert(order.end(), group.second.begin(), group.second.end());
   at::Tensor index = at::tensor(order, row_slots.options());
   at::Tensor xs = x.index_select(0, index);                           // [N, in], slot by slot
   at::Tensor delta = at::empty({xs.size(0), y.size(1)}, y.options());  // [N, out]
