@@ -53,9 +53,17 @@ class SamplingParams(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             and not self.logit_bias
             and self.allowed_token_ids is None
             and not self.bad_words_token_ids
-            and self.repetition_penalty == 1.0
-            and self.presence_penalty == 0.0
-            and self.frequency_penalty == 0.0
+            and not self.needs_history
+        )
+
+    @property
+    def needs_history(self) -> bool:
+        """Whether a draw reads the tokens so far: penalties, or a bad word of several tokens."""
+        return (
+            self.repetition_penalty != 1.0
+            or self.presence_penalty != 0.0
+            or self.frequency_penalty != 0.0
+            or any(len(w) > 1 for w in self.bad_words_token_ids)
         )
 
 
@@ -109,18 +117,14 @@ class GenerateRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     sampling: SamplingParams = SamplingParams()
     stop_token_ids: list[int] = []
     ignore_eos: bool = False
-    # Replay after a replica failure: tokens this request already produced. They
-    # count as output (max_tokens, min_tokens, penalties); only new ones come back.
+    # replayed after a replica failure: tokens already produced (output; only new ones return)
     resume_output_ids: list[int] = []
     grammar: GrammarSpec | None = None  # masks every sampled position
-    # opt-in TTFT tracing (server/http/ttft_trace.py): timestamps in the first RequestOutput
-    trace: bool = False
+    trace: bool = False  # opt-in TTFT stamps in the first output (server/http/ttft_trace.py)
     media: list[MediaInput] = []  # the prompt's images, in prompt order
-    # score the prompt: each prompt token's logprob given the tokens before it, its rank and
-    # the top N alternatives (N <= 20), in the first RequestOutput; no prefix-cache hit then
+    # each prompt token's logprob, rank and top N (<= 20), in the first output; no cache hit
     prompt_logprobs: int | None = None
-    # under --scheduling-policy priority: lower runs first, and is preempted last (vLLM's)
-    priority: int = 0
+    priority: int = 0  # --scheduling-policy priority: lower runs first, is preempted last
     lora: LoraRef | None = None  # the adapter the request names as its ``model``
 
 
@@ -210,10 +214,8 @@ class RequestOutput(msgspec.Struct, frozen=True):
     finish_reason: FinishReason | None = None
     num_prompt_tokens: int = 0
     logprobs: list[TokenLogprob] | None = None  # one per new token, when asked
-    # GenerateRequest.prompt_logprobs: the whole prompt's, in the request's first output
-    prompt_logprobs: PromptLogprobs | None = None
-    # GenerateRequest.trace: rank 0's stage → time.monotonic_ns() (first output only)
-    trace: dict[str, int] | None = None
+    prompt_logprobs: PromptLogprobs | None = None  # the whole prompt's (first output only)
+    trace: dict[str, int] | None = None  # rank 0's stage → time.monotonic_ns() (first only)
 
 
 class EngineStats(msgspec.Struct, frozen=True):
@@ -229,11 +231,9 @@ class EngineStats(msgspec.Struct, frozen=True):
     # images rank 0 (the first stage) took from its encoder-output cache / encoded
     mm_encoder_cache_hits: int = 0
     mm_encoder_cache_misses: int = 0
-    # MoE: tokens routed to each expert since start-up, by decoder layer (the sparse layers
-    # of rank 0's pipeline stage); at most once a second, else None
+    # MoE: tokens routed to each expert since start-up by sparse layer of rank 0's stage (1/s)
     moe_expert_tokens: dict[int, list[int]] | None = None
-    # frames rank 0's engine port dropped since start-up (undecodable, unauthenticated...)
-    rejected_messages: int = 0
+    rejected_messages: int = 0  # frames rank 0's engine port dropped (undecodable, ...)
     # speculative decoding since start-up (vLLM's spec_decode counters)
     spec_num_drafts: int = 0
     spec_num_draft_tokens: int = 0
@@ -309,7 +309,7 @@ class SeqChunk(msgspec.Struct, frozen=True):
 
     seq_id: int
     start_pos: int
-    token_ids: list[int]
+    token_ids: list[int]  # < 0: -(1 + i), the i-th token the previous step sampled (async)
     sample: bool = True  # the last stage samples after it; false: a prefill chunk short of the end
     new_block_ids: list[int] = []  # appended to the block table first; it then covers the chunk
     window_block_ids: list[list[int]] = []  # the same for KV groups 1.. (config/kv_layout.py)

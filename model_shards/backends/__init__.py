@@ -3,6 +3,7 @@
 * ``__init__.py``: :func:`select_backend`, the choice below;
 * ``base.py``: ``Backend``: every op a model runs, with its contract (shapes, step metadata);
 * ``decode_stack.py``: what a backend's whole-step decode of plain layers takes and gives;
+* ``future_tokens.py``: async scheduling's future token ids replaced on the device;
 * ``reference.py``: plain PyTorch on any device, the numerical specification;
 * ``cpu/``: the ``cpu`` backend: C++ kernels JIT-built once per machine, a packed GEMM;
 * ``cuda/``: the ``cuda`` backend: Triton kernels, cuBLAS GEMMs, CUDA graphs of decode steps.

@@ -11,6 +11,7 @@ dim; pools are ``[slots, nkv, D]``, slot ``b * block_size + i`` holding token ``
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -123,6 +124,8 @@ class Backend(ABC):
     samples_on_device: bool = False
     # K/V pools of float8_e4m3fn holding k / k_scale, v / v_scale (KVPool's per-layer scales)
     fp8_kv: bool = False
+    # the device runs queued work while the host goes on (so async scheduling pays by default)
+    queues_work: bool = False
 
     # ---- norms and activations -------------------------------------------------------
     @abstractmethod
@@ -295,5 +298,18 @@ class Backend(ABC):
         longest context): where decode attention's launch depends on the bound."""
         return [max_context]
 
+    def to_host(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` copied to the host without waiting for the device; read it after the call
+        :meth:`host_fence` returns has returned. A backend on the host returns ``x``."""
+        return x
+
+    def host_fence(self) -> Callable[[], None]:
+        """After :meth:`to_host` copies: a call that waits for them, not for work queued later."""
+        return _done
+
     def synchronize(self) -> None:  # noqa: B027 (a no-op unless the device queues work)
         """Wait for queued device work (a no-op on CPU)."""
+
+
+def _done() -> None:
+    """A fence already passed."""

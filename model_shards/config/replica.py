@@ -91,6 +91,8 @@ class ReplicaConfig:
     max_lora_rank: int = 16
     max_cpu_loras: int | None = None  # default: --max-loras
     speculative_config: str | None = None  # --speculative-config's JSON (config/speculative.py)
+    # --async-scheduling: plan each step before the last one's tokens are back (None: on CUDA)
+    async_scheduling: bool | None = None
 
     def __post_init__(self) -> None:
         # a tuple however it came (``--config-json`` carries a JSON list to torchrun's ranks)
@@ -151,6 +153,12 @@ class ReplicaConfig:
                 f"--gpu-memory-utilization must be in (0, 1], got {self.gpu_memory_utilization}"
             )
         _ = self.speculative
+        if self.async_scheduling and self.speculative_config is not None:
+            raise ValueError("--async-scheduling cannot be combined with --speculative-config")
+        if self.async_scheduling and self.pp > 1:
+            raise ValueError(
+                "--async-scheduling needs -pp 1 (pipeline stages overlap their micro-batches)"
+            )
 
     def validate(self) -> ModelConfig | EncoderConfig:
         """Check flags, the model directory and the layout; return the model's config.

@@ -28,6 +28,7 @@ class SchedulerConfig:
     scheduling_policy: str = "fcfs"  # or "priority": requests' ``priority``, lower first
     max_loras: int = 0  # the ranks' LoRA adapter slots (--max-loras); 0: no adapters
     speculative: SpeculativeConfig | None = None  # n-gram proposals (--speculative-config)
+    async_scheduling: bool = False  # the next step planned ahead of the one in flight
 
     @property
     def num_kv_groups(self) -> int:
@@ -39,6 +40,8 @@ class SchedulerConfig:
             raise ValueError(f"--max-model-len must be >= 1, got {self.max_model_len}")
         if self.num_blocks < 1:
             raise ValueError("--num-blocks must be >= 1 (give the KV cache more memory)")
+        if self.async_scheduling and self.speculative is not None:
+            raise ValueError("--async-scheduling cannot be combined with --speculative-config")
         if self.scheduling_policy not in SCHEDULING_POLICIES:
             raise ValueError(
                 f"--scheduling-policy must be one of {', '.join(SCHEDULING_POLICIES)}, "

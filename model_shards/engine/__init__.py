@@ -1,6 +1,7 @@
 """Rank 0's engine: requests in over ZMQ, a scheduling decision per step, plans out, tokens back.
 
 * ``coordinator.py``: ``Coordinator``: schedule, broadcast the plan, run rank 0's stage, update;
+* ``in_flight.py``: the steps launched and not yet applied; whether async scheduling runs;
 * ``zmq_loop.py``: rank 0's ROUTER loop (Hello, submits, aborts, keep-alives), for both engines;
 * ``replies.py``: a step's outputs grouped per frontend, with the engine's counters attached;
 * ``engine_port.py``: the port's guard: frames decoded safely, the engine token checked;
@@ -16,6 +17,7 @@
 
 Rank 0 only (under ``--dp-attention`` every rank is the rank 0 of its own replica): every
 scheduling decision is made here and reaches the other ranks in a ``StepPlan``; with pp > 1 up
-to pp steps are in flight. The one part another rank runs is ``structured/bitmask.py``, which
-the sampling rank applies to its logits.
+to pp steps are in flight, with async scheduling (pp = 1) two: the next planned while one runs.
+The one part another rank runs is ``structured/bitmask.py``, which the sampling rank applies to
+its logits.
 """

@@ -18,12 +18,12 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import msgspec
 
 from model_shards.config.speculative import SpeculativeConfig
 from model_shards.engine.engine_port import PortSettings
+from model_shards.engine.in_flight import InFlight, resolve_async
 from model_shards.engine.prompt_logprobs import PromptLogprobTracker
 from model_shards.engine.replies import (
     by_client,
@@ -45,7 +45,6 @@ from model_shards.engine.scheduler.scheduler import (
 from model_shards.engine.speculative.proposer import BatchProposer, served
 from model_shards.engine.structured.compile_pool import COMPILE_TIMEOUT_S, GrammarError
 from model_shards.engine.structured.constraints import Constraints
-from model_shards.engine.structured.grammars import GrammarCache
 from model_shards.engine.zmq_loop import Reply, serve_frontends
 from model_shards.layers.moe import ExpertTokenSampler
 from model_shards.messages import (
@@ -61,19 +60,8 @@ from model_shards.messages import (
     SubmitBatch,
 )
 from model_shards.worker.decoder_worker import Worker, broadcast_plan
-from model_shards.worker.step_result import StepResult
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class _InFlight:
-    """A launched step whose tokens rank 0 has not applied yet."""
-
-    scheduled: ScheduledStep
-    plan: StepPlan
-    sampled: list[Sequence]  # the sequences of the sampled chunks, in order
-    result: StepResult | None  # already known when rank 0 is the sampler (pp == 1)
 
 
 class Coordinator:
@@ -92,11 +80,14 @@ class Coordinator:
         scheduling_policy: str = "fcfs",
         speculative: SpeculativeConfig | None = None,
         draft: BatchProposer | None = None,
+        async_scheduling: bool | None = None,
     ) -> None:
         """``model_dir``: where grammars find ``tokenizer.json`` (``None``: grammars refused);
         ``grammar_compile_timeout_s``: a grammar compiling longer is refused; ``speculative``:
         proposals verified in each step (:mod:`model_shards.engine.speculative`), ``draft``
-        making them when it names a draft ``model``."""
+        making them when it names a draft ``model``; ``async_scheduling``: plan each step
+        before the previous one's tokens are back (``None``: where the backend queues work;
+        :func:`~model_shards.engine.in_flight.resolve_async`)."""
         self.worker = worker
         self.ps = worker.ps
         cfg = worker.model.config
@@ -104,29 +95,31 @@ class Coordinator:
         self.max_model_len = max_model_len
         self.eos_token_ids = cfg.eos_token_ids
         spec = served(speculative, own_positions=worker.positions is not None)
-        self.scheduler = Scheduler(
-            SchedulerConfig(
-                max_num_seqs=max_num_seqs,
-                max_num_batched_tokens=max_num_batched_tokens,
-                max_model_len=max_model_len,
-                block_size=worker.kv.block_size,
-                num_blocks=worker.kv.num_blocks,
-                kv_windows=worker.kv.layout.windows,
-                enable_prefix_caching=enable_prefix_caching,
-                eos_token_ids=cfg.eos_token_ids,
-                scheduling_policy=scheduling_policy,
-                max_loras=0 if worker.lora is None else worker.lora.opts.max_loras,
-                speculative=spec,
-            ),
-            draft if spec is not None else None,
+        self.async_scheduling = resolve_async(async_scheduling, worker, spec is not None)
+        limits = SchedulerConfig(
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            max_model_len=max_model_len,
+            block_size=worker.kv.block_size,
+            num_blocks=worker.kv.num_blocks,
+            kv_windows=worker.kv.layout.windows,
+            enable_prefix_caching=enable_prefix_caching,
+            eos_token_ids=cfg.eos_token_ids,
+            scheduling_policy=scheduling_policy,
+            max_loras=0 if worker.lora is None else worker.lora.opts.max_loras,
+            speculative=spec,
+            async_scheduling=self.async_scheduling,
         )
+        self.scheduler = Scheduler(limits, draft if spec is not None else None)
         self.keepalive_s = keepalive_s
         self._expert_tokens = ExpertTokenSampler(worker.model)  # MoE routing, for /metrics
         self._step_id = 0
         self._last_plan_at = time.monotonic()
-        self.max_in_flight = self.ps.pp_size if pipeline_overlap else 1
-        self._in_flight: deque[_InFlight] = deque()
-        self.constraints = _constraints(
+        self.micro_batches = self.ps.pp_size if pipeline_overlap else 1
+        # async scheduling: the step in flight and the next, planned before its tokens are back
+        self.max_in_flight = 2 if self.async_scheduling else self.micro_batches
+        self._in_flight: deque[InFlight] = deque()
+        self.constraints = Constraints.for_model(
             model_dir, cfg.vocab_size, cfg.eos_token_ids, grammar_compile_timeout_s
         )
         self._refused: list[Reply] = []  # constrained requests refused once their grammar was known
@@ -242,25 +235,38 @@ class Coordinator:
         return self.scheduler.stats
 
     def step(self) -> list[SeqUpdate]:
-        """One iteration, not overlapped: schedule, run on every rank, update."""
+        """One iteration, not overlapped: schedule, run on every rank, update (after the
+        steps still in flight)."""
+        updates = [u for _ in range(len(self._in_flight)) for u in self._finish_oldest()]
         self._admit_compiled()
         launched = self._launch()
-        return self._finish(launched) if launched is not None else []
+        return updates + (self._finish(launched) if launched is not None else [])
+
+    def _finish_oldest(self) -> list[SeqUpdate]:
+        return self._finish(self._in_flight.popleft())
 
     def pump(self) -> list[SeqUpdate]:
         """Keep up to ``max_in_flight`` steps (micro-batches of disjoint sequences, one per
-        stage) in the pipeline, then finish the oldest."""
+        stage; or with async scheduling, the step in flight and the next, which the scheduler
+        may run ahead of it) in the pipeline, then finish the oldest."""
         self._admit_compiled()
         while len(self._in_flight) < self.max_in_flight and self.scheduler.has_schedulable():
+            if self._in_flight and not self._may_follow(self._in_flight[-1]):
+                break  # some sequence waits for its token: finish that step first
             launched = self._launch()
             if launched is None:
                 break
             self._in_flight.append(launched)
         return self._finish(self._in_flight.popleft()) if self._in_flight else []
 
-    def _launch(self) -> _InFlight | None:
+    def _may_follow(self, step: InFlight) -> bool:
+        """Whether the next step may be launched while ``step`` runs: pipeline micro-batches
+        always (disjoint sequences), async scheduling when the scheduler runs ahead of it."""
+        return not self.async_scheduling or self.scheduler.runs_ahead_of(step.scheduled)
+
+    def _launch(self) -> InFlight | None:
         """Schedule a step, send its plan, run stage 0; ``None`` when it ran no chunk."""
-        scheduled = self.scheduler.schedule(self.max_in_flight)
+        scheduled = self.scheduler.schedule(self.micro_batches)
         trace = self.traces.step(scheduled.sequences)  # OFF unless a traced request runs
         sampled = [
             seq for seq, c in zip(scheduled.sequences, scheduled.chunks, strict=True) if c.sample
@@ -279,11 +285,11 @@ class Coordinator:
         result = self.worker.execute(plan, wait=False, trace=trace)
         if not plan.chunks:
             return None
-        return _InFlight(scheduled, plan, sampled, result)
+        return InFlight(scheduled, plan, sampled, result)
 
-    def _finish(self, step: _InFlight) -> list[SeqUpdate]:
+    def _finish(self, step: InFlight) -> list[SeqUpdate]:
         """Wait for a launched step's tokens and apply them."""
-        result = step.result if step.result is not None else self.worker.collect(step.plan)
+        result = step.result.get() if step.result is not None else self.worker.collect(step.plan)
         updates = self.scheduler.update(step.scheduled, result.tokens)
         # each sampled chunk's first row: the one token of a chunk without drafts
         firsts = first_rows(step.plan.chunks)
@@ -385,13 +391,3 @@ class Coordinator:
     def serve(self, address: str, settings: PortSettings) -> None:
         """Serve frontends on a ZMQ ROUTER at ``address`` until ``Shutdown``; then stop ranks."""
         serve_frontends(self, address, settings)
-
-
-def _constraints(
-    model_dir: str | None, vocab_size: int, eos_token_ids: tuple[int, ...], timeout_s: float
-) -> Constraints | None:
-    """Structured output's grammars, or ``None`` (refused) without a ``model_dir``."""
-    if model_dir is None:
-        return None
-    grammars = GrammarCache(model_dir, vocab_size, list(eos_token_ids), compile_timeout_s=timeout_s)
-    return Constraints(grammars, vocab_size)

@@ -215,6 +215,7 @@ def run_dp_attention_rank(
             scheduling_policy=config.scheduling_policy,
             speculative=config.speculative,
             draft=build_draft(config, worker, max_len),
+            async_scheduling=False,  # the replicas step in lockstep, one step at a time
         )
         serve_lockstep(LockstepEngine(coordinator, ep), address, settings)
         clean = True

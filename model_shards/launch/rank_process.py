@@ -27,7 +27,7 @@ import os
 import signal
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from model_shards.config.encoder import EncoderConfig
 from model_shards.config.model import load_model_config
@@ -218,6 +218,7 @@ def serve_rank(
                 grammar_compile_timeout_s=config.grammar_compile_timeout_s,
                 scheduling_policy=config.scheduling_policy,
                 speculative=config.speculative,
+                async_scheduling=config.async_scheduling,
             ).serve(address, settings)
         else:
             worker.serve_forever()
@@ -245,13 +246,19 @@ def _log_loaded(worker: Worker) -> None:
     )
 
 
-def _step_limits(config: ReplicaConfig, max_len: int) -> dict[str, int]:
+class _StepLimits(TypedDict):
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    max_model_len: int
+
+
+def _step_limits(config: ReplicaConfig, max_len: int) -> _StepLimits:
     """The step limits both coordinators take, from the replica's flags."""
-    return {
-        "max_num_seqs": config.max_num_seqs,
-        "max_num_batched_tokens": config.max_num_batched_tokens,
-        "max_model_len": max_len,
-    }
+    return _StepLimits(
+        max_num_seqs=config.max_num_seqs,
+        max_num_batched_tokens=config.max_num_batched_tokens,
+        max_model_len=max_len,
+    )
 
 
 def _serve_encoder(

@@ -59,6 +59,17 @@ def tp_all_reduce(x: torch.Tensor, comm: Comm) -> torch.Tensor:
     return x
 
 
+def tp_broadcast(x: torch.Tensor, comm: Comm) -> torch.Tensor:
+    """TP rank 0's ``x`` into every TP rank's ``x`` (same shape and dtype), in place."""
+    ps = comm.ps
+    if ps.tp_size > 1:
+        staged = _host(x, comm)
+        dist.broadcast(staged, src=ps.pp_rank * ps.tp_size, group=ps.tp_group)
+        if staged is not x:
+            x.copy_(staged)
+    return x
+
+
 def tp_all_gather_last_dim(x: torch.Tensor, comm: Comm) -> torch.Tensor:
     """Concatenate each TP rank's ``[..., n]`` into ``[..., tp * n]`` in TP-rank order."""
     if comm.ps.tp_size == 1:

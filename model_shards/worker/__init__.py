@@ -24,7 +24,11 @@
   as the chunk that ends there;
 * ``step_trace.py``: ``StepTrace``: rank 0's TTFT stamps of a traced step, called at its phase ends;
 * ``prompt_logprobs.py``: prompt scoring on the last stage: LM head, log-softmax, rank, top-k;
-* ``step_result.py``: ``StepResult`` (tokens, logprobs, prompt scores) and its way to rank 0;
+* ``step_result.py``: ``StepResult`` (tokens, logprobs, prompt scores) and its way to rank 0
+  (``PendingResult``: rank 0's own, copied to the host without waiting for the device);
+* ``future_tokens.py``: async scheduling: the last step's sampled ids kept on the device (and
+  broadcast to the TP group) for the next step's future tokens;
+* ``kv_budget.py``: how many KV blocks this rank's pool gets, agreed over the replica;
 * ``layer_timer.py``: per-layer-kind prefill times of a traced step (opt-in TTFT trace).
 
 Every rank runs a worker, rank 0 too (beside its coordinator). It decides nothing: block ids,

@@ -85,10 +85,16 @@ class DecodeGraphs:
             return hidden
         return self.model.compute_logits(hidden)  # [n, V]
 
-    def run(self, chunks: list[SeqChunk], hidden: torch.Tensor | None) -> torch.Tensor:
+    def run(
+        self,
+        chunks: list[SeqChunk],
+        hidden: torch.Tensor | None,
+        futures: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """One decode-only step (every chunk one token): ``logits [B, V]`` on the last
         stage (a view the next step overwrites: sample it first), else ``hidden [B, H]``
-        (a copy: its non-blocking send may still read it during the next replay)."""
+        (a copy: its non-blocking send may still read it during the next replay).
+        ``futures``: the previous step's sampled ids, read by token ids ``< 0``."""
         kv = self.kv
         ends = [c.start_pos + 1 for c in chunks]
         tables = [kv.table_prefix(c.seq_id, end) for c, end in zip(chunks, ends, strict=True)]
@@ -99,6 +105,7 @@ class DecodeGraphs:
             context_lens=ends,
             token_ids=None if hidden is not None else [c.token_ids[0] for c in chunks],
             hidden=hidden,
+            future_source=futures,
         )
         out = self.runner.run(step)
         return out if self.model.lm_head is not None else out.clone()

@@ -21,9 +21,9 @@ import torch
 
 from model_shards.backends import Backend, select_backend
 from model_shards.backends.cuda.graphs import GraphBackend
-from model_shards.config import vision_budget
+from model_shards.backends.future_tokens import read_future_tokens_
 from model_shards.config.encoder import EncoderConfig
-from model_shards.config.kv_layout import KVLayout, peak_blocks
+from model_shards.config.kv_layout import KVLayout
 from model_shards.config.model import ModelConfig
 from model_shards.config.quantization import CPU_ONLY_QUANTIZATION
 from model_shards.config.replica import ReplicaConfig
@@ -36,23 +36,22 @@ from model_shards.models.decoder import StepPositions
 from model_shards.parallel.comm import (
     Comm,
     Pending,
-    all_reduce_min_int,
     broadcast_bytes,
     broadcast_bytes_from_root,
     recv_from_prev_stage,
     send_to_next_stage,
 )
 from model_shards.parallel.state import ParallelState
-from model_shards.worker import gpu_memory
 from model_shards.worker.decode_graphs import DecodeGraphs
+from model_shards.worker.future_tokens import FutureTokens
+from model_shards.worker.kv_budget import kv_cache_blocks
 from model_shards.worker.kv_cache import PagedKVCache
 from model_shards.worker.kv_scales import KVScaleStore, kv_pool_dtype, set_pool_scales
 from model_shards.worker.loader import load_weights
 from model_shards.worker.lora_adapters import LoraAdapters
-from model_shards.worker.media_inputs import MediaInputs
+from model_shards.worker.media_inputs import MediaInputs, takes_images
 from model_shards.worker.open_checkpoint import open_checkpoint
 from model_shards.worker.piecewise_graphs import (
-    MAX_TOKENS,
     PIECEWISE_ENV,
     PiecewiseGraphs,
     piecewise_for,
@@ -62,17 +61,16 @@ from model_shards.worker.quant_sources import QuantizedStore
 from model_shards.worker.sampler import SampleOutput, Sampler
 from model_shards.worker.spec_rows import sampled_rows
 from model_shards.worker.step_result import (
+    PendingResult,
     StepResult,
     recv_step_result,
     send_step_result,
-    step_result,
 )
 from model_shards.worker.step_trace import OFF, StepTrace
 
 log = logging.getLogger(__name__)
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-CPU_KV_CACHE_DEFAULT = 1 << 30  # bytes per rank when neither flag nor GPU says otherwise
 
 
 def resolve_dtype(
@@ -97,77 +95,6 @@ def broadcast_plan(plan: StepPlan, comm: Comm, pending: Pending) -> None:
 
 def receive_plan(comm: Comm) -> StepPlan:
     return decode_plan(broadcast_bytes(None, comm, src=0))
-
-
-def kv_cache_blocks(
-    cfg: ModelConfig,
-    replica: ReplicaConfig,
-    comm: Comm,
-    model: DecoderModel,
-    dtype: torch.dtype,
-    max_model_len: int,
-    *,
-    graphs: bool,
-) -> int:
-    """Blocks this rank's budget allows, agreed (minimum) over the replica, at most what
-    ``max_num_seqs`` full-length sequences need; ``ValueError`` if too few for one. Budget:
-    ``--kv-cache-memory``, else on GPU what :mod:`model_shards.worker.gpu_memory` leaves of
-    ``--gpu-memory-utilization``, else 1 GiB."""
-    ps = comm.ps
-    layout = KVLayout.for_model(cfg)
-    buffers = layout.slots_on(range(model.model.start, model.model.end))
-    per_block = cfg.kv_block_bytes(ps.tp_size, buffers, replica.block_size, dtype.itemsize)
-    if replica.kv_cache_memory is not None:
-        budget = replica.kv_cache_memory
-    elif ps.device.type == "cuda":
-        budget = _gpu_kv_budget(replica, model, max_model_len, graphs)
-    else:
-        budget = CPU_KV_CACHE_DEFAULT
-    chunk = replica.max_num_batched_tokens
-    per_seq = peak_blocks(layout.windows, max_model_len, replica.block_size, chunk)
-    blocks = min(max(budget, 0) // per_block, per_seq * replica.max_num_seqs)
-    blocks = all_reduce_min_int(blocks, comm)
-    if blocks < per_seq:
-        raise ValueError(
-            f"KV cache of {blocks} blocks cannot hold one {max_model_len}-token sequence; "
-            f"raise --kv-cache-memory (or --gpu-memory-utilization) or lower --max-model-len"
-        )
-    return blocks
-
-
-def _gpu_kv_budget(
-    replica: ReplicaConfig, model: DecoderModel, max_model_len: int, graphs: bool
-) -> int:
-    bs, seqs = replica.block_size, replica.max_num_seqs
-    tokens = replica.max_num_batched_tokens
-    peak = gpu_memory.forward_peak_bytes(model, tokens, max_model_len, bs, seqs)
-    vision = 0  # a VLM's first stage: the tower over the largest media of one step
-    if _takes_images(model, model.ps):
-        caps = vision_budget.MediaCaps.from_dir(replica.model_dir)
-        media = vision_budget.worst_case_media(model.config.extra, tokens, max_model_len, caps)
-        vision = gpu_memory.vision_peak_bytes(model, media)
-    peak = max(peak, vision)
-    pool = gpu_memory.forward_peak_bytes(model, seqs, 1, bs, seqs) if graphs else 0
-    if graphs and os.environ.get(PIECEWISE_ENV) == "1":  # their pool: 512 rows a step
-        pool += gpu_memory.forward_peak_bytes(model, min(tokens, MAX_TOKENS), 1, bs, seqs)
-    free, total = torch.cuda.mem_get_info(model.ps.device)
-    budget = gpu_memory.kv_budget_bytes(
-        replica.gpu_memory_utilization, total, total - free, peak, pool
-    )
-    if model.ps.host_tensors:  # every rank of the replica on this one GPU: a share each
-        budget //= model.ps.world_size
-    log.info(
-        "GPU memory: %.2f GiB total, %.2f GiB in use after loading, forward peak %.2f GiB "
-        "(%d tokens; vision tower %.2f GiB), graph pool %.2f GiB: %.2f GiB for the KV cache",
-        total / 2**30,
-        (total - free) / 2**30,
-        peak / 2**30,
-        tokens,
-        vision / 2**30,
-        pool / 2**30,
-        budget / 2**30,
-    )
-    return budget
 
 
 class Worker:
@@ -197,10 +124,11 @@ class Worker:
         self.bytes_loaded = 0
         self.pending = Pending()  # non-blocking sends in progress
         # a vision-language model's first stage: images of its sequences, encoder cache
-        self.media = MediaInputs(model, ps.device) if _takes_images(model, ps) else None  # type: ignore[arg-type]
+        self.media = MediaInputs(model, ps.device) if takes_images(model, ps) else None  # type: ignore[arg-type]
         # a model with its own position streams (M-RoPE): every rank tracks them
         self.positions: StepPositions | None = getattr(model, "step_positions", None)
         self.lora: LoraAdapters | None = None  # --enable-lora: set by build()
+        self.futures = FutureTokens(ctx.comm)  # async scheduling: what future tokens read
 
     @staticmethod
     def build(
@@ -271,9 +199,10 @@ class Worker:
     @torch.inference_mode()
     def execute(
         self, plan: StepPlan, wait: bool = True, trace: StepTrace = OFF
-    ) -> StepResult | None:
+    ) -> StepResult | PendingResult | None:
         """Run this rank's stage of one step. Global rank 0 gets the result if it is the sampler
-        or ``wait`` (else :meth:`collect` it later, in plan order); other ranks get ``None``.
+        (on its way to the host: ``get()`` it) or ``wait`` (else :meth:`collect` it later, in
+        plan order); other ranks get ``None``.
         ``trace``: rank 0's TTFT stamps of the step (:mod:`model_shards.worker.step_trace`)."""
         ps = self.ps
         for seq_id in plan.freed_seq_ids:
@@ -298,18 +227,20 @@ class Worker:
             len(c.token_ids) == 1 and c.score is None for c in plan.chunks
         )
         graphed = graphed and (self.media is None or not self.media.touches(plan.chunks))
+        futures = self.futures.source(plan.chunks)  # [S] of the step before, or None
         with trace.forward(self.model):
-            stage_out = self._forward(plan.chunks, graphed)  # [T, H], or [T, V] from a graph
+            stage_out = self._forward(plan.chunks, graphed, futures)  # [T, H] (graph: [T, V])
         if not ps.is_last_stage:
             send_to_next_stage(stage_out, self.comm, self.pending)
             return self.collect(plan) if wait and ps.rank == 0 else None
         leader = ps.tp_rank == 0  # the sampler
         scores = None if graphed else score_prompts(self.model, stage_out, plan.chunks, leader)
         out = self._sample(plan.chunks, stage_out, graphed, trace)
+        self.futures.record(plan.chunks, None if out is None else out.tokens)
         if not leader:
             return None
         if ps.rank == 0:
-            return step_result(out, scores, plan.chunks)
+            return PendingResult(out, scores, plan.chunks, self.ops)
         if out is not None or scores is not None:
             send_step_result(out, scores, self.comm, self.pending)
         return None
@@ -336,10 +267,13 @@ class Worker:
         trace.stamp("sampled")
         return out
 
-    def _forward(self, chunks: list[SeqChunk], graphed: bool) -> torch.Tensor:
+    def _forward(
+        self, chunks: list[SeqChunk], graphed: bool, futures: torch.Tensor | None
+    ) -> torch.Tensor:
         """This stage's pass: ``[T, H]``, or logits ``[T, V]`` on the last stage when ``graphed``
         (a decode-only step replaying a graph that holds the LM head). The metadata is built
-        before waiting on the previous stage, so host work overlaps its compute."""
+        before waiting on the previous stage, so host work overlaps its compute. ``futures``:
+        the previous step's sampled ids, which token ids ``< 0`` stand for (async scheduling)."""
         ps = self.ps
         batch = None if graphed else ForwardBatch.build(chunks, self.kv)
         if batch is not None and self.positions is not None:
@@ -352,10 +286,12 @@ class Worker:
             hidden = recv_from_prev_stage(shape, self.dtype, self.comm)
         if batch is None:
             assert self.graphs is not None  # graphed: only with captured graphs
-            return self.graphs.run(chunks, hidden)
+            return self.graphs.run(chunks, hidden, futures)
         if hidden is None:
             ids = [t for c in chunks for t in c.token_ids]
             hidden = torch.tensor(ids, dtype=torch.int64, device=ps.device)
+            if futures is not None:
+                read_future_tokens_(hidden, futures)
             if self.media is not None:  # token embeddings with the images' rows in
                 hidden = self.media.embed(hidden, chunks)  # [T, H]
         if self.piecewise is not None:
@@ -393,8 +329,3 @@ def _graph_backend(
         log.info("decode graphs off: %s has its own position streams", cfg.architecture)
         return None  # the captured inputs index the model's tables
     return graph_backend
-
-
-def _takes_images(model: DecoderModel, ps: ParallelState) -> bool:
-    """Whether this rank runs a vision tower: a vision-language model's first stage."""
-    return ps.is_first_stage and (hasattr(model, "encode_images") or hasattr(model, "encode_media"))

@@ -19,6 +19,8 @@ from typing import Protocol
 import torch
 
 from model_shards.messages import MediaInput, SeqChunk, StepPlan
+from model_shards.models import DecoderModel
+from model_shards.parallel.state import ParallelState
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DEFAULT_CACHE_ENTRIES = 64
@@ -181,3 +183,8 @@ def _overlapping(chunk: SeqChunk, items: Sequence[MediaInput]) -> list[MediaInpu
 
 def _overlaps(chunk: SeqChunk, items: Sequence[MediaInput]) -> bool:
     return bool(_overlapping(chunk, items))
+
+
+def takes_images(model: DecoderModel, ps: ParallelState) -> bool:
+    """Whether this rank runs a vision tower: a vision-language model's first stage."""
+    return ps.is_first_stage and (hasattr(model, "encode_images") or hasattr(model, "encode_media"))

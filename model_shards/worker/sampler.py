@@ -99,19 +99,17 @@ class Sampler:
 
     def add(self, new: NewSequence) -> None:
         p = new.sampling
-        needs_history = (
-            p.repetition_penalty != 1.0
-            or p.presence_penalty != 0.0
-            or p.frequency_penalty != 0.0
-            or any(len(w) > 1 for w in p.bad_words_token_ids)
-        )
         bias = None
         if p.logit_bias:
             ids = sorted(p.logit_bias)
             values = [p.logit_bias[i] for i in ids]
             bias = (torch.tensor(ids, dtype=torch.int64), torch.tensor(values, dtype=torch.float32))
         self._seqs[new.seq_id] = _SeqState(
-            p, new.num_prompt_tokens, list(new.stop_token_ids), [] if needs_history else None, bias
+            p,
+            new.num_prompt_tokens,
+            list(new.stop_token_ids),
+            [] if p.needs_history else None,
+            bias,
         )
 
     def set_masks(self, masks: list[TokenMask]) -> None:
@@ -180,11 +178,12 @@ class Sampler:
         A batch of plain greedy rows is one argmax of the raw logits (the argmax of any
         float dtype is that of its float32 widening). When some row needs more (penalties,
         masked stops, a draw, logprobs), a backend that samples on the device does it all
-        there; otherwise the logits are widened to float32 on the CPU, row by row.
+        there; otherwise the logits are widened to float32 on the CPU, row by row. The
+        output stays where it was made (the device, or the host): the caller moves it.
         """
         k = self.num_logprobs(chunks)
         if k is None and all(self._is_plain_greedy(c) for c in chunks):
-            return SampleOutput(self.ops.argmax(logits).cpu())
+            return SampleOutput(self.ops.argmax(logits))  # on the logits' device
         adjust = self._adjustments(chunks, logits.shape[-1])
         if self.ops.samples_on_device:
             return self._sample_on_device(logits, chunks, k, adjust)
@@ -245,16 +244,7 @@ class Sampler:
         )
         adjusted = bitmask.adjust_logits(logits, adjust) if adjust else logits
         tokens = sample_batch(adjusted, t, self.ops.exponential_race)
-        if k is None:
-            return SampleOutput(tokens.cpu())
-        out = _with_logprobs(tokens, logits.float(), k)
-        return SampleOutput(
-            out.tokens.cpu(),
-            *(
-                None if x is None else x.cpu()
-                for x in (out.logprobs, out.top_ids, out.top_logprobs)
-            ),
-        )
+        return SampleOutput(tokens) if k is None else _with_logprobs(tokens, logits.float(), k)
 
 
 def _with_bad_words(state: _SeqState, chunk: SeqChunk) -> tuple[torch.Tensor, torch.Tensor] | None:

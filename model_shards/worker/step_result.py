@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from model_shards.backends.base import Backend
 from model_shards.messages import PromptLogprobs, SeqChunk, StepPlan, TokenLogprob
 from model_shards.parallel.comm import Comm, Pending, recv_cpu, send_cpu
 from model_shards.worker.prompt_logprobs import PromptScores, scoring_shape
@@ -25,6 +26,46 @@ class StepResult:
     tokens: list[int]  # one per chunk with ``sample``
     logprobs: list[TokenLogprob] | None = None
     prompt_logprobs: list[PromptLogprobs] = field(default_factory=list)  # per scoring chunk
+
+    def get(self) -> StepResult:
+        """Itself: already on the host (see :meth:`PendingResult.get`)."""
+        return self
+
+
+class PendingResult:
+    """Global rank 0's result of a step it sampled itself, on its way to the host: the
+    sampler's tensors are copied without waiting for the device (:meth:`Backend.to_host`), so
+    the next step can be queued first; :meth:`get` waits for those copies alone."""
+
+    def __init__(
+        self,
+        out: SampleOutput | None,
+        scores: PromptScores | None,
+        chunks: list[SeqChunk],
+        ops: Backend,
+    ) -> None:
+        self._out = None if out is None else _sample_to_host(out, ops)
+        self._scores = None if scores is None else _scores_to_host(scores, ops)
+        self._chunks = chunks
+        self._wait = ops.host_fence()
+
+    def get(self) -> StepResult:
+        self._wait()
+        return step_result(self._out, self._scores, self._chunks)
+
+
+def _sample_to_host(out: SampleOutput, ops: Backend) -> SampleOutput:
+    """``out``'s tensors copied by ``ops.to_host``."""
+    rest = (out.logprobs, out.top_ids, out.top_logprobs)
+    return SampleOutput(
+        ops.to_host(out.tokens), *(None if x is None else ops.to_host(x) for x in rest)
+    )
+
+
+def _scores_to_host(scores: PromptScores, ops: Backend) -> PromptScores:
+    """``scores``' tensors copied by ``ops.to_host``."""
+    parts = (scores.logprobs, scores.ranks, scores.top_ids, scores.top_logprobs)
+    return PromptScores(*(ops.to_host(x) for x in parts))
 
 
 def step_result(

@@ -84,11 +84,25 @@ def add_replica_flags(command: argparse.ArgumentParser) -> None:
         action="store_false",
         help="turn off automatic prefix caching",
     )
+    _add_step_flags(engine)
+    _add_weight_flags(engine)
+    _add_lora_flags(command)
+
+
+def _add_step_flags(engine: Any) -> None:
+    """How steps run: pipeline overlap, async scheduling, CUDA graphs, batch invariance."""
     engine.add_argument(
         "--no-pipeline-overlap",
         dest="pipeline_overlap",
         action="store_false",
         help="with -pp > 1, run one micro-batch at a time (for comparison)",
+    )
+    engine.add_argument(
+        "--async-scheduling",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="plan each step while the previous one runs, its sampled tokens read on the "
+        "device (default: on with CUDA, at -pp 1 without --speculative-config)",
     )
     engine.add_argument(
         "--enforce-eager",
@@ -101,8 +115,6 @@ def add_replica_flags(command: argparse.ArgumentParser) -> None:
         help="CUDA: GEMM, attention and RMSNorm with a fixed reduction order, so a row's "
         "output does not depend on its batch (CPU backends always are)",
     )
-    _add_weight_flags(engine)
-    _add_lora_flags(command)
 
 
 def _add_lora_flags(command: argparse.ArgumentParser) -> None:

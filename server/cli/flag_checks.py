@@ -46,6 +46,7 @@ def replica_config(args: argparse.Namespace) -> ReplicaConfig:
         max_lora_rank=args.max_lora_rank,
         max_cpu_loras=args.max_cpu_loras,
         speculative_config=args.speculative_config,
+        async_scheduling=args.async_scheduling,
     )
 
 

@@ -33,6 +33,8 @@ tested without a GPU.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from model_shards.backends.base import (
@@ -66,6 +68,7 @@ from model_shards.quant.int4 import Int4GroupWeight
 class CudaBackend(ReferenceBackend):
     name = "cuda"
     samples_on_device = True
+    queues_work = True
 
     def __init__(self, batch_invariant: bool = False) -> None:
         self.batch_invariant = batch_invariant
@@ -192,6 +195,18 @@ class CudaBackend(ReferenceBackend):
         return attention_decode.graph_context_bounds(
             rows, kv_heads, max_context, self.batch_invariant, self.num_sms
         )
+
+    def to_host(self, x: torch.Tensor) -> torch.Tensor:
+        if x.device.type != "cuda":
+            return x
+        return torch.empty(x.shape, dtype=x.dtype, pin_memory=True).copy_(x, non_blocking=True)
+
+    def host_fence(self) -> Callable[[], None]:
+        if not torch.cuda.is_available():
+            return super().host_fence()
+        event = torch.cuda.Event()
+        event.record()
+        return event.synchronize
 
     def synchronize(self) -> None:
         if torch.cuda.is_available():

@@ -40,6 +40,8 @@ from typing import Protocol
 import numpy as np
 import torch
 
+from model_shards.backends.future_tokens import read_future_tokens_
+
 log = logging.getLogger(__name__)
 
 _SMALL_BUCKETS = (1, 2, 4, 8, 16, 24, 32)
@@ -83,6 +85,8 @@ class DecodeStep:
     context_lens: Sequence[int]  # [B], the new token included
     token_ids: Sequence[int] | None = None  # [B]
     hidden: torch.Tensor | None = None  # [B, H]
+    # the previous step's sampled ids [S] on the device: token ids < 0 read from it
+    future_source: torch.Tensor | None = None
 
     @property
     def num_rows(self) -> int:
@@ -164,7 +168,14 @@ def eager_inputs(step: DecodeStep, device: torch.device) -> DecodeInputs:
     host = np.empty(packed_size(b, width), dtype=np.int64)
     pack_step(host, b, width, step)
     inputs = unpack_inputs(torch.from_numpy(host).to(device), b, width, step.hidden)
+    _read_futures(inputs, step)
     return replace(inputs, context_bound=max(step.context_lens, default=0))
+
+
+def _read_futures(inputs: DecodeInputs, step: DecodeStep) -> None:
+    """Async scheduling: ``step``'s future token ids replaced in ``inputs`` on the device."""
+    if step.future_source is not None:
+        read_future_tokens_(inputs.token_ids[: step.num_rows], step.future_source)
 
 
 class StaticDecodeInputs:
@@ -224,7 +235,9 @@ class StaticDecodeInputs:
             b = step.num_rows
             self.hidden[:b].copy_(step.hidden)  # device to device
             self.hidden[b:rows].zero_()
-        return self.views(rows)
+        inputs = self.views(rows)
+        _read_futures(inputs, step)
+        return inputs
 
     def fill_padding(self, rows: int) -> DecodeInputs:
         """Every row of bucket ``rows`` padding (what a capture runs on: no K/V stored)."""

@@ -9,6 +9,8 @@
 * ``prefill.py``: a step's token and seat limits (the pipeline cap); a prompt's next chunk;
 * ``admission.py``: start the first waiting sequence after its prefix-cache hit, if it fits;
 * ``step_builder.py``: the step being assembled and what is left of its limits;
+* ``ahead.py``: async scheduling: a sequence's next chunk while its current one is in flight
+  (a decode's token a *future token*, read on the ranks);
 * ``block_manager.py``: the pool's block ids: free, held (refcounts) or parked in the cache;
 * ``prefix_cache.py``: chained content hashes of full blocks; the LRU of parked blocks;
 * ``group_hits.py``: a hit over several KV groups: group-tagged hashes, windowed tables;

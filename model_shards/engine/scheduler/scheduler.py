@@ -45,6 +45,7 @@ from model_shards.config.kv_layout import peak_blocks
 from model_shards.config.scheduler import SchedulerConfig, SchedulerStats
 from model_shards.engine.request_checks import fit_problem
 from model_shards.engine.scheduler.admission import admit
+from model_shards.engine.scheduler.ahead import done_with, note_ahead, runs_ahead, schedule_ahead
 from model_shards.engine.scheduler.block_manager import BlockManager
 from model_shards.engine.scheduler.decode import (
     offer_drafts,
@@ -168,27 +169,53 @@ class Scheduler:
         speculate = spec is not None and len(state.running) <= spec.disable_by_batch_size
         if speculate and self._draft is not None:
             offer_drafts(state, self._draft, step)
-        for seq in list(state.running):
-            if step.full:
-                break
-            if state.ready(seq, step) and not seq.is_prefilling:
-                schedule_decode(state, seq, step, speculate)
-        for seq in list(state.running):
-            if step.full:
-                break
-            if state.ready(seq, step) and seq.is_prefilling:
-                schedule_prefill(state, seq, step)
+        self._schedule_running(step, speculate)
         while not step.preempted and admit(state, step):
             pass
         state.in_flight |= step.scheduled
         if self._draft is not None and step.freed:
             self._draft.free(step.freed)
-        return step.build()
+        built = step.build()
+        if self.config.async_scheduling:
+            note_ahead(state, built)
+        return built
+
+    def _schedule_running(self, step: StepBuilder, speculate: bool) -> None:
+        """The running sequences' next chunks: every decode first, oldest admitted first, then
+        the prompts' chunks; with async scheduling, those in flight follow on (:mod:`.ahead`)."""
+        state = self._state
+        for decoding in (True, False):
+            for seq in list(state.running):
+                if step.full:
+                    return
+                ahead = runs_ahead(state, seq, step)
+                if ahead is not None:
+                    if (ahead.row >= 0) == decoding:
+                        schedule_ahead(state, seq, ahead, step)
+                elif not state.ready(seq, step) or seq.is_prefilling == decoding:
+                    continue
+                elif decoding:
+                    schedule_decode(state, seq, step, speculate)
+                else:
+                    schedule_prefill(state, seq, step)
 
     def has_schedulable(self) -> bool:
         """Whether a ``schedule()`` now could run anything (waiting, or running not in flight)."""
-        in_flight = self._state.in_flight
-        return bool(self.waiting) or any(s.seq_id not in in_flight for s in self.running)
+        in_flight, ahead = self._state.in_flight, self._state.ahead
+        return bool(self.waiting) or any(
+            s.seq_id not in in_flight or s.seq_id in ahead for s in self.running
+        )
+
+    def runs_ahead_of(self, step: ScheduledStep) -> bool:
+        """Whether the next step may be scheduled before ``step``'s tokens are applied (async
+        scheduling): each of its sequences either follows on (:mod:`.ahead`) or is gone.
+        Otherwise one that must wait for its tokens would sit out every other step."""
+        state = self._state
+        return self.config.async_scheduling and all(
+            seq.status is not SeqStatus.RUNNING
+            or getattr(state.ahead.get(seq.seq_id), "chunk", None) is chunk
+            for seq, chunk in zip(step.sequences, step.chunks, strict=True)
+        )
 
     def update(self, step: ScheduledStep, tokens: list[int]) -> list[SeqUpdate]:
         """Record a step's ``tokens`` (``1 + num_draft`` per ``sample`` chunk, in chunk order) →
@@ -201,7 +228,8 @@ class Scheduler:
                 f"step sampled {chunks} chunks but got {len(tokens)} tokens for {rows} positions"
             )
         state = self._state
-        state.in_flight.difference_update(c.seq_id for c in step.chunks)
+        for chunk in step.chunks:
+            done_with(state, chunk)
         updates, at = [], 0
         for seq, chunk in zip(step.sequences, step.chunks, strict=True):
             n = 1 + chunk.num_draft if chunk.sample else 0

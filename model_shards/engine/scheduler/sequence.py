@@ -100,6 +100,20 @@ class Sequence:
         return self._hashes[:num_blocks]
 
 
+@dataclass(frozen=True)
+class Ahead:
+    """A sequence's chunk in the latest step in flight, which its next chunk follows
+    (async scheduling: :mod:`.ahead`)."""
+
+    chunk: SeqChunk
+    row: int  # the chunk's row among that step's sampled tokens; -1: it samples nothing
+
+    @property
+    def end(self) -> int:
+        """The first position after the chunk: where the next chunk starts."""
+        return self.chunk.start_pos + len(self.chunk.token_ids)
+
+
 @dataclass
 class ScheduledStep:
     """One step's decisions; the coordinator copies them into a ``StepPlan``.

@@ -10,7 +10,7 @@ from model_shards.config.scheduler import SchedulerConfig, SchedulerStats
 from model_shards.engine.scheduler.block_manager import BlockManager
 from model_shards.engine.scheduler.group_hits import group_hash
 from model_shards.engine.scheduler.lora_slots import LoraSlots
-from model_shards.engine.scheduler.sequence import SeqStatus, Sequence
+from model_shards.engine.scheduler.sequence import Ahead, SeqStatus, Sequence
 from model_shards.engine.scheduler.stats import SchedulerCounters
 from model_shards.engine.scheduler.step_builder import StepBuilder
 
@@ -23,7 +23,8 @@ class SchedulerState:
     the ``priority`` policy by (``priority``, arrival). ``running``: on the ranks and
     holding blocks, in admission order (oldest first). ``by_request``: every live sequence by
     request id. ``in_flight``: ids of sequences in a scheduled step that is not
-    updated yet; they are neither scheduled nor preempted. ``to_free``: ids of
+    updated yet; they are neither scheduled nor preempted (async scheduling runs some ahead of
+    their chunk in flight, ``ahead``: :mod:`.ahead`). ``to_free``: ids of
     retired sequences the ranks have not been told about yet.
     """
 
@@ -36,6 +37,7 @@ class SchedulerState:
         self.running: list[Sequence] = []
         self.by_request: dict[str, Sequence] = {}
         self.in_flight: set[int] = set()
+        self.ahead: dict[int, Ahead] = {}  # async scheduling: what the next step may follow
         self.to_free: list[int] = []
         self.counters = SchedulerCounters()
         self.lora_slots = LoraSlots(config.max_loras)

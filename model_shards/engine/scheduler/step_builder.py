@@ -47,12 +47,16 @@ class StepBuilder:
         cut, seq.table_cut = seq.table_cut, -1
         if drafts or cut >= 0:
             chunk = msgspec.structs.replace(chunk, num_draft=len(drafts), table_len=cut)
+        self.add_chunk(seq, chunk)
+
+    def add_chunk(self, seq: Sequence, chunk: SeqChunk) -> None:
+        """Add ``seq``'s ``chunk`` as it is (its adapter slot set here)."""
         if seq.lora_slot >= 0:
             chunk = msgspec.structs.replace(chunk, lora_slot=seq.lora_slot)
         self.chunks.append(chunk)
         self.sequences.append(seq)
         self.scheduled.add(seq.seq_id)
-        self.budget -= end - start
+        self.budget -= len(chunk.token_ids)
         self.seats -= 1
 
     @property

@@ -130,7 +130,7 @@ class DraftModel:
         self._freed = []
         result = self.worker.execute(plan)
         assert result is not None  # a world of one: its rank 0 samples
-        return result.tokens
+        return result.get().tokens
 
 
 def _common_prefix(a: list[int], b: list[int], known: int) -> int:

@@ -94,6 +94,18 @@ class Constraints:
         self._lanes: dict[int, _Lane] = {}  # seq id → lane
         self._orphans: list[MaskJob] = []  # jobs of dropped lanes, still running
 
+    @staticmethod
+    def for_model(
+        model_dir: str | None, vocab_size: int, eos_token_ids: tuple[int, ...], timeout_s: float
+    ) -> Constraints | None:
+        """Structured output's grammars, or ``None`` (refused) without a ``model_dir``."""
+        if model_dir is None:
+            return None
+        eos = list(eos_token_ids)
+        return Constraints(
+            GrammarCache(model_dir, vocab_size, eos, compile_timeout_s=timeout_s), vocab_size
+        )
+
     def submit(self, request: GenerateRequest, client: bytes) -> None:
         """Hold ``request`` until its grammar is compiled; ``ValueError`` if its id is held."""
         assert request.grammar is not None

@@ -16,6 +16,9 @@ rank 0's coordinator:
   prefix cache (scored in full), under preemption, and a 4096-token prompt scored in passes;
 * ``--scheduling-policy priority`` with one seat: a request outranking the running one takes
   its seat (preempting it), the rest follow by priority, outputs unchanged;
+* with async scheduling (tp2: each step planned before the last one's tokens are back, its
+  inputs read on the ranks, broadcast in the tensor group), the same tokens, with and without
+  preemption, and with grammar-constrained requests among free ones;
 * after each scenario every KV block is free again.
 """
 
@@ -29,12 +32,14 @@ import msgspec
 import pytest
 
 from model_shards.engine.coordinator import Coordinator
+from model_shards.engine.scheduler import ScheduledStep
 from model_shards.messages import GenerateRequest, SamplingParams
 from model_shards.parallel.comm import Comm
 from model_shards.worker.decoder_worker import Worker
 from tests.checkpoints import build_tiny_llama
 from tests.model_shards.engine import prompt_scoring
 from tests.model_shards.engine.engine_harness import MAX_LEN, build_worker, run_to_completion
+from tests.model_shards.engine.test_structured_engine import constrained_requests, free_requests
 from tests.world import run_world
 
 SMALL_POOL_BLOCKS = 20
@@ -53,8 +58,38 @@ def _requests(n: int, seed: int = 0) -> list[GenerateRequest]:
     return out
 
 
-def _coordinator(worker: Worker) -> Coordinator:
-    return Coordinator(worker, max_num_seqs=32, max_num_batched_tokens=64, max_model_len=MAX_LEN)
+def _coordinator(
+    worker: Worker, async_scheduling: bool = False, model_dir: str | None = None
+) -> Coordinator:
+    return Coordinator(
+        worker,
+        max_num_seqs=32,
+        max_num_batched_tokens=64,
+        max_model_len=MAX_LEN,
+        async_scheduling=async_scheduling,
+        model_dir=model_dir,
+    )
+
+
+def _async_runs(
+    worker: Worker, reqs: list[GenerateRequest], model_dir: str | None = None
+) -> dict[str, object]:
+    """The same requests with async scheduling (at pp == 1): their tokens, the preemptions,
+    and how many chunks read a token sampled in the step before (their inputs on the ranks).
+    ``model_dir``: grammars compile (constrained requests wait for their tokens)."""
+    coord = _coordinator(worker, async_scheduling=True, model_dir=model_dir)
+    ahead: list[str] = []  # the request of each chunk that read a token sampled before it
+    schedule = coord.scheduler.schedule
+
+    def counting(micro_batches: int = 1) -> ScheduledStep:
+        step = schedule(micro_batches)
+        chunks = zip(step.chunks, step.sequences, strict=True)
+        ahead.extend(seq.request_id for c, seq in chunks if c.token_ids[0] < 0)
+        return step
+
+    coord.scheduler.schedule = counting  # type: ignore[method-assign]
+    tokens = run_to_completion(coord, reqs)
+    return {"tokens": tokens, "ahead": ahead, "preemptions": coord.stats.num_preemptions}
 
 
 def _batching_rank(peers: Comm, model_dir: str, out_dir: str) -> None:
@@ -103,12 +138,21 @@ def _batching_rank(peers: Comm, model_dir: str, out_dir: str) -> None:
             full = run_to_completion(coord, [seeded])[seeded.request_id]
             resumed = msgspec.structs.replace(seeded, resume_output_ids=full[:5])
             results["resume"] = [full, run_to_completion(coord, [resumed])[seeded.request_id]]
+            if ps.pp_size == 1:
+                results["async"] = _async_runs(worker, reqs)
+                mixed = free_requests() + constrained_requests()
+                results["grammars"] = run_to_completion(
+                    _coordinator(worker, False, model_dir), mixed
+                )
+                results["async_grammars"] = _async_runs(worker, mixed, model_dir)
             results["scored"] = prompt_scoring.chunked_and_cached(worker, MAX_LEN)
             results["priority"] = _by_priority(worker, reqs[2:5])
         elif scenario == "small":
             results["small_pool"] = run_to_completion(coord, reqs)
             results["preemptions"] = preemptions = coord.stats.num_preemptions
             results["small_blocks"] = coord.stats.num_blocks
+            if ps.pp_size == 1:
+                results["async_small"] = _async_runs(worker, reqs)
             results["preempted_scores"] = prompt_scoring.preempted(coord)
             results["scored_preemptions"] = coord.stats.num_preemptions - preemptions
         coord.shutdown()
@@ -168,6 +212,13 @@ def test_outputs_independent_of_batch(tp: int, pp: int, tmp_path: Path, llama_di
     assert by_priority["preemptions"] == 1, "r4 (priority -1) takes r2's (0) seat"
     for rid, tokens in by_priority["tokens"].items():
         assert tokens == r["batched"][rid], f"{rid} changed under priority scheduling"
+    if pp == 1:  # async scheduling: inputs read on the device, the same tokens
+        for run in (r["async"], r["async_small"]):
+            assert len(run["ahead"]) > 100, "sequences should follow on while in flight"
+            assert run["tokens"] == r["batched"], "async scheduling changed an output"
+        assert r["async_small"]["preemptions"] > 0
+        assert r["async_grammars"]["tokens"] == r["grammars"], "grammars changed under async"
+        assert not {*r["async_grammars"]["ahead"]} - {q.request_id for q in free_requests()}
     assert r["prefix_a"] == r["prefix_b"]
     assert r["prefill_a"] == 14 and r["prefill_b"] == 14 - 12, (r["prefill_a"], r["prefill_b"])
     scored = r["scored"]

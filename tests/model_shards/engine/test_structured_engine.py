@@ -60,7 +60,7 @@ GRAMMARS = {
 }
 
 
-def _constrained() -> list[GenerateRequest]:
+def constrained_requests() -> list[GenerateRequest]:
     out = []
     for i, (name, spec) in enumerate(sorted(GRAMMARS.items()) * 2):
         sampling = SamplingParams(0.0) if i < 3 else SamplingParams(0.8, seed=7 + i)
@@ -69,7 +69,7 @@ def _constrained() -> list[GenerateRequest]:
     return out
 
 
-def _free() -> list[GenerateRequest]:
+def free_requests() -> list[GenerateRequest]:
     return [
         GenerateRequest(f"free{i}", [11 + i, 12, 13], 12, SamplingParams(0.0), ignore_eos=True)
         for i in range(3)
@@ -92,7 +92,7 @@ def _slow_compile(coord: Coordinator) -> dict[str, object]:
     cache._load = held  # type: ignore[method-assign]
     spec = GrammarSpec("regex", SLOW_REGEX)  # compiled by nobody before
     slow = GenerateRequest("slow", [9, 9, 9], 20, SamplingParams(0.0), grammar=spec)
-    free = _free()[0]
+    free = free_requests()[0]
     coord.add_request(slow)
     coord.add_request(free)
     out: dict[str, list[int]] = {"slow": [], free.request_id: []}
@@ -122,10 +122,10 @@ def _rank(peers: Comm, model_dir: str, out_path: str) -> None:
             model_dir=model_dir,
         )
         if scenario == "big":
-            results["free_alone"] = run_to_completion(coord, _free())
-            mixed = run_to_completion(coord, _free() + _constrained())
+            results["free_alone"] = run_to_completion(coord, free_requests())
+            mixed = run_to_completion(coord, free_requests() + constrained_requests())
             results["mixed"] = mixed
-            first = _constrained()[4]  # seeded json
+            first = constrained_requests()[4]  # seeded json
             resumed = msgspec.structs.replace(first, resume_output_ids=mixed[first.request_id][:5])
             results["resumed"] = run_to_completion(coord, [resumed])[first.request_id]
             bias = SamplingParams(0.0, logit_bias={77: 100.0})
@@ -138,7 +138,7 @@ def _rank(peers: Comm, model_dir: str, out_path: str) -> None:
             results["slow_compile"] = _slow_compile(coord)
         else:
             before = coord.stats.num_preemptions
-            results["small"] = run_to_completion(coord, _constrained())
+            results["small"] = run_to_completion(coord, constrained_requests())
             results["preemptions"] = coord.stats.num_preemptions - before
         coord.shutdown()
     if peers.ps.rank == 0:
@@ -152,7 +152,7 @@ def test_constrained_decoding_pp2(tmp_path: Path) -> None:
     results = json.loads(out.read_text())
     tok = Tokenizer.from_dir(model_dir)
     mixed = results["mixed"]
-    for req in _constrained():
+    for req in constrained_requests():
         ids = mixed[req.request_id]
         assert ids[-1] == tok.eos_token_id, (req.request_id, ids)
         text = tok.decode(ids)

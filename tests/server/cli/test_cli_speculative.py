@@ -2,7 +2,8 @@
 
 Bad JSON, an unknown method or field, a missing ``num_speculative_tokens``, lookup bounds out
 of order, a draft model with another vocabulary or tokenizer, with sliding-window and full
-layers mixed, for a vision-language target or a target at pp > 1 are refused; a well formed
+layers mixed, for a vision-language target or a target at pp > 1 are refused (and with
+``--async-scheduling``, as is that flag at pp > 1); a well formed
 n-gram config, and a draft model sharing the target's tokenizer, reach spawning.
 """
 
@@ -142,3 +143,30 @@ def test_good_draft_config_reaches_spawning(dirs: dict[str, Path], no_spawning: 
     config = json.dumps({"model": str(dirs["same"]), "num_speculative_tokens": 2})
     with pytest.raises(Spawned):
         run_cli([*SERVE, "--model", str(dirs["target"]), "--speculative-config", config])
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    ("extra", "words"),
+    [
+        (["--speculative-config", NGRAM], "cannot be combined with --speculative-config"),
+        (["-pp", "2"], "needs -pp 1"),
+    ],
+)
+def test_async_scheduling_refused_where_it_cannot_run(
+    dirs: dict[str, Path],
+    no_spawning: None,
+    capsys: pytest.CaptureFixture[str],
+    extra: list[str],
+    words: str,
+) -> None:
+    argv = [*SERVE, "--model", str(dirs["target"]), "--async-scheduling", *extra]
+    assert run_cli(argv) == 2
+    line = error_line(capsys.readouterr().err)
+    assert "--async-scheduling" in line and words in line, line
+
+
+@pytest.mark.timeout(60)
+def test_async_scheduling_reaches_spawning(dirs: dict[str, Path], no_spawning: None) -> None:
+    with pytest.raises(Spawned):
+        run_cli([*SERVE, "--model", str(dirs["target"]), "--async-scheduling"])

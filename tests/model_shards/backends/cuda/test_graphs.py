@@ -23,6 +23,7 @@ from model_shards.backends.cuda.graphs import (
     StaticDecodeInputs,
     bucket_for,
     decode_buckets,
+    eager_inputs,
 )
 from tests.model_shards.backends.cuda.fake_graphs import FakeGraphBackend
 
@@ -160,6 +161,17 @@ def test_fill_pads_every_buffer_and_repads_stale_rows() -> None:
     expect_views(static, 4, [6], [0], [44], [1], [[11]])
     static.fill(2, DecodeStep([3, 1], [2, 5], [[2, 8], [4]], [4, 2], [1, 2]))  # full bucket
     expect_views(static, 2, [1, 2], [3, 1], [2, 5], [4, 2], [[2, 8], [4]])
+
+
+def test_future_tokens_are_read_from_the_previous_samples_in_graph_and_eager_inputs() -> None:
+    """Async scheduling: ids ``-(1 + i)`` become the previous step's ``i``-th sample."""
+    sampled = torch.tensor([41, 42, 43])
+    step = DecodeStep(
+        [4, 9, 2], [17, 38, 6], [[3], [7], [1]], [5, 10, 3], [-3, 8, -1], None, sampled
+    )
+    static = StaticDecodeInputs(4, WIDTH, CPU)
+    assert static.fill(4, step).token_ids.tolist() == [43, 8, 41, 0]
+    assert eager_inputs(step, CPU).token_ids.tolist() == [43, 8, 41]
 
 
 def test_fill_hidden_stage_pads_hidden_rows() -> None:

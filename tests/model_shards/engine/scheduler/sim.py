@@ -20,8 +20,10 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+import msgspec
+
 from model_shards.engine.scheduler import ScheduledStep, Scheduler, SchedulerConfig
-from model_shards.messages import FinishReason, GenerateRequest, SamplingParams
+from model_shards.messages import FinishReason, GenerateRequest, SamplingParams, SeqChunk
 
 VOCAB = 64
 EOS = 0
@@ -68,6 +70,7 @@ class FakeWorker:
         self.seeds: dict[int, int] = {}
         self.announced: Counter[int] = Counter()  # NewSequence count per seq_id
         self._seed_of: dict[int, int] = {}  # survives frees: a resent sequence keeps its seed
+        self.sampled: list[int] = []  # the last step's tokens
 
     def execute(self, step: ScheduledStep) -> list[int]:
         for seq_id in step.freed_seq_ids:
@@ -83,7 +86,8 @@ class FakeWorker:
             self.announced[new.seq_id] += 1
         ids = [c.seq_id for c in step.chunks]
         assert len(ids) == len(set(ids)), "a sequence has two chunks in one step"
-        for chunk in step.chunks:
+        chunks = [self._resolve(c) for c in step.chunks]
+        for chunk in chunks:
             assert chunk.seq_id in self.tables, f"chunk for unannounced sequence {chunk.seq_id}"
             if chunk.table_len >= 0:  # rolled-back drafts' blocks
                 del self.tables[chunk.seq_id][chunk.table_len :]
@@ -93,19 +97,29 @@ class FakeWorker:
             assert len(table) == len(set(table)), f"sequence {seq_id} holds a block twice"
             for block in table:
                 owners.setdefault(block, set()).add(seq_id)
-        for chunk in step.chunks:
+        for chunk in chunks:
             self._write(chunk.seq_id, chunk.start_pos, chunk.token_ids, owners)
         for block, holders in owners.items():
             if len(holders) > 1:
                 assert all(self._slot_filled(block, i) for i in range(self.bs)), (
                     f"block {block} shared by {holders} is not full"
                 )
-        return [  # a verify chunk samples after each of its last 1 + num_draft positions
+        self.sampled = [  # a verify chunk samples after each of its last 1 + num_draft positions
             self._sample(c.seq_id, c.start_pos + len(c.token_ids) - c.num_draft + j)
-            for c in step.chunks
+            for c in chunks
             if c.sample
             for j in range(1 + c.num_draft)
         ]
+        return self.sampled
+
+    def _resolve(self, chunk: SeqChunk) -> SeqChunk:
+        """``chunk`` with its future token (async scheduling: ``-(1 + i)``, the previous
+        step's ``i``-th sample) read from what that step sampled, as the ranks do."""
+        if all(t >= 0 for t in chunk.token_ids):
+            return chunk
+        (future,) = chunk.token_ids  # a one-token decode chunk, and it samples
+        assert chunk.sample and -future <= len(self.sampled), (chunk, self.sampled)
+        return msgspec.structs.replace(chunk, token_ids=[self.sampled[-1 - future]])
 
     def _write(
         self, seq_id: int, start: int, tokens: list[int], owners: dict[int, set[int]]
@@ -169,7 +183,9 @@ def drive(
 ) -> Run:
     """Run ``requests`` (request ``i`` added before step ``arrivals[i]``) to completion.
 
-    ``aborts[k]``: request ids aborted before step ``k`` (recorded as finish "abort").
+    ``aborts[k]``: request ids aborted before step ``k`` (recorded as finish "abort"). With
+    ``async_scheduling`` the next step is scheduled (and run) before the last one's tokens are
+    applied whenever the scheduler allows it, as the coordinator's pump does.
 
     Checks each step's limits, that outputs arrive once per sampled chunk and
     finish once, and that afterwards every block is free and the worker holds
@@ -180,8 +196,17 @@ def drive(
     arrivals = arrivals or [0] * len(requests)
     pending = sorted(zip(arrivals, range(len(requests)), strict=True), reverse=True)
     run = Run()
+    in_flight: list[tuple[ScheduledStep, list[int]]] = []  # run, tokens not applied yet
     idle = 0
-    while pending or sched.has_work() or sched.has_pending_frees():
+    while True:
+        while in_flight and (
+            len(in_flight) > 1
+            or not sched.runs_ahead_of(in_flight[-1][0])
+            or not sched.has_schedulable()
+        ):
+            _apply(sched, *in_flight.pop(0), run)
+        if not (pending or sched.has_work() or sched.has_pending_frees()):
+            break
         while pending and pending[-1][0] <= len(run.steps):
             req = requests[pending.pop()[1]]
             sched.add(req)
@@ -196,19 +221,24 @@ def drive(
         assert step.num_tokens <= cfg.max_num_batched_tokens
         idle = idle + 1 if not step.chunks and sched.has_work() else 0
         assert idle < 3, "scheduler made no progress"
-        for update in sched.update(step, worker.execute(step)):
-            out = update.output
-            rid = out.request_id
-            assert rid not in run.finish, f"{rid} got output after finishing"
-            assert out.num_prompt_tokens == (
-                len(update.sequence.request.prompt_token_ids) if not run.outputs[rid] else 0
-            )
-            run.outputs[rid].extend(out.new_token_ids)
-            if out.finish_reason is not None:
-                run.finish[rid] = out.finish_reason
+        in_flight.append((step, worker.execute(step)))
         assert len(run.steps) < max_steps
     assert_quiescent(sched, worker)
     return run
+
+
+def _apply(sched: Scheduler, step: ScheduledStep, tokens: list[int], run: Run) -> None:
+    """``step``'s tokens into the scheduler, its outputs into ``run`` (checked)."""
+    for update in sched.update(step, tokens):
+        out = update.output
+        rid = out.request_id
+        assert rid not in run.finish, f"{rid} got output after finishing"
+        assert out.num_prompt_tokens == (
+            len(update.sequence.request.prompt_token_ids) if not run.outputs[rid] else 0
+        )
+        run.outputs[rid].extend(out.new_token_ids)
+        if out.finish_reason is not None:
+            run.finish[rid] = out.finish_reason
 
 
 def drive_pipelined(

@@ -146,9 +146,11 @@ def test_tokens_must_match_sampled_chunks() -> None:
         sched.update(step, [])
 
 
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["serial", "async"])
 @pytest.mark.parametrize("trial", range(40))
-def test_random_workloads_with_aborts(trial: int) -> None:
-    """Random pool, budget and block sizes, shared prefixes, arrivals and aborts."""
+def test_random_workloads_with_aborts(trial: int, async_scheduling: bool) -> None:
+    """Random pool, budget and block sizes, shared prefixes, arrivals and aborts; with async
+    scheduling (the next step planned before the last one's tokens are known) the same."""
     rng = random.Random(trial)
     bs, nb, seqs = rng.choice([1, 2, 4, 8]), rng.randint(4, 40), rng.randint(1, 8)
     cfg = config(
@@ -158,6 +160,7 @@ def test_random_workloads_with_aborts(trial: int) -> None:
         max_num_batched_tokens=rng.randint(seqs, 40),
         max_model_len=rng.randint(8, 80),
         enable_prefix_caching=rng.random() < 0.7,
+        async_scheduling=async_scheduling,
     )
     shared = [rng.randrange(1, 64) for _ in range(30)]
     requests: list[GenerateRequest] = []
