@@ -114,18 +114,17 @@ class ForwardBatch:
             for g, lists in enumerate(groups):
                 lists.add(kv, g, c, end)
             row += n
-        dev = kv.device
         shared = _StepShape(
             decode_lens, max(decode_lens, default=0), prefill_rows, prefill_lens, prefill_starts
         )
         metas = [
-            lists.meta(shared, dev, kv.block_size, window)
+            lists.meta(shared, kv, window)
             for lists, window in zip(groups, kv.layout.windows, strict=True)
         ]
         return ForwardBatch(
-            positions=torch.tensor(positions, dtype=torch.int64, device=dev),
+            positions=kv.to_device(positions),
             slot_mapping=metas[0].slot_mapping,
-            decode_rows=torch.tensor(decode_rows, dtype=torch.int64, device=dev),
+            decode_rows=kv.to_device(decode_rows),
             decode=metas[0].decode,
             prefill=metas[0].prefill,
             kv=kv,
@@ -165,30 +164,28 @@ class _GroupLists:
             self.slots.extend(kv.slot_list(chunk.seq_id, chunk.start_pos, end, group))
             self.prefill_tables.append(table)
 
-    def meta(
-        self, shape: _StepShape, dev: torch.device, block_size: int, window: int | None
-    ) -> GroupMeta:
+    def meta(self, shape: _StepShape, kv: PagedKVCache, window: int | None) -> GroupMeta:
+        """The group's metadata on ``kv``'s device (copies that wait for no queued work)."""
         prefill = None
         if shape.prefill_rows:
             prefill = PrefillMeta(
-                q_starts=torch.tensor(shape.prefill_rows, dtype=torch.int64, device=dev),
-                q_lens=torch.tensor(shape.prefill_lens, dtype=torch.int64, device=dev),
-                start_positions=torch.tensor(shape.prefill_starts, dtype=torch.int64, device=dev),
-                block_tables=_padded(self.prefill_tables).to(dev),
+                q_starts=kv.to_device(shape.prefill_rows),
+                q_lens=kv.to_device(shape.prefill_lens),
+                start_positions=kv.to_device(shape.prefill_starts),
+                block_tables=kv.to_device(_padded(self.prefill_tables)),
                 q_starts_list=shape.prefill_rows,
                 q_lens_list=shape.prefill_lens,
                 start_positions_list=shape.prefill_starts,
-                block_size=block_size,
+                block_size=kv.block_size,
                 window=window,
             )
         decode = DecodeMeta(
-            _padded(self.decode_tables).to(dev),
-            torch.tensor(shape.decode_lens, dtype=torch.int64, device=dev),
+            kv.to_device(_padded(self.decode_tables)),
+            kv.to_device(shape.decode_lens),
             shape.max_decode_len,
             window,
         )
-        slots = torch.tensor(self.slots, dtype=torch.int64, device=dev)
-        return GroupMeta(slots, decode, prefill)
+        return GroupMeta(kv.to_device(self.slots), decode, prefill)
 
 
 def paged_attention(

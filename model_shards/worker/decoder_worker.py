@@ -258,7 +258,7 @@ class Worker:
             logits = stage_out if len(sampled) == len(chunks) else stage_out[sampled]
         else:
             row_list, views = sampled_rows(chunks)  # a verify chunk samples K + 1 rows
-            rows = torch.tensor(row_list, device=self.ps.device)
+            rows = self.kv.to_device(row_list)
             logits = self.model.compute_logits(stage_out[rows])  # [S, V]
             trace.stamp("lm_head_done")
         if self.ps.tp_rank != 0:
@@ -289,7 +289,7 @@ class Worker:
             return self.graphs.run(chunks, hidden, futures)
         if hidden is None:
             ids = [t for c in chunks for t in c.token_ids]
-            hidden = torch.tensor(ids, dtype=torch.int64, device=ps.device)
+            hidden = self.kv.to_device(ids)  # [T] int64
             if futures is not None:
                 read_future_tokens_(hidden, futures)
             if self.media is not None:  # token embeddings with the images' rows in

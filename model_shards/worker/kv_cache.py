@@ -72,6 +72,19 @@ class PagedKVCache:
             {} for _ in range(self.layout.num_groups - 1)
         ]
         self.device = device
+        # host-built step metadata goes through pinned memory where the device queues work, so
+        # its copy never waits for the steps queued before it (async scheduling)
+        self._pinned = device.type == "cuda"
+
+    def to_device(self, values: list[int] | torch.Tensor) -> torch.Tensor:
+        """Host ints (a list, or an int64 CPU tensor) on the pool's device, copied without
+        waiting for the work already queued there."""
+        host = (
+            values if isinstance(values, torch.Tensor) else torch.tensor(values, dtype=torch.int64)
+        )
+        if self._pinned:
+            return host.pin_memory().to(self.device, non_blocking=True)
+        return host.to(self.device)
 
     @staticmethod
     def for_stage(
