@@ -106,6 +106,7 @@ def step_rows(results: dict[str, Any]) -> list[Row]:
                 status(replay, None),
             ),
             (f"host gap (step − replay), batch {b[1:]}", fmt(gap, " ms", 2), "", status(gap, None)),
+            *_async_rows(results, b),
         ]
     return out
 
@@ -202,3 +203,23 @@ def sections(results: dict[str, Any]) -> list[str]:
             name = str(r["name"]).replace("|", "\\|")[:90]
             lines.append(f"| `{name}` | {r['calls_per_step']:.1f} | {r['per_step_us']:.1f} |")
     return lines
+
+
+def _async_rows(results: dict[str, Any], b: str) -> list[Row]:
+    """The engine's own loop with async scheduling: a step's time and what is left of the gap."""
+    pumped = measured(results, f"step.{b}.async_ms")
+    gap = measured(results, f"step.{b}.async_gap_ms")
+    return [
+        (
+            f"engine step, async scheduling, batch {b[1:]}",
+            fmt(pumped, " ms", 2),
+            "",
+            status(pumped, None),
+        ),
+        (
+            f"host gap left under async scheduling, batch {b[1:]}",
+            fmt(gap, " ms", 2),
+            "",
+            status(gap, None),
+        ),
+    ]

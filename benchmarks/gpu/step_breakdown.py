@@ -134,7 +134,11 @@ def _engine(spec: dict[str, Any], max_seqs: int) -> Any:
     replica = ReplicaConfig(model_dir, dtype=str(spec["dtype"]), max_num_seqs=max_seqs)
     worker = Worker.build(replica, cfg, Comm(single_process_state(device)), max_len)
     return Coordinator(
-        worker, max_num_seqs=max_seqs, max_num_batched_tokens=4096, max_model_len=max_len
+        worker,
+        max_num_seqs=max_seqs,
+        max_num_batched_tokens=4096,
+        max_model_len=max_len,
+        async_scheduling=spec.get("async_scheduling"),  # None: the backend's default
     )
 
 
@@ -189,16 +193,32 @@ def step_point(coord: Any, spec: dict[str, Any], batch: int) -> dict[str, Any]:
         _sync(device)
         times.append(1000 * (time.perf_counter() - began))
     engine = statistics.median(times)
+    pumped = async_ms(coord, device, steps)
     replay = replay_ms(coord, batch, prompt_len + steps + 1, device, steps)
     drain(coord)
     return {
         "event": "step",
         "batch": batch,
         "engine_ms": engine,
+        "async_ms": pumped,
         "replay_ms": replay,
         "host_gap_ms": None if replay is None else engine - replay,
+        "async_gap_ms": None if replay is None or pumped is None else pumped - replay,
         "graphed": replay is not None,
     }
+
+
+def async_ms(coord: Any, device: str, steps: int) -> float | None:
+    """A step's mean time (ms) in the engine's own loop with async scheduling (each step
+    planned and launched before the last one's tokens are back); ``None`` if it is off."""
+    if not coord.async_scheduling:
+        return None
+    _sync(device)
+    began = time.perf_counter()
+    for _ in range(steps):
+        coord.pump()
+    _sync(device)
+    return 1000 * (time.perf_counter() - began) / steps
 
 
 def kernel_point(coord: Any, spec: dict[str, Any], batch: int = 1) -> dict[str, Any]:

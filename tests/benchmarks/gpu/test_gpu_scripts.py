@@ -34,7 +34,8 @@ def test_step_breakdown_events(
     smoke_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     spec = _spec(tmp_path, model_dir=str(smoke_dir), device="cpu", dtype="float32",
-                 prompt_len=8, steps=3, batches=[1, 2], copy_bytes=1 << 20)  # fmt: skip
+                 prompt_len=8, steps=3, batches=[1, 2], copy_bytes=1 << 20,
+                 async_scheduling=True)  # fmt: skip
     assert step_breakdown.main([spec]) == 0
     events = parse_events(capsys.readouterr().out)
     assert [e["event"] for e in events] == ["copy", "linear", "step", "step", "kernels", "mixed"]
@@ -46,6 +47,7 @@ def test_step_breakdown_events(
     for event, batch in zip(events[2:4], (1, 2), strict=True):
         assert event["batch"] == batch and event["engine_ms"] > 0
         assert event["replay_ms"] is None and not event["graphed"]  # no graphs on CPU
+        assert event["async_ms"] > 0 and event["async_gap_ms"] is None
     assert events[4]["batch"] == 1 and events[4]["steps"] == 3
     assert events[4]["rows"] == [] and events[4]["launches_per_step"] == 0  # no device on CPU
     mixed = events[5]  # no graphs on CPU: eager only
