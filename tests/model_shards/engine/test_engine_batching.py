@@ -89,7 +89,9 @@ def _async_runs(
 
     coord.scheduler.schedule = counting  # type: ignore[method-assign]
     tokens = run_to_completion(coord, reqs)
-    return {"tokens": tokens, "ahead": ahead, "preemptions": coord.stats.num_preemptions}
+    stats = coord.stats
+    hits, preemptions = stats.prefix_cache_hit_tokens, stats.num_preemptions
+    return {"tokens": tokens, "ahead": ahead, "preemptions": preemptions, "hits": hits}
 
 
 def _batching_rank(peers: Comm, model_dir: str, out_dir: str) -> None:
@@ -139,7 +141,12 @@ def _batching_rank(peers: Comm, model_dir: str, out_dir: str) -> None:
             resumed = msgspec.structs.replace(seeded, resume_output_ids=full[:5])
             results["resume"] = [full, run_to_completion(coord, [resumed])[seeded.request_id]]
             if ps.pp_size == 1:
+                stops = _stopping(reqs[:8], results["batched"])
+                results["stops"] = run_to_completion(coord, stops)
+                # each coordinator below takes the whole pool: coord's cached blocks are lost
                 results["async"] = _async_runs(worker, reqs)
+                results["async_prefix"] = _async_runs(worker, [a, b])  # b waits for a, hits it
+                results["async_stops"] = _async_runs(worker, stops)
                 mixed = free_requests() + constrained_requests()
                 results["grammars"] = run_to_completion(
                     _coordinator(worker, False, model_dir), mixed
@@ -158,6 +165,14 @@ def _batching_rank(peers: Comm, model_dir: str, out_dir: str) -> None:
         coord.shutdown()
     if ps.rank == 0:
         Path(out_dir, "results.json").write_text(json.dumps(results))
+
+
+def _stopping(reqs: list[GenerateRequest], tokens: dict[str, list[int]]) -> list[GenerateRequest]:
+    """``reqs`` stopping at the fourth token each produced (``stop_token_ids``)."""
+    return [
+        msgspec.structs.replace(r, stop_token_ids=[tokens[r.request_id][3]], ignore_eos=False)
+        for r in reqs
+    ]
 
 
 def _by_priority(worker: Worker, reqs: list[GenerateRequest]) -> dict[str, object]:
@@ -217,6 +232,10 @@ def test_outputs_independent_of_batch(tp: int, pp: int, tmp_path: Path, llama_di
             assert len(run["ahead"]) > 100, "sequences should follow on while in flight"
             assert run["tokens"] == r["batched"], "async scheduling changed an output"
         assert r["async_small"]["preemptions"] > 0
+        assert r["async_prefix"]["hits"] == 12, "b should hit a's three blocks"
+        assert r["async_prefix"]["tokens"] == {"a": r["prefix_a"], "b": r["prefix_b"]}
+        assert r["async_stops"]["tokens"] == r["stops"], "a stop changed under async scheduling"
+        assert all(len(t) <= 4 for t in r["stops"].values())
         assert r["async_grammars"]["tokens"] == r["grammars"], "grammars changed under async"
         assert not {*r["async_grammars"]["ahead"]} - {q.request_id for q in free_requests()}
     assert r["prefix_a"] == r["prefix_b"]
