@@ -102,11 +102,7 @@ class PiecewiseStack:
         """Attention core ``k`` on the step's ``T`` real rows: ``qkv[:T]`` → ``o[:T]``."""
         t = batch.num_tokens
         attn = self.parts[k].attn
-        qkv = bufs.qkv[:t]
-        q, key, _v = qkv.split(attn.sizes, dim=-1)
-        attn._normalize(attn.q_norm, q)
-        attn._normalize(attn.k_norm, key)
-        bufs.o[:t].copy_(attn.attn(qkv, batch))
+        bufs.o[:t].copy_(attn.core(bufs.qkv[:t], batch))
 
     def _embed(self, ids: torch.Tensor) -> torch.Tensor:
         stack = self.stack

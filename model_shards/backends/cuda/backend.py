@@ -4,9 +4,9 @@ F.linear), and the draw of sampling on the device.
 * attention: paged decode attention with GQA (single pass, or split over the context
   for long sequences when the batch leaves SMs idle: flash-decoding; decode graphs are
   captured per context bound where that split would happen), one varlen launch for all
-  prefill chunks of a step over the paged pool, RoPE fused with the K/V write; sliding
-  windows (a windowed row reads only its window) and soft-capped scores (Gemma) in the
-  same kernels;
+  prefill chunks of a step over the paged pool, RoPE fused with the K/V write (and with
+  per-head q/k RMSNorms, Qwen3's); sliding windows (a windowed row reads only its window)
+  and soft-capped scores (Gemma) in the same kernels;
 * FP8 K/V pools (``--kv-cache-dtype fp8``): e4m3 with per-tensor scales (``KVPool.k_scale``,
   ``v_scale``), written by the rotary kernel and dequantized on load in the tile by both
   attention kernels (``e4m3.py``);
@@ -38,6 +38,7 @@ import torch
 from model_shards.backends.base import (
     DecodeMeta,
     ExpertWeights,
+    HeadNorms,
     KVPool,
     LoraBatch,
     PrefillMeta,
@@ -88,12 +89,19 @@ class CudaBackend(ReferenceBackend):
         lora.add_lora(y, x, a, b, batch.row_slots)
 
     def rotary_and_cache(
-        self, qkv: torch.Tensor, step: RotaryStep, pool: KVPool, heads: tuple[int, int]
+        self,
+        qkv: torch.Tensor,
+        step: RotaryStep,
+        pool: KVPool,
+        heads: tuple[int, int],
+        norms: HeadNorms | None = None,
     ) -> torch.Tensor:
+        """One Triton launch: q/k head norms (if any), RoPE, the K/V write."""
         rows = (step.positions, step.cos_cached, step.sin_cached)
         scales = (pool.k_scale, pool.v_scale)
+        weights = None if norms is None else (norms.q, norms.k, norms.eps)
         return rotary.rotary_and_cache(
-            qkv, *rows, pool.k, pool.v, step.slot_mapping, *heads, kv_scales=scales
+            qkv, *rows, pool.k, pool.v, step.slot_mapping, *heads, kv_scales=scales, norms=weights
         )
 
     def decode_attention(

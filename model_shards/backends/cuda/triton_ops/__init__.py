@@ -2,7 +2,7 @@
 
 * ``attention_decode.py``: paged decode attention with GQA, single pass or split over the context;
 * ``attention_prefill.py``: varlen causal prefill attention of a step's chunks, one launch;
-* ``rotary.py``: RoPE on q and k fused with the K/V cache write;
+* ``rotary.py``: RoPE on q and k fused with the K/V cache write (and per-head q/k RMSNorms);
 * ``norm.py``: RMSNorm with the fused residual add;
 * ``activation.py``: SiLU-and-mul of the gated MLP;
 * ``sampling.py``: the position-seeded exponential-race draw (splitmix64 uniforms);
