@@ -147,6 +147,13 @@ class Backend(ABC):
     def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
         """``x = [gate | up]: [T, 2I]`` → ``silu(gate) * up: [T, I]``."""
 
+    def gated_linear(self, x: torch.Tensor, weight: torch.Tensor, packed: object) -> torch.Tensor:
+        """``x [T, in]``, ``weight [2I, in]`` (gate rows, then up rows; ``packed``:
+        ``pack_linear(weight)``) → ``silu(gate) * up: [T, I]``: :meth:`linear` without a bias,
+        then :meth:`silu_and_mul` (a backend may fuse them, summing the GEMM in its own order
+        as :meth:`linear` may)."""
+        return self.silu_and_mul(self.linear(x, weight, packed, None))
+
     # ---- attention -------------------------------------------------------------------
     @abstractmethod
     def rotary_and_cache(

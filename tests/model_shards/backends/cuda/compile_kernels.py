@@ -1,5 +1,5 @@
 """Compile (never run) the Triton kernels of quantized weights, FP8 K/V pools, sparse MoE,
-LoRA and RoPE, without a GPU: all for sm90, the FP8 ones for sm80 (which
+LoRA, RoPE and the fused gate/up, without a GPU: all for sm90, the FP8 ones for sm80 (which
 has no e4m3 type). Run as ``python -m tests.model_shards.backends.cuda.compile_kernels`` with
 ``TRITON_INTERPRET=0`` (:mod:`.test_triton_compile` does). Triton's interpreter accepts what a
 compiled kernel refuses (non-constexpr globals, returns of unlike types, FP8 types an
@@ -21,6 +21,7 @@ from model_shards.backends.cuda.triton_ops import (
     attention_prefill,
     fp8_gemm,
     fused_moe,
+    gate_up,
     int4_gemm,
     lora,
     rotary,
@@ -73,6 +74,9 @@ def cases(arch: int) -> list[tuple[str, Any, dict[str, str], dict[str, Any]]]:
          dict(K=4096, STATIC=False, FP8_MAX=448.0, BLOCK=1024)),
         ("int4 reduce", int4_gemm._reduce_kernel, {"b_ptr": "*bf16", "y_ptr": "*bf16"},
          dict(PARTS=8, HAS_BIAS=True, BLOCK=256)),
+        ("gate_up silu", gate_up._gate_up_kernel, {"x_ptr": "*bf16", "w_ptr": "*bf16",
+         "y_ptr": "*bf16"}, dict(K=4096, INTER=14336, PRECISION="tf32", UPCAST=False,
+         BLOCK_M=16, BLOCK_N=64, BLOCK_K=128)),
         ("lora shrink", lora._shrink_kernel, lora_ptrs, dict(BLOCK_R=16, BLOCK_K=64)),
         ("lora expand", lora._expand_kernel, lora_ptrs, dict(BLOCK_R=16, BLOCK_N=64)),
     ]  # fmt: skip

@@ -1,10 +1,10 @@
 """The fused CUDA paths against their unfused kernels and the reference backend, in Triton's
 interpreter on CPU: the final residual add inside the RMSNorm, per-head q/k RMSNorm inside
-the RoPE + K/V write kernel.
+the RoPE + K/V write kernel, SiLU-and-mul inside the gate/up GEMM.
 
 Fused against the unfused Triton kernels: bitwise (the same roundings in the same order).
 Against the reference: as ``test_triton_elementwise`` (16-bit within one rounding step, few
-elements off by it), since the reference's float32 reductions (torch's mean)
+elements off by it), since the reference's float32 reductions (torch's mean, its matmul)
 sum in another order than a kernel's tile.
 """
 
@@ -15,6 +15,9 @@ import torch
 
 from model_shards.backends.base import HeadNorms, KVPool, RotaryStep
 from model_shards.backends.cuda.backend import CudaBackend
+from model_shards.backends.cuda.triton_ops import gemm
+from model_shards.backends.cuda.triton_ops.activation import silu_and_mul
+from model_shards.backends.cuda.triton_ops.gate_up import MAX_ROWS, gate_up_silu, takes
 from model_shards.backends.cuda.triton_ops.norm import rms_norm
 from model_shards.backends.cuda.triton_ops.rotary import rotary_and_cache
 from tests.model_shards.backends.cuda.test_triton_elementwise import (
@@ -111,3 +114,49 @@ def test_rotary_rejects_a_head_norm_of_the_wrong_size() -> None:
         rotary_and_cache(
             qkv, pos, cos, sin, k_buf[1:], v_buf[1:], slot_mapping, 2, 1, norms=(w, w, EPS)
         )
+
+
+# ---- SiLU-and-mul in the gate/up GEMM's epilogue ------------------------------------------
+def _ulps(got: torch.Tensor, want: torch.Tensor) -> torch.Tensor:
+    """Elementwise distance in units of the dtype's rounding step at the larger magnitude."""
+    g, w = got.float(), want.float()
+    step = torch.finfo(want.dtype).eps * torch.maximum(g.abs(), w.abs()) + 1e-30
+    return (g - w).abs() / step
+
+
+@pytest.mark.parametrize("dtype", HALF_DTYPES)
+@pytest.mark.parametrize("rows", [1, 5, MAX_ROWS])
+def test_gate_up_silu_matches_linear_then_silu_and_mul(dtype: torch.dtype, rows: int) -> None:
+    """K = 200 (a partial K tile), I = 72 (a partial N tile). The epilogue rounds as
+    ``silu_and_mul`` does: given the GEMM's own gate/up (float32 products of 16-bit values,
+    exact, summed in float32 then rounded), the output is bitwise the unfused one's. Against
+    ``F.linear`` + the reference ``silu_and_mul`` the sums' order differs, so an element may be
+    off by a rounding of gate or up carried through silu and the product: within 3 steps,
+    and at most 5% of elements off at all."""
+    x = _randn(rows, 200, dtype=dtype, seed=40)
+    weight = _randn(144, 200, dtype=dtype, seed=41, scale=0.1)
+    y = gate_up_silu(x, weight)
+    assert y.shape == (rows, 72) and y.dtype == dtype
+    gate_up = (x.float() @ weight.float().T).to(dtype)  # the sums in float32, rounded once
+    want = silu_and_mul(gate_up)
+    assert float(_ulps(y, want).max()) <= 3.0
+    assert (y != want).float().mean().item() <= 0.05
+    _assert_near(want, REF.silu_and_mul(gate_up))  # the epilogue's rounding, unfused
+    for i in (0, rows - 1):  # a row alone: the same bits as in the batch
+        assert torch.equal(gate_up_silu(x[i : i + 1], weight)[0], y[i])
+
+
+def test_gated_linear_takes_decode_rows_only_when_asked() -> None:
+    x = _randn(3, 64, dtype=torch.bfloat16, seed=42)
+    weight = _randn(64, 64, dtype=torch.bfloat16, seed=43, scale=0.1)
+    unfused = REF.silu_and_mul(REF.linear(x, weight, None, None))
+    assert torch.equal(CudaBackend(fused_gate_up=False).gated_linear(x, weight, None), unfused)
+    fused = CudaBackend(fused_gate_up=True)
+    assert torch.equal(fused.gated_linear(x, weight, None), gate_up_silu(x, weight))
+    inv = CudaBackend(batch_invariant=True, fused_gate_up=True)  # its fixed-tile GEMM
+    want = silu_and_mul(gemm.linear(x, weight, None))
+    assert torch.equal(inv.gated_linear(x, weight, None), want)
+    assert not takes(_randn(MAX_ROWS + 1, 64, dtype=torch.bfloat16, seed=44), weight)
+    assert not takes(x.float(), weight.float())
+    with pytest.raises(ValueError, match="gate_up_silu"):
+        gate_up_silu(x.float(), weight.float())
