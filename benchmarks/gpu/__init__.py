@@ -2,7 +2,7 @@
 plain-PyTorch ceiling, the server measured against it and HF ``generate()``, the report.
 
 - ``check``: the check's flags, pipeline and deadline (``python -m benchmarks gpu-check``).
-- ``settings``: what one run does and its time budget.
+- ``settings``: what one run does and its time budget (each phase's slot within 8 minutes).
 - ``shapes``: the Llama shapes and the HBM roofline arithmetic.
 - ``build_model``: a random Llama checkpoint written from tensors (a subprocess).
 - ``parity``: the tests on the device: the backends, the models in bf16, tp=2 on one GPU.

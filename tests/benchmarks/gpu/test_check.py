@@ -308,7 +308,7 @@ def test_smoke_settings_keep_the_real_reports() -> None:
     assert (s.device, s.shape_name, s.parity) == ("cpu", "smoke", False)
     assert s.out_dir != check.RESULTS_DIR and s.model_dir.name == "smoke-llama"
     full = check.settings_from(check.parse_args([]))
-    assert (full.device, full.parity, full.timeout_s, full.prompt_len) == ("cuda", True, 470.0, 128)
+    assert (full.device, full.parity, full.timeout_s, full.prompt_len) == ("cuda", True, 440.0, 128)
     assert full.model_dir == Path("/tmp/shardserve-gpu-check/llama-8b")
     assert check.settings_from(check.parse_args(["--smoke", "--with-parity"])).parity
 
