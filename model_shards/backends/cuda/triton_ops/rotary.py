@@ -86,6 +86,24 @@ def _normalize_halves(
 
 
 @triton.jit
+def _copy_v(
+    src: tl.tensor,
+    dst: tl.tensor,
+    scale: float,
+    offs: tl.tensor,
+    store: tl.tensor,
+    HALF: tl.constexpr,
+    KV_FP8: tl.constexpr,
+) -> None:
+    """The raw v head at ``src`` into the pool at ``dst`` (both halves, where ``store``)."""
+    v_dtype = dst.dtype.element_ty
+    v_lo = tl.load(src + offs, mask=store, other=0.0).to(tl.float32)
+    v_hi = tl.load(src + HALF + offs, mask=store, other=0.0).to(tl.float32)
+    tl.store(dst + offs, to_pool(v_lo, scale, KV_FP8, v_dtype), mask=store)
+    tl.store(dst + HALF + offs, to_pool(v_hi, scale, KV_FP8, v_dtype), mask=store)
+
+
+@triton.jit
 def _rotary_cache_kernel(
     qkv_ptr: tl.tensor,
     pos_ptr: tl.tensor,
@@ -142,13 +160,8 @@ def _rotary_cache_kernel(
     k_dtype = k_pool_ptr.dtype.element_ty
     tl.store(k_dst + offs, to_pool(a, k_scale, KV_FP8, k_dtype), mask=store)
     tl.store(k_dst + HALF + offs, to_pool(b, k_scale, KV_FP8, k_dtype), mask=store)
-    v_src = head_ptr + NUM_KV_HEADS * HEAD_DIM
     v_dst = v_pool_ptr + slot * stride_v_slot + kv_head * stride_v_head
-    v_dtype = v_pool_ptr.dtype.element_ty
-    v_lo = tl.load(v_src + offs, mask=store, other=0.0).to(tl.float32)
-    v_hi = tl.load(v_src + HALF + offs, mask=store, other=0.0).to(tl.float32)
-    tl.store(v_dst + offs, to_pool(v_lo, v_scale, KV_FP8, v_dtype), mask=store)
-    tl.store(v_dst + HALF + offs, to_pool(v_hi, v_scale, KV_FP8, v_dtype), mask=store)
+    _copy_v(head_ptr + NUM_KV_HEADS * HEAD_DIM, v_dst, v_scale, offs, store, HALF, KV_FP8)
 
 
 def _check(
