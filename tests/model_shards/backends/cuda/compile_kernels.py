@@ -76,7 +76,7 @@ def cases(arch: int) -> list[tuple[str, Any, dict[str, str], dict[str, Any]]]:
          dict(PARTS=8, HAS_BIAS=True, BLOCK=256)),
         ("gate_up silu", gate_up._gate_up_kernel, {"x_ptr": "*bf16", "w_ptr": "*bf16",
          "y_ptr": "*bf16"}, dict(K=4096, INTER=14336, PRECISION="tf32", UPCAST=False,
-         BLOCK_M=16, BLOCK_N=64, BLOCK_K=128)),
+         BLOCK_M=16, BLOCK_N=32, BLOCK_K=128)),
         ("lora shrink", lora._shrink_kernel, lora_ptrs, dict(BLOCK_R=16, BLOCK_K=64)),
         ("lora expand", lora._expand_kernel, lora_ptrs, dict(BLOCK_R=16, BLOCK_N=64)),
     ]  # fmt: skip
