@@ -153,10 +153,11 @@ def budget_lines(results: dict[str, Any]) -> list[str]:
         return []
     slots = b.get("slots") or {}
     listed = ", ".join(f"{k} {v:.0f}" for k, v in slots.items()) or "none (--smoke)"
+    total = b["setup_s"] + b["timeout_s"]
     line = (
-        f"- time: {b['wall_s']:.0f} s = set-up {b['setup_s']:.0f} s + --timeout "
-        f"{b['timeout_s']:.0f} s ({b['reserve_s']:.0f} s of it to stop and report); phase "
-        f"slots (s, sum {sum(slots.values()):.0f}): {listed}"
+        f"- time: set-up {b['setup_s']:.0f} s + --timeout {b['timeout_s']:.0f} s "
+        f"({b['reserve_s']:.0f} s of it to stop and report) = {total:.0f} s of the "
+        f"{b['wall_s']:.0f} s allowed; phase slots (s, sum {sum(slots.values()):.0f}): {listed}"
     )
     markers = ("cut at", "not started", "not reached")
     cut = [k for k, why in results.get("missing", {}).items() if any(m in why for m in markers)]

@@ -90,6 +90,6 @@ def test_the_report_states_the_budget_and_what_it_cut() -> None:
     results["budget"] = check.new_results(settings)["budget"]
     results["missing"] = {"hf": "HF generate cut at 15 s first", "quant.awq": "not started: 3 s"}
     text = report.render(results)
-    assert "- time: 480 s = set-up 40 s + --timeout 440 s (15 s of it to stop and report)" in text
+    assert "- time: set-up 40 s + --timeout 440 s (15 s of it to stop and report) = 480 s" in text
     assert "parity 100, graph_parity 30," in text and "(s, sum 420)" in text
     assert "- cut by the budget: hf, quant.awq" in text
