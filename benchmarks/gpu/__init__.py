@@ -2,12 +2,13 @@
 plain-PyTorch ceiling, the server measured against it and HF ``generate()``, the report.
 
 - ``check``: the check's flags, pipeline and deadline (``python -m benchmarks gpu-check``).
-- ``settings``: what one run does and its time budget.
+- ``settings``: what one run does and its time budget (each phase's slot within 8 minutes).
 - ``shapes``: the Llama shapes and the HBM roofline arithmetic.
 - ``build_model``: a random Llama checkpoint written from tensors (a subprocess).
 - ``parity``: the tests on the device: the backends, the models in bf16, tp=2 on one GPU.
 - ``graph_parity``: each family on the device vs the reference backend; graphs vs eager.
-- ``step_breakdown``: copy bandwidth, ``F.linear`` table, engine step vs graph replay, kernels.
+- ``step_breakdown``: copy bandwidth, ``F.linear`` table, engine step vs graph replay, kernels
+  (``fusions``: each fused kernel against its unfused launches).
 - ``plain_llama``: a plain PyTorch Llama over a static KV cache (the ceiling's model).
 - ``ceiling``: that model under ``torch.compile(mode="reduce-overhead")``, decode tok/s.
 - ``phases_device``: the phases running those three scripts as subprocesses.

@@ -42,8 +42,10 @@ on a tiny Llama on CPU, under ~2 minutes). Parts, in order:
     number with its target and met / not met, or ``missing`` with the reason; the
     markdown is printed too. Logs of every subprocess go to ``--logs-dir``.
 
-A global ``--timeout`` (default 470 s) stops everything (servers and tests killed by
-process group) and still writes the reports with what was measured. Exit status 0
+A global ``--timeout`` (default 440 s: 8 minutes less the wheels' install,
+:mod:`benchmarks.gpu.settings`) stops everything (servers and tests killed by process
+group) and still writes the reports with what was measured; inside it each phase is
+guaranteed its slot (``PHASE_SLOTS``), and one that overruns its share is cut there. Exit status 0
 once the reports are written, whatever the numbers.
 
 **Wheels for the GPU host.** It has torch, triton and transformers; of this project's
@@ -93,7 +95,18 @@ from types import FrameType
 from typing import Any
 
 from benchmarks.gpu import perplexity_phase, phases, phases_device, quant_runs, report
-from benchmarks.gpu.settings import SMOKE_OVERRIDES, WORK_DIR, Budget, Deadline, Settings
+from benchmarks.gpu.settings import (
+    DEFAULT_TIMEOUT_S,
+    PHASE_SLOTS,
+    RESERVE_S,
+    SETUP_S,
+    SMOKE_OVERRIDES,
+    WALL_S,
+    WORK_DIR,
+    Budget,
+    Deadline,
+    Settings,
+)
 from benchmarks.gpu.shapes import default_peak_bw
 from benchmarks.harness.paths import RESULTS as RESULTS_DIR
 
@@ -124,8 +137,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--work-dir", type=Path, default=WORK_DIR, help="datasets and specs")
     p.add_argument("--logs-dir", type=Path, help="default: <work dir>/logs")
     p.add_argument("--out", type=Path, help="report folder (default benchmarks/results)")
-    p.add_argument("--timeout", type=float, default=470.0, help="global cap, seconds")
-    p.add_argument("--parity-cap", type=float, default=240.0, help="both pytest runs, s")
+    p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="global cap, seconds")
+    p.add_argument(
+        "--parity-cap", type=float, default=PHASE_SLOTS["parity"], help="the pytest runs, s"
+    )
     p.add_argument("--peak-bw", type=float, help="B/s; default from the device name")
     return p.parse_args(argv)
 
@@ -207,6 +222,13 @@ def new_results(s: Settings) -> dict[str, Any]:
         "peak_bw_source": source if peak else None,
         "missing": {},
         "notes": [],
+        "budget": {
+            "wall_s": WALL_S,
+            "setup_s": SETUP_S,
+            "timeout_s": s.timeout_s,
+            "reserve_s": min(RESERVE_S, s.timeout_s / 10),
+            "slots": dict(PHASE_SLOTS) if s.slots else None,
+        },
     }
 
 
@@ -254,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = settings_from(parse_args(argv))
     for folder in (settings.work_dir, settings.logs_dir):
         folder.mkdir(parents=True, exist_ok=True)
-    budget = Budget(settings.timeout_s, reserve_s=min(15.0, settings.timeout_s / 10))
+    budget = Budget(settings.timeout_s, reserve_s=min(RESERVE_S, settings.timeout_s / 10))
     run = phases.Run(settings, budget, results=new_results(settings))
     print(f"gpu-check on {run.results['device']['name']}, budget {settings.timeout_s:.0f} s")
     signal.signal(signal.SIGALRM, _deadline)

@@ -25,7 +25,7 @@ from benchmarks.gpu.serve import (
     summarize_point,
     wait_ready,
 )
-from benchmarks.gpu.settings import Budget, Settings
+from benchmarks.gpu.settings import Budget, Settings, reserved_after
 from benchmarks.harness import http_load
 from benchmarks.harness.servers import free_port
 
@@ -51,12 +51,20 @@ class Run:
     def note(self, text: str) -> None:
         self.results.setdefault("notes", []).append(text)
 
+    def cap(self, key: str, cap_s: float) -> float:
+        """``cap_s``, cut to the time left less the slots of the phases after ``key``'s
+        (:data:`~benchmarks.gpu.settings.PHASE_SLOTS`; with ``settings.slots``)."""
+        later = reserved_after(key) if self.settings.slots else 0.0
+        return max(0.0, min(cap_s, self.budget.left() - later))
+
     def time_for(self, key: str, cap_s: float) -> float:
-        """The phase's cap, cut to the time left; ``Skip`` when too little is left."""
-        cap = self.budget.cap(cap_s)
+        """The phase's cap (:meth:`cap`); ``Skip`` when too little is left."""
+        cap = self.cap(key, cap_s)
         if cap < MIN_PHASE_S:
             left = max(0.0, self.budget.left())
-            raise Skip(f"not started: {left:.0f} s left of the --timeout budget")
+            later = reserved_after(key) if self.settings.slots else 0.0
+            kept = f", {later:.0f} s of it kept for the later phases" if later else ""
+            raise Skip(f"not started: {left:.0f} s left of the --timeout budget{kept}")
         return cap
 
 
@@ -96,7 +104,7 @@ def start_build(run: Run) -> Proc:
 def finish_build(run: Run, proc: Proc) -> bool:
     """Wait for the checkpoint; True when it is there (``results["model"]["build"]``)."""
     with phase(run, "model"):
-        rc = proc.wait(run.budget.cap(run.settings.build_cap_s))  # 0 s: done or not
+        rc = proc.wait(run.cap("model", run.settings.build_cap_s))  # 0 s: done or not
         if rc is None:
             run.procs.stop(proc)
             raise Skip(f"checkpoint not built in time; log tail:\n{proc.log_tail()}")

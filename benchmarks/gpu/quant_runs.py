@@ -93,7 +93,7 @@ def finish_build(run: Run, proc: Proc) -> dict[str, Path]:
     run.results["quant"] = {"group_size": group_size(run)}
     built: dict[str, Path] = {}
     with phase(run, "quant"):
-        rc = proc.wait(run.budget.cap(BUILD_CAP_S))
+        rc = proc.wait(run.cap("quant", BUILD_CAP_S))
         run.procs.stop(proc, grace_s=1.0)
         for event in parse_events(proc.log.read_text(errors="replace")):
             if event["event"] == "quantized":

@@ -135,6 +135,7 @@ def header(results: dict[str, Any]) -> list[str]:
         f"transformers {d.get('transformers')}, Python {d.get('python')}",
         f"- date: {d.get('date')}; whole run {results.get('wall_s', 0):.0f} s "
         f"(budget {s.get('timeout_s', 0):.0f} s)",
+        *budget_lines(results),
         f"- model: random Llama, shape {s.get('shape_name')} "
         f"({_si(shape.get('parameters', 0))} parameters, {s.get('dtype')}), "
         f"{_si(m.get('bytes_per_token', 0))}B read per batch-1 decode step",
@@ -143,6 +144,24 @@ def header(results: dict[str, Any]) -> list[str]:
         f"c=32: {s.get('requests_c32')} × {s.get('output_c32')}; HF: one batch each",
         "",
     ]
+
+
+def budget_lines(results: dict[str, Any]) -> list[str]:
+    """The time budget (set-up, timeout, each phase's slot) and what it cut."""
+    b = results.get("budget")
+    if not isinstance(b, dict):
+        return []
+    slots = b.get("slots") or {}
+    listed = ", ".join(f"{k} {v:.0f}" for k, v in slots.items()) or "none (--smoke)"
+    total = b["setup_s"] + b["timeout_s"]
+    line = (
+        f"- time: set-up {b['setup_s']:.0f} s + --timeout {b['timeout_s']:.0f} s "
+        f"({b['reserve_s']:.0f} s of it to stop and report) = {total:.0f} s of the "
+        f"{b['wall_s']:.0f} s allowed; phase slots (s, sum {sum(slots.values()):.0f}): {listed}"
+    )
+    markers = ("cut at", "not started", "not reached")
+    cut = [k for k, why in results.get("missing", {}).items() if any(m in why for m in markers)]
+    return [line, f"- cut by the budget: {', '.join(cut) if cut else 'nothing'}"]
 
 
 def render(results: dict[str, Any]) -> str:

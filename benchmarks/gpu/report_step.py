@@ -175,7 +175,7 @@ def device_rows(results: dict[str, Any]) -> list[Row]:
 
 
 def sections(results: dict[str, Any]) -> list[str]:
-    """Markdown: the ``F.linear`` table and the kernel table, where measured."""
+    """Markdown: the ``F.linear`` table, the fusions' and the kernel table, where measured."""
     lines: list[str] = []
     linear = lookup(results, "step.linear.rows")
     if linear:
@@ -187,6 +187,7 @@ def sections(results: dict[str, Any]) -> list[str]:
                 f"| {r['matrix']} | {r['m']} | {r['shape']} | {r['ms']:.4f} | "
                 f"{r['gb_s']:.0f} | {pct} |"
             )
+    lines += fusion_section(results)
     kernels = lookup(results, "step.kernels")
     if isinstance(kernels, dict) and kernels.get("rows"):
         lines += [
@@ -223,3 +224,26 @@ def _async_rows(results: dict[str, Any], b: str) -> list[Row]:
             status(gap, None),
         ),
     ]
+
+
+def fusion_section(results: dict[str, Any]) -> list[str]:
+    """Markdown: each fused kernel against its unfused launches (the step phase's
+    ``fusions`` event), or why it was not measured."""
+    fusions = lookup(results, "step.fusions")
+    if not isinstance(fusions, dict):
+        return []
+    lines = ["", "## Fused kernels against their unfused launches (CUDA events)", ""]
+    if fusions.get("skipped"):
+        return [*lines, f"Not measured: {fusions['skipped']}."]
+    lines += [
+        "| fusion | M | unfused ms | fused ms | saved µs | same bits | max abs diff |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in fusions.get("rows", []):
+        lines.append(
+            f"| {r['fusion']} | {r['m']} | {r['unfused_ms']:.4f} | {r['fused_ms']:.4f} | "
+            f"{r['saved_us']:.1f} | {'yes' if r['bitwise'] else 'no'} | {r['max_abs_diff']:.3g} |"
+        )
+    for name, error in (fusions.get("errors") or {}).items():
+        lines.append(f"\n{name}: not measured ({error})")
+    return lines

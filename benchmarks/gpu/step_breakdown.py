@@ -7,6 +7,8 @@ Run as ``python -m benchmarks gpu step_breakdown SPEC.json`` (``{"model_dir", "d
   bytes over the time), the yardstick of every other rate;
 - ``{"event": "linear", "rows": [...]}``: ``F.linear`` at M = 1 and 32 on each of the
   model's weight shapes: ms, GB/s (weight + activations), % of the copy's;
+- ``{"event": "fusions", "rows": [...], "errors"}``: each fused kernel against its unfused
+  launches at the model's shapes (:mod:`benchmarks.gpu.fusions`): ms of both, bitwise or not;
 - ``{"event": "step", "batch", "engine_ms", "replay_ms", "host_gap_ms", "graphed"}`` per
   batch: a whole engine step (``Coordinator.step``: schedule, plan, forward, sample,
   update; median of ``steps``) against the replay of the step's decode graph alone (CUDA
@@ -34,6 +36,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from benchmarks.gpu.fusions import fusion_rows
 from benchmarks.gpu.plain_llama import PlainConfig
 
 TOP_KERNELS = 15
@@ -289,6 +292,7 @@ def main(argv: list[str]) -> int:
     cfg = PlainConfig.from_dir(Path(spec["model_dir"]))
     with torch.inference_mode():
         emit({"event": "linear", "rows": linear_table(cfg, device, dtype, copy["gb_s"])})
+        emit(fusion_rows(cfg, device, dtype, timed_ms))
     coord = _engine(spec, max(int(b) for b in spec["batches"]))
     for batch in spec["batches"]:
         emit(step_point(coord, spec, int(batch)))

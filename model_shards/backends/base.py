@@ -75,6 +75,16 @@ class RotaryStep:
 
 
 @dataclass(frozen=True)
+class HeadNorms:
+    """Per-head RMSNorms of q and k before RoPE (Qwen3, Gemma 3): weights ``[D]`` shared by
+    all heads of q (``q``) and of k (``k``), in the model's dtype."""
+
+    q: torch.Tensor  # [D]
+    k: torch.Tensor  # [D]
+    eps: float
+
+
+@dataclass(frozen=True)
 class DecodeMeta:
     """The single-token rows of a step; ``window`` as in :class:`PrefillMeta`."""
 
@@ -140,16 +150,39 @@ class Backend(ABC):
     def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
         """``x = [gate | up]: [T, 2I]`` → ``silu(gate) * up: [T, I]``."""
 
+    def gated_linear(self, x: torch.Tensor, weight: torch.Tensor, packed: object) -> torch.Tensor:
+        """``x [T, in]``, ``weight [2I, in]`` (gate rows, then up rows; ``packed``:
+        ``pack_linear(weight)``) → ``silu(gate) * up: [T, I]``: :meth:`linear` without a bias,
+        then :meth:`silu_and_mul` (a backend may fuse them, summing the GEMM in its own order
+        as :meth:`linear` may)."""
+        return self.silu_and_mul(self.linear(x, weight, packed, None))
+
     # ---- attention -------------------------------------------------------------------
     @abstractmethod
     def rotary_and_cache(
-        self, qkv: torch.Tensor, step: RotaryStep, pool: KVPool, heads: tuple[int, int]
+        self,
+        qkv: torch.Tensor,
+        step: RotaryStep,
+        pool: KVPool,
+        heads: tuple[int, int],
+        norms: HeadNorms | None = None,
     ) -> torch.Tensor:
         """``qkv: [T, (nh + 2 nkv) * D]``, ``heads = (nh, nkv)`` → rotated ``q: [T, nh, D]``.
 
-        RoPE (half-split layout) on q and k at ``step.positions``; k and v are stored in
-        ``pool`` at ``step.slot_mapping`` (negative: padding, not stored). ``qkv`` may be
-        rotated in place and ``q`` be a view of it."""
+        With ``norms``, first each q and k head is RMS-normalized over its ``D``
+        (:meth:`normalize_heads`). RoPE (half-split layout) on q and k at
+        ``step.positions``; k and v are stored in ``pool`` at ``step.slot_mapping``
+        (negative: padding, not stored). ``qkv`` may be rotated in place and ``q`` be a
+        view of it."""
+
+    def normalize_heads(self, qkv: torch.Tensor, heads: tuple[int, int], norms: HeadNorms) -> None:
+        """In place: each q head of ``qkv [T, (nh + 2 nkv) * D]`` becomes
+        ``rms_norm(head, None, norms.q, norms.eps)``, each k head likewise with ``norms.k``
+        (:meth:`rms_norm`'s rounding); v untouched."""
+        (nh, nkv), d = heads, norms.q.shape[0]
+        q, k, _v = qkv.split([nh * d, nkv * d, nkv * d], dim=-1)  # views of qkv
+        for x, weight in ((q, norms.q), (k, norms.k)):
+            x.copy_(self.rms_norm(x.reshape(-1, d), None, weight, norms.eps)[0].view_as(x))
 
     @abstractmethod
     def decode_attention(

@@ -14,6 +14,7 @@ from model_shards.backends.base import (
     Backend,
     DecodeMeta,
     ExpertWeights,
+    HeadNorms,
     KVPool,
     LoraBatch,
     PrefillMeta,
@@ -147,8 +148,15 @@ class ReferenceBackend(Backend):
                 y.index_add_(0, rows, (x.index_select(0, rows) @ a[slot].T) @ b[slot].T)
 
     def rotary_and_cache(
-        self, qkv: torch.Tensor, step: RotaryStep, pool: KVPool, heads: tuple[int, int]
+        self,
+        qkv: torch.Tensor,
+        step: RotaryStep,
+        pool: KVPool,
+        heads: tuple[int, int],
+        norms: HeadNorms | None = None,
     ) -> torch.Tensor:
+        if norms is not None:
+            self.normalize_heads(qkv, heads, norms)
         num_heads, num_kv_heads = heads
         positions, slot_mapping = step.positions, step.slot_mapping
         cos_cached, sin_cached, k_pool, v_pool = step.cos_cached, step.sin_cached, pool.k, pool.v

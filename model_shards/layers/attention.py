@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from model_shards.backends.base import Backend, DecodeMeta, PrefillMeta, RotaryStep
+from model_shards.backends.base import Backend, DecodeMeta, HeadNorms, PrefillMeta, RotaryStep
 from model_shards.layers.rotary import RotaryEmbedding
 from model_shards.messages import SeqChunk
 from model_shards.worker.kv_cache import KVPool, PagedKVCache
@@ -238,13 +238,16 @@ class Attention(nn.Module):
         self.rotary = rotary
         self.ops = ops
 
-    def forward(self, qkv: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
-        """``qkv: [T, (nh + 2 nkv) * D]`` → ``[T, nh * D]``; writes this step's K/V."""
+    def forward(
+        self, qkv: torch.Tensor, batch: ForwardBatch, norms: HeadNorms | None = None
+    ) -> torch.Tensor:
+        """``qkv: [T, (nh + 2 nkv) * D]`` → ``[T, nh * D]``; writes this step's K/V.
+        ``norms``: per-head q/k RMSNorms applied before RoPE, in the same backend call."""
         pool = batch.kv.pools[self.layer_idx]  # [slots, nkv, D] each
         group = batch.kv.group_of[self.layer_idx]
         heads = (self.num_heads, self.num_kv_heads)
         step = batch.rotary_step(group, self.rotary)
-        q = self.ops.rotary_and_cache(qkv, step, pool, heads)  # [T, nh, D]
+        q = self.ops.rotary_and_cache(qkv, step, pool, heads, norms)  # [T, nh, D]
         meta = batch.group(group)
         out = paged_attention(self.ops, q, pool, meta, batch.decode_rows, self.scale, self.softcap)
         return out.reshape(out.shape[0], self.num_heads * self.head_dim)

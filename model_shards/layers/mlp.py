@@ -42,15 +42,20 @@ class GatedMLP(nn.Module):
         self.ops = ctx.ops
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self._act_and_mul(self.gate_up_proj(x)))  # [T, H]
+        return self.down_proj(self._gated(x))  # [T, H]
 
     def partial(self, x: torch.Tensor) -> torch.Tensor:
         """This rank's share of :meth:`forward`, ``[T, H]`` not yet summed over the TP group
         (a MoE block's shared expert: one all-reduce with the routed experts')."""
-        return self.down_proj.gemm(self._act_and_mul(self.gate_up_proj(x)))
+        return self.down_proj.gemm(self._gated(x))
 
-    def _act_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
-        """``[T, 2 I / tp]`` → ``[T, I / tp]``."""
+    def _gated(self, x: torch.Tensor) -> torch.Tensor:
+        """``x [T, H]`` → ``act(gate) * up: [T, I / tp]``; a plain dense SiLU projection
+        (no LoRA, not quantized) through the backend's ``gated_linear`` (fusable)."""
+        parts = self.gate_up_proj.gemm_parts() if self.act == "silu" else None
+        if parts is not None and parts.quant is None and parts.bias is None:
+            return self.ops.gated_linear(x, parts.weight, parts.packed)
+        gate_up = self.gate_up_proj(x)  # [T, 2 I / tp]
         if self.act == "silu":
             return self.ops.silu_and_mul(gate_up)
         gate, up = gate_up.chunk(2, dim=-1)  # [T, I / tp] each

@@ -15,6 +15,7 @@ from typing import Literal
 import torch
 from torch import nn
 
+from model_shards.backends.base import HeadNorms
 from model_shards.config.model import ModelConfig
 from model_shards.layers.attention import Attention, ForwardBatch
 from model_shards.layers.context import ShardContext
@@ -94,13 +95,31 @@ class RotaryAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         qkv = self.qkv_proj(x)  # [T, (nh + 2 nkv) * D]
-        # views of qkv: [T, nh * D], [T, nkv * D], [T, nkv * D]; the backend's RoPE and
-        # K/V write read all three from qkv, so q and k are normalised in place
-        q, k, _v = qkv.split(self.sizes, dim=-1)
-        self._normalize(self.q_norm, q)
-        self._normalize(self.k_norm, k)
-        o = self.attn(qkv, batch)  # [T, nh * D]
+        o = self.core(qkv, batch)  # [T, nh * D]
         return self.o_proj(o)  # [T, H]
+
+    def core(self, qkv: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        """What reads the step's attention metadata: ``qkv [T, (nh + 2 nkv) * D]`` → q/k
+        norms, RoPE and K/V write, paged attention → ``[T, nh * D]``. Per-head RMSNorms go
+        to the backend with the RoPE (one fused kernel on CUDA); others run here."""
+        norms = self._head_norms()
+        if norms is None:
+            # views of qkv: [T, nh * D], [T, nkv * D], [T, nkv * D]; the backend's RoPE and
+            # K/V write read all three from qkv, so q and k are normalised in place
+            q, k, _v = qkv.split(self.sizes, dim=-1)
+            self._normalize(self.q_norm, q)
+            self._normalize(self.k_norm, k)
+        return self.attn(qkv, batch, norms)
+
+    def _head_norms(self) -> HeadNorms | None:
+        """The q/k norms as the backend takes them: per-head RMSNorms (Gemma's ``1 + w``
+        is its loaded weight) of one eps; ``None`` otherwise."""
+        q, k = self.q_norm, self.k_norm
+        if not isinstance(q, RMSNorm) or not isinstance(k, RMSNorm) or q.eps != k.eps:
+            return None
+        if type(q).forward is not RMSNorm.forward or type(k).forward is not RMSNorm.forward:
+            return None  # a subclass computing something else
+        return HeadNorms(q.weight, k.weight, q.eps)
 
     def _normalize(self, norm: RMSNorm | ShardedRMSNorm | None, x: torch.Tensor) -> None:
         """``x [T, heads * D]`` (a view into qkv) normalised in place by ``norm``."""

@@ -157,10 +157,11 @@ class DecoderLM(CausalLM):
         return self.model(x, batch)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Last stage only: ``hidden [N, H]`` (pre-norm) → ``logits [N, vocab]`` in the model's
-        dtype (the sampler widens them to float32 only where a row needs more than argmax)."""
-        assert self.model.norm is not None and self.lm_head is not None
-        return self.lm_head(self.model.norm(hidden)[0])
+        """Last stage only: ``hidden [N, H]`` (rows of :meth:`forward`'s output, final norm
+        applied) → ``logits [N, vocab]`` in the model's dtype (the sampler widens them to
+        float32 only where a row needs more than argmax)."""
+        assert self.lm_head is not None
+        return self.lm_head(hidden)
 
     def stacked_param_of(self, name: str) -> tuple[str, tuple[int, str] | None] | None:
         """The loader's hook: an expert's tensor → the stacked parameter it fills."""

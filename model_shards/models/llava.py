@@ -115,9 +115,9 @@ class LlavaForConditionalGeneration(CausalLM):
         return self.model(x, batch)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Last stage only: ``hidden [N, H]`` (pre-norm) → ``logits [N, vocab]``."""
-        assert self.model.norm is not None and self.lm_head is not None
-        return self.lm_head(self.model.norm(hidden)[0])
+        """Last stage only: ``hidden [N, H]`` (the final norm's output) → ``logits [N, vocab]``."""
+        assert self.lm_head is not None
+        return self.lm_head(hidden)
 
     def embed_input_ids(self, ids: torch.Tensor) -> torch.Tensor:
         """Stage 0: ``ids [T]`` → token embeddings ``[T, H]`` (an image token id past the

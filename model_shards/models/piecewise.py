@@ -10,6 +10,7 @@ attention cores (RoPE, K/V write, paged attention: what reads the step's varlen 
     piece k      o_proj(k-1) → norm_post(k-1) → ffn(k-1) → norm_in(k) → qkv(k)
     ...
     piece L      o_proj(L-1) → norm_post(L-1) → ffn(L-1) → + residual → hidden [n, H]
+                 (the last stage: the final norm fused with that add, as the stack does)
 
 Pieces read and write only :class:`PieceBuffers` (views of their first ``n`` rows), so one
 capture per token count replays with any step's values; rows are independent in every
@@ -36,7 +37,7 @@ class PieceBuffers:
     qkv: torch.Tensor  # [N, (nh + 2 nkv) * D] the last piece's projection
     o: torch.Tensor  # [N, nh * D] the eager attention's output
     residual: torch.Tensor  # [N, H]
-    out: torch.Tensor  # [N, H] the stack's output (pre final norm)
+    out: torch.Tensor  # [N, H] the stack's output (LayerStack.finish)
 
 
 @dataclass(frozen=True)
@@ -91,8 +92,7 @@ class PiecewiseStack:
             h, residual = prev.layer.post_attention_layernorm(o, bufs.residual[:n])
             x = prev.ffn(h)  # [n, H]
         if k == len(self.parts):
-            assert residual is not None
-            return bufs.out[:n].copy_(x + residual)
+            return bufs.out[:n].copy_(self.stack.finish(x, residual))
         h, residual = self.parts[k].layer.input_layernorm(x, residual)
         qkv = self.parts[k].attn.qkv_proj(h)  # [n, (nh + 2 nkv) * D]
         bufs.residual[:n].copy_(residual)
@@ -102,11 +102,7 @@ class PiecewiseStack:
         """Attention core ``k`` on the step's ``T`` real rows: ``qkv[:T]`` → ``o[:T]``."""
         t = batch.num_tokens
         attn = self.parts[k].attn
-        qkv = bufs.qkv[:t]
-        q, key, _v = qkv.split(attn.sizes, dim=-1)
-        attn._normalize(attn.q_norm, q)
-        attn._normalize(attn.k_norm, key)
-        bufs.o[:t].copy_(attn.attn(qkv, batch))
+        bufs.o[:t].copy_(attn.core(bufs.qkv[:t], batch))
 
     def _embed(self, ids: torch.Tensor) -> torch.Tensor:
         stack = self.stack

@@ -114,18 +114,29 @@ class LayerStack(nn.Module):
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         """``x``: token ids ``[T]``, or input embeddings ``[T, H]`` (a vision-language
-        model's, images scattered in), on stage 0; else hidden ``[T, H]``. → ``[T, H]``."""
+        model's, images scattered in), on stage 0; else hidden ``[T, H]``. → ``[T, H]``:
+        the hidden rows a next stage takes, or on the last stage the final norm's output
+        (what the LM head reads)."""
         if self.embed_tokens is not None and not x.is_floating_point():
             x = self.embed_tokens(x)  # [T, H]
             if self.embed_scale is not None:
                 x = x * self.embed_scale
         batch.rotary = self.rotary
+        residual: torch.Tensor | None = None
         whole_step = self.plain_decode.run(x, batch)
         if whole_step is not None:
-            return whole_step
-        residual: torch.Tensor | None = None
-        for i in range(self.start, self.end):
-            x, residual = self.layers[i](x, residual, batch)
+            x = whole_step
+        else:
+            for i in range(self.start, self.end):
+                x, residual = self.layers[i](x, residual, batch)
+        return self.finish(x, residual)
+
+    def finish(self, x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
+        """The stage's output from the last layer's ``(x, residual)``: ``x + residual`` on a
+        stage that sends it on, the final norm of that sum on the last stage (one fused
+        add + RMSNorm: the same bits as the add, then the norm)."""
+        if self.norm is not None:
+            return self.norm(x, residual)[0]  # [T, H]
         return x if residual is None else x + residual
 
 

@@ -49,7 +49,8 @@ def score_prompts(
     model: DecoderModel, hidden: torch.Tensor, chunks: list[SeqChunk], leader: bool
 ) -> PromptScores | None:
     """Every last-stage TP rank: score the step's rows of ``hidden [T, H]`` (the stage output
-    over ``chunks``, pre-norm). The ``leader`` (TP rank 0) gets the scores, the others ``None``."""
+    over ``chunks``, final norm applied). The ``leader`` (TP rank 0) gets the scores, the
+    others ``None``."""
     shape = scoring_shape(chunks)
     if shape is None:
         return None

@@ -37,6 +37,7 @@ import torch.nn.functional as F
 from model_shards.backends.base import (
     DecodeMeta,
     ExpertWeights,
+    HeadNorms,
     KVPool,
     LoraBatch,
     PrefillMeta,
@@ -86,8 +87,15 @@ class CpuBackend(ReferenceBackend):
         return self._ops.silu_and_mul(x)
 
     def rotary_and_cache(
-        self, qkv: torch.Tensor, step: RotaryStep, pool: KVPool, heads: tuple[int, int]
+        self,
+        qkv: torch.Tensor,
+        step: RotaryStep,
+        pool: KVPool,
+        heads: tuple[int, int],
+        norms: HeadNorms | None = None,
     ) -> torch.Tensor:
+        if norms is not None:
+            self.normalize_heads(qkv, heads, norms)
         qkv = qkv.contiguous()
         rows = (step.positions, step.cos_cached, step.sin_cached)
         self._ops.rotary_and_cache(qkv, *rows, pool.k, pool.v, step.slot_mapping, *heads)

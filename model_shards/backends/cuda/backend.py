@@ -4,13 +4,15 @@ F.linear), and the draw of sampling on the device.
 * attention: paged decode attention with GQA (single pass, or split over the context
   for long sequences when the batch leaves SMs idle: flash-decoding; decode graphs are
   captured per context bound where that split would happen), one varlen launch for all
-  prefill chunks of a step over the paged pool, RoPE fused with the K/V write; sliding
-  windows (a windowed row reads only its window) and soft-capped scores (Gemma) in the
-  same kernels;
+  prefill chunks of a step over the paged pool, RoPE fused with the K/V write (and with
+  per-head q/k RMSNorms, Qwen3's); sliding windows (a windowed row reads only its window)
+  and soft-capped scores (Gemma) in the same kernels;
 * FP8 K/V pools (``--kv-cache-dtype fp8``): e4m3 with per-tensor scales (``KVPool.k_scale``,
   ``v_scale``), written by the rotary kernel and dequantized on load in the tile by both
   attention kernels (``e4m3.py``);
-* RMSNorm with the residual add; SiLU-and-mul; the position-seeded exponential race;
+* RMSNorm with the residual add; SiLU-and-mul, or (opt-in, decode-sized steps) the gate/up
+  GEMM with SiLU-and-mul in its epilogue (``gate_up.py``); the position-seeded exponential
+  race;
 * 4-bit AWQ/GPTQ weights (:class:`~model_shards.quant.int4.Int4GroupWeight`): a W4A16 GEMM
   dequantizing in the tile, split-K for decode, a fixed summation order (``int4_gemm.py``);
 * FP8 W8A8 weights (:class:`~model_shards.quant.fp8.Fp8Weight`): activations rounded to e4m3
@@ -33,6 +35,7 @@ tested without a GPU.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 
 import torch
@@ -40,6 +43,7 @@ import torch
 from model_shards.backends.base import (
     DecodeMeta,
     ExpertWeights,
+    HeadNorms,
     KVPool,
     LoraBatch,
     PrefillMeta,
@@ -52,6 +56,7 @@ from model_shards.backends.cuda.triton_ops import (
     attention_prefill,
     fp8_gemm,
     fused_moe,
+    gate_up,
     gemm,
     int4_gemm,
     lora,
@@ -64,14 +69,19 @@ from model_shards.quant.formats import GGMLType
 from model_shards.quant.fp8 import Fp8Weight
 from model_shards.quant.int4 import Int4GroupWeight
 
+FUSED_GATE_UP_ENV = "SHARDSERVE_FUSED_GATE_UP"  # "1": the fused gate/up + SiLU-and-mul GEMM
+
 
 class CudaBackend(ReferenceBackend):
     name = "cuda"
     samples_on_device = True
     queues_work = True
 
-    def __init__(self, batch_invariant: bool = False) -> None:
+    def __init__(self, batch_invariant: bool = False, fused_gate_up: bool | None = None) -> None:
         self.batch_invariant = batch_invariant
+        if fused_gate_up is None:
+            fused_gate_up = os.environ.get(FUSED_GATE_UP_ENV) == "1"
+        self.fused_gate_up = fused_gate_up
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         self.fp8_operand = fp8_gemm.fp8_operand(device)  # "fp8" on sm89+ GPUs
         self.fp8_scaled_mm = self.fp8_operand == "fp8" and not batch_invariant
@@ -85,18 +95,33 @@ class CudaBackend(ReferenceBackend):
     def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
         return activation.silu_and_mul(x)
 
+    def gated_linear(self, x: torch.Tensor, weight: torch.Tensor, packed: object) -> torch.Tensor:
+        """With ``SHARDSERVE_FUSED_GATE_UP=1`` (off until a GPU run shows it faster than
+        cuBLAS + ``silu_and_mul``): decode-sized steps in one Triton GEMM with SiLU-and-mul
+        in its epilogue (``gate_up.py``); else, and with ``--batch-invariant``, unfused."""
+        if self.fused_gate_up and not self.batch_invariant and gate_up.takes(x, weight):
+            return gate_up.gate_up_silu(x, weight)
+        return super().gated_linear(x, weight, packed)
+
     def add_lora(
         self, y: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, batch: LoraBatch
     ) -> None:
         lora.add_lora(y, x, a, b, batch.row_slots)
 
     def rotary_and_cache(
-        self, qkv: torch.Tensor, step: RotaryStep, pool: KVPool, heads: tuple[int, int]
+        self,
+        qkv: torch.Tensor,
+        step: RotaryStep,
+        pool: KVPool,
+        heads: tuple[int, int],
+        norms: HeadNorms | None = None,
     ) -> torch.Tensor:
+        """One Triton launch: q/k head norms (if any), RoPE, the K/V write."""
         rows = (step.positions, step.cos_cached, step.sin_cached)
         scales = (pool.k_scale, pool.v_scale)
+        weights = None if norms is None else (norms.q, norms.k, norms.eps)
         return rotary.rotary_and_cache(
-            qkv, *rows, pool.k, pool.v, step.slot_mapping, *heads, kv_scales=scales
+            qkv, *rows, pool.k, pool.v, step.slot_mapping, *heads, kv_scales=scales, norms=weights
         )
 
     def decode_attention(

@@ -156,6 +156,29 @@ RESULTS: dict[str, Any] = {
                 }
             ]
         },
+        "fusions": {
+            "rows": [
+                {
+                    "fusion": "add_norm",
+                    "m": 1,
+                    "unfused_ms": 0.006,
+                    "fused_ms": 0.004,
+                    "saved_us": 2.0,
+                    "bitwise": True,
+                    "max_abs_diff": 0.0,
+                },
+                {
+                    "fusion": "gate_up_silu",
+                    "m": 1,
+                    "unfused_ms": 0.09,
+                    "fused_ms": 0.1,
+                    "saved_us": -10.0,
+                    "bitwise": False,
+                    "max_abs_diff": 0.0078125,
+                },
+            ],
+            "errors": {"qk_norm_rope": "RuntimeError: boom"},
+        },
         "b1": {"batch": 1, "engine_ms": 5.0, "replay_ms": 4.0, "host_gap_ms": 1.0},
         "b32": {"batch": 32, "engine_ms": 9.0, "replay_ms": None, "host_gap_ms": None},
         "mixed": {
@@ -241,6 +264,12 @@ def test_report_targets() -> None:
     assert "| qkv | 1 | [6144, 4096] | 0.0125 | 4026 | 101 % |" in text
     assert "| `gemv\\|x` | 32.0 | 2000.0 |" in text
     assert "640 device entries (kernels, copies) and 4000 µs of device time a step." in text
+    assert "| add_norm | 1 | 0.0060 | 0.0040 | 2.0 | yes | 0 |" in text
+    assert "| gate_up_silu | 1 | 0.0900 | 0.1000 | -10.0 | no | 0.00781 |" in text
+    assert "qk_norm_rope: not measured (RuntimeError: boom)" in text
+    skipped = copy.deepcopy(RESULTS)
+    skipped["step"]["fusions"] = {"event": "fusions", "rows": [], "skipped": "no CUDA device"}
+    assert "Not measured: no CUDA device." in report.render(skipped)
 
 
 def test_report_never_invents_a_number() -> None:
@@ -279,7 +308,7 @@ def test_smoke_settings_keep_the_real_reports() -> None:
     assert (s.device, s.shape_name, s.parity) == ("cpu", "smoke", False)
     assert s.out_dir != check.RESULTS_DIR and s.model_dir.name == "smoke-llama"
     full = check.settings_from(check.parse_args([]))
-    assert (full.device, full.parity, full.timeout_s, full.prompt_len) == ("cuda", True, 470.0, 128)
+    assert (full.device, full.parity, full.timeout_s, full.prompt_len) == ("cuda", True, 440.0, 128)
     assert full.model_dir == Path("/tmp/shardserve-gpu-check/llama-8b")
     assert check.settings_from(check.parse_args(["--smoke", "--with-parity"])).parity
 

@@ -38,12 +38,19 @@ def test_step_breakdown_events(
                  async_scheduling=True)  # fmt: skip
     assert step_breakdown.main([spec]) == 0
     events = parse_events(capsys.readouterr().out)
-    assert [e["event"] for e in events] == ["copy", "linear", "step", "step", "kernels", "mixed"]
+    names = ["copy", "linear", "fusions", "step", "step", "kernels", "mixed"]
+    assert [e["event"] for e in events] == names
     assert events[0]["gb_s"] > 0
     linear = events[1]["rows"]
     assert [(r["matrix"], r["m"]) for r in linear[:2]] == [("qkv", 1), ("qkv", 32)]
     assert len(linear) == 10 and all(r["gb_s"] > 0 and r["copy_pct"] > 0 for r in linear)
     assert linear[-1]["shape"] == [SMOKE.vocab, SMOKE.hidden]
+    fusions = events.pop(2)  # Triton's interpreter here (the tests' TRITON_INTERPRET=1)
+    assert fusions["errors"] == {}
+    rows = {(r["fusion"], r["m"]): r for r in fusions["rows"]}
+    assert sorted(rows) == [("add_norm", 1), ("gate_up_silu", 1), ("qk_norm_rope", 1)]
+    assert all(r["bitwise"] for (name, _), r in rows.items() if name != "gate_up_silu")
+    assert all(r["unfused_ms"] > 0 and r["fused_ms"] > 0 for r in rows.values())
     for event, batch in zip(events[2:4], (1, 2), strict=True):
         assert event["batch"] == batch and event["engine_ms"] > 0
         assert event["replay_ms"] is None and not event["graphed"]  # no graphs on CPU

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from model_shards.backends import Backend, ReferenceBackend
-from model_shards.backends.base import KVPool, RotaryStep
+from model_shards.backends.base import HeadNorms, KVPool, RotaryStep
 from model_shards.backends.cpu.backend import CpuBackend
 from model_shards.backends.cpu.build import build_and_load
 from model_shards.backends.cuda.graphs import DecodeStep
@@ -105,9 +105,14 @@ class _E4m3KVReference(ReferenceBackend):
     """The reference backend on float pools that hold K/V rounded to e4m3 (scale 1)."""
 
     def rotary_and_cache(
-        self, qkv: torch.Tensor, step: RotaryStep, pool: KVPool, heads: tuple[int, int]
+        self,
+        qkv: torch.Tensor,
+        step: RotaryStep,
+        pool: KVPool,
+        heads: tuple[int, int],
+        norms: HeadNorms | None = None,
     ) -> torch.Tensor:
-        q = super().rotary_and_cache(qkv, step, pool, heads)
+        q = super().rotary_and_cache(qkv, step, pool, heads, norms)
         slots = step.slot_mapping[step.slot_mapping >= 0]
         for buf in (pool.k, pool.v):
             buf[slots] = buf[slots].clamp(-448, 448).to(torch.float8_e4m3fn).to(buf.dtype)

@@ -2,9 +2,10 @@
 
 * ``attention_decode.py``: paged decode attention with GQA, single pass or split over the context;
 * ``attention_prefill.py``: varlen causal prefill attention of a step's chunks, one launch;
-* ``rotary.py``: RoPE on q and k fused with the K/V cache write;
+* ``rotary.py``: RoPE on q and k fused with the K/V cache write (and per-head q/k RMSNorms);
 * ``norm.py``: RMSNorm with the fused residual add;
 * ``activation.py``: SiLU-and-mul of the gated MLP;
+* ``gate_up.py``: the gate/up GEMM of a decode-sized step with SiLU-and-mul in its epilogue;
 * ``sampling.py``: the position-seeded exponential-race draw (splitmix64 uniforms);
 * ``gemm.py``: the batch-invariant dense GEMM of ``--batch-invariant``;
 * ``int4_gemm.py``: the W4A16 GEMM of 4-bit AWQ/GPTQ weights, split-K for decode;

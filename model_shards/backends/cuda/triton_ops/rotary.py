@@ -14,6 +14,12 @@ rounded like the reference, which casts ``c``/``s`` to the dtype and multiplies 
 Each product of two dtype values is exact in float32, so bf16/fp16 results are bitwise
 the reference's; float32 agrees to a rounding of each term.
 
+With per-head q/k norms (``norms``: weights ``w`` ``[D]`` for q and for k, Qwen3's), each
+head is first normalized as :mod:`.norm`'s kernel rounds a row, its statistic summed over
+the whole head in one ``[BLOCK_D]`` vector like that kernel's row::
+
+    x_j <- round(w_j * round(x_j / sqrt(mean(x²) + eps)))
+
 Program ``(t, h)``: ``h < nh`` rotates q head ``h`` in place; ``h ≥ nh`` rotates k head
 ``h - nh`` in place, stores it at ``k_pool[slot_mapping[t], h - nh]`` and the raw v
 head at ``v_pool[slot, h - nh]``, unless ``slot < 0`` (a padding row: nothing stored);
@@ -53,6 +59,51 @@ def _rotate_halves(
 
 
 @triton.jit
+def _normalize_halves(
+    a: tl.tensor,
+    b: tl.tensor,
+    head_ptr: tl.tensor,
+    w_ptr: tl.tensor,
+    eps: float,
+    offs: tl.tensor,
+    mask: tl.tensor,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    DTYPE: tl.constexpr,
+) -> tuple[tl.tensor, tl.tensor]:
+    """The head ``[a | b]`` RMS-normalized with weight ``w_ptr [D]``, rounded to ``DTYPE``;
+    the statistic from the whole head, reloaded as one vector (the row kernel's order)."""
+    HALF: tl.constexpr = HEAD_DIM // 2
+    cols = tl.arange(0, BLOCK_D)  # [BLOCK_D]
+    x = tl.load(head_ptr + cols, mask=cols < HEAD_DIM, other=0.0).to(tl.float32)
+    mean_sq = tl.div_rn(tl.sum(x * x, axis=0), HEAD_DIM * 1.0)  # []
+    inv_rms = tl.div_rn(1.0, tl.sqrt_rn(mean_sq + eps))
+    w_a = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)  # [BLOCK_HALF]
+    w_b = tl.load(w_ptr + HALF + offs, mask=mask, other=0.0).to(tl.float32)
+    a = round_to(w_a * round_to(a * inv_rms, DTYPE), DTYPE)
+    b = round_to(w_b * round_to(b * inv_rms, DTYPE), DTYPE)
+    return a, b
+
+
+@triton.jit
+def _copy_v(
+    src: tl.tensor,
+    dst: tl.tensor,
+    scale: float,
+    offs: tl.tensor,
+    store: tl.tensor,
+    HALF: tl.constexpr,
+    KV_FP8: tl.constexpr,
+) -> None:
+    """The raw v head at ``src`` into the pool at ``dst`` (both halves, where ``store``)."""
+    v_dtype = dst.dtype.element_ty
+    v_lo = tl.load(src + offs, mask=store, other=0.0).to(tl.float32)
+    v_hi = tl.load(src + HALF + offs, mask=store, other=0.0).to(tl.float32)
+    tl.store(dst + offs, to_pool(v_lo, scale, KV_FP8, v_dtype), mask=store)
+    tl.store(dst + HALF + offs, to_pool(v_hi, scale, KV_FP8, v_dtype), mask=store)
+
+
+@triton.jit
 def _rotary_cache_kernel(
     qkv_ptr: tl.tensor,
     pos_ptr: tl.tensor,
@@ -61,6 +112,9 @@ def _rotary_cache_kernel(
     k_pool_ptr: tl.tensor,
     v_pool_ptr: tl.tensor,
     slot_ptr: tl.tensor,
+    qw_ptr: tl.tensor,
+    kw_ptr: tl.tensor,
+    eps: float,
     k_scale: float,
     v_scale: float,
     stride_qkv: int,
@@ -74,7 +128,9 @@ def _rotary_cache_kernel(
     NUM_KV_HEADS: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_HALF: tl.constexpr,
+    BLOCK_D: tl.constexpr,
     KV_FP8: tl.constexpr,
+    HAS_NORM: tl.constexpr,
 ) -> None:
     """One program: head ``program_id(1)`` of token ``program_id(0)``."""
     tok = tl.program_id(0).to(tl.int64)
@@ -87,6 +143,9 @@ def _rotary_cache_kernel(
     head_ptr = qkv_ptr + tok * stride_qkv + head * HEAD_DIM
     a = tl.load(head_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     b = tl.load(head_ptr + HALF + offs, mask=mask, other=0.0).to(tl.float32)
+    if HAS_NORM:
+        w_ptr = tl.where(head >= NUM_HEADS, kw_ptr, qw_ptr)
+        a, b = _normalize_halves(a, b, head_ptr, w_ptr, eps, offs, mask, HEAD_DIM, BLOCK_D, dtype)
     a, b = _rotate_halves(
         a, b, cos_ptr + pos * stride_cos, sin_ptr + pos * stride_sin, offs, mask, HALF, dtype
     )
@@ -101,13 +160,8 @@ def _rotary_cache_kernel(
     k_dtype = k_pool_ptr.dtype.element_ty
     tl.store(k_dst + offs, to_pool(a, k_scale, KV_FP8, k_dtype), mask=store)
     tl.store(k_dst + HALF + offs, to_pool(b, k_scale, KV_FP8, k_dtype), mask=store)
-    v_src = head_ptr + NUM_KV_HEADS * HEAD_DIM
     v_dst = v_pool_ptr + slot * stride_v_slot + kv_head * stride_v_head
-    v_dtype = v_pool_ptr.dtype.element_ty
-    v_lo = tl.load(v_src + offs, mask=store, other=0.0).to(tl.float32)
-    v_hi = tl.load(v_src + HALF + offs, mask=store, other=0.0).to(tl.float32)
-    tl.store(v_dst + offs, to_pool(v_lo, v_scale, KV_FP8, v_dtype), mask=store)
-    tl.store(v_dst + HALF + offs, to_pool(v_hi, v_scale, KV_FP8, v_dtype), mask=store)
+    _copy_v(head_ptr + NUM_KV_HEADS * HEAD_DIM, v_dst, v_scale, offs, store, HALF, KV_FP8)
 
 
 def _check(
@@ -152,12 +206,18 @@ def rotary_and_cache(
     num_heads: int,
     num_kv_heads: int,
     kv_scales: tuple[float, float] = (1.0, 1.0),
+    norms: tuple[torch.Tensor, torch.Tensor, float] | None = None,
 ) -> torch.Tensor:
     """Rotate q and k of ``qkv`` in place, store k and v at ``slot_mapping`` (negative:
     skipped) and return ``q: [T, nh, D]``, a view of ``qkv``. FP8 pools store
-    ``e4m3(k / k_scale)``, ``e4m3(v / v_scale)`` (:mod:`.e4m3`), ``kv_scales = (k, v)``."""
+    ``e4m3(k / k_scale)``, ``e4m3(v / v_scale)`` (:mod:`.e4m3`), ``kv_scales = (k, v)``.
+    ``norms = (q_weight [D], k_weight [D], eps)``: each q and k head normalized first."""
     _check(qkv, cos_cached, sin_cached, k_pool, v_pool, num_heads, num_kv_heads)
     t, d = qkv.shape[0], k_pool.shape[-1]
+    q_w, k_w, eps = (qkv, qkv, 0.0) if norms is None else norms  # unread without norms
+    for name, w in (("q", q_w), ("k", k_w)):
+        if norms is not None and (w.shape != (d,) or w.dtype != qkv.dtype):
+            raise ValueError(f"rotary_and_cache: {name} norm {tuple(w.shape)} {w.dtype}: [{d}]")
     if t > 0:
         _rotary_cache_kernel[(t, num_heads + num_kv_heads)](
             qkv,
@@ -167,6 +227,9 @@ def rotary_and_cache(
             as_bytes(k_pool),  # FP8 pools: their bytes (e4m3.py)
             as_bytes(v_pool),
             slot_mapping.contiguous(),
+            q_w.contiguous(),
+            k_w.contiguous(),
+            eps,
             *kv_scales,
             qkv.stride(0),
             cos_cached.stride(0),
@@ -179,7 +242,9 @@ def rotary_and_cache(
             NUM_KV_HEADS=num_kv_heads,
             HEAD_DIM=d,
             BLOCK_HALF=triton.next_power_of_2(d // 2),
+            BLOCK_D=triton.next_power_of_2(d),
             KV_FP8=is_fp8(k_pool),
+            HAS_NORM=norms is not None,
             num_warps=1,
         )
     return qkv.view(t, -1, d)[:, :num_heads]

@@ -1,10 +1,10 @@
-"""Compile (never run) the Triton kernels of quantized weights, FP8 K/V pools, sparse MoE and
-LoRA, without a GPU: all for sm90, the FP8 ones for sm80 (which has no e4m3 type). Run as
-``python -m tests.model_shards.backends.cuda.compile_kernels`` with ``TRITON_INTERPRET=0``
-(:mod:`.test_triton_compile` does). Triton's interpreter accepts what a compiled kernel
-refuses (non-constexpr globals, returns of unlike types, FP8 types an architecture lacks);
-this lowers each kernel to a cubin with the ``ptxas`` in Triton's wheel. Prints one line
-per kernel and target; exit status 1 if any failed.
+"""Compile (never run) the Triton kernels of quantized weights, FP8 K/V pools, sparse MoE,
+LoRA, RoPE and the fused gate/up, without a GPU: all for sm90, the FP8 ones for sm80 (which
+has no e4m3 type). Run as ``python -m tests.model_shards.backends.cuda.compile_kernels`` with
+``TRITON_INTERPRET=0`` (:mod:`.test_triton_compile` does). Triton's interpreter accepts what a
+compiled kernel refuses (non-constexpr globals, returns of unlike types, FP8 types an
+architecture lacks); this lowers each kernel to a cubin with the ``ptxas`` in Triton's wheel.
+Prints one line per kernel and target; exit status 1 if any failed.
 """
 
 from __future__ import annotations
@@ -21,12 +21,13 @@ from model_shards.backends.cuda.triton_ops import (
     attention_prefill,
     fp8_gemm,
     fused_moe,
+    gate_up,
     int4_gemm,
     lora,
     rotary,
 )
 
-FLOATS = {"qk_scale", "cap2", "k_scale", "v_scale"}  # scalar float arguments; others int32
+FLOATS = {"qk_scale", "cap2", "k_scale", "v_scale", "eps"}  # scalar float arguments; others int32
 
 
 def compile_one(fn: Any, ptrs: dict[str, str], constexprs: dict[str, Any], arch: int) -> str:
@@ -57,7 +58,7 @@ def cases(arch: int) -> list[tuple[str, Any, dict[str, str], dict[str, Any]]]:
     att |= {"out_ptr": "*bf16", "q_starts_ptr": "*i64", "q_lens_ptr": "*i64", "starts_ptr": "*i64"}
     tiles = dict(BLOCK_SIZE=16, BLOCK_N=64, BLOCK_D=128, F32_DOT=False, HAS_CAP=False, KV_FP8=True)
     rope = {"qkv_ptr": "*bf16", "pos_ptr": "*i64", "k_pool_ptr": pool, "v_pool_ptr": pool}
-    rope |= {"slot_ptr": "*i64"}
+    rope |= {"slot_ptr": "*i64", "qw_ptr": "*bf16", "kw_ptr": "*bf16"}
     int4 = {"x_ptr": "*bf16", "qw_ptr": "*u8", "s_ptr": "*fp16", "z_ptr": "*u8"}
     int4 |= {"gidx_ptr": "*i64", "b_ptr": "*bf16", "y_ptr": "*bf16"}
     lora_ptrs = {"slots_ptr": "*i64"} | {f"{n}_ptr": "*bf16" for n in ("x", "a", "v", "b", "y")}
@@ -65,12 +66,17 @@ def cases(arch: int) -> list[tuple[str, Any, dict[str, str], dict[str, Any]]]:
         ("decode", attention_decode._decode_kernel, att, tiles | dict(BLOCK_G=16)),
         ("decode split", attention_decode._decode_split_kernel, att, tiles | dict(BLOCK_G=16)),
         ("prefill", attention_prefill._prefill_kernel, att, tiles | dict(BLOCK_M=64)),
-        ("rotary", rotary._rotary_cache_kernel, rope,
-         dict(NUM_HEADS=32, NUM_KV_HEADS=8, HEAD_DIM=128, BLOCK_HALF=64, KV_FP8=True)),
+        ("rotary", rotary._rotary_cache_kernel, rope, dict(NUM_HEADS=32, NUM_KV_HEADS=8,
+         HEAD_DIM=128, BLOCK_HALF=64, BLOCK_D=128, KV_FP8=True, HAS_NORM=False)),
+        ("rotary q/k norm", rotary._rotary_cache_kernel, rope, dict(NUM_HEADS=32, NUM_KV_HEADS=8,
+         HEAD_DIM=128, BLOCK_HALF=64, BLOCK_D=128, KV_FP8=False, HAS_NORM=True)),
         ("fp8 quantize", fp8_gemm._quant_rows_kernel, {"x_ptr": "*bf16", "q_ptr": "*u8"},
          dict(K=4096, STATIC=False, FP8_MAX=448.0, BLOCK=1024)),
         ("int4 reduce", int4_gemm._reduce_kernel, {"b_ptr": "*bf16", "y_ptr": "*bf16"},
          dict(PARTS=8, HAS_BIAS=True, BLOCK=256)),
+        ("gate_up silu", gate_up._gate_up_kernel, {"x_ptr": "*bf16", "w_ptr": "*bf16",
+         "y_ptr": "*bf16"}, dict(K=4096, INTER=14336, PRECISION="tf32", UPCAST=False,
+         BLOCK_M=16, BLOCK_N=32, BLOCK_K=128)),
         ("lora shrink", lora._shrink_kernel, lora_ptrs, dict(BLOCK_R=16, BLOCK_K=64)),
         ("lora expand", lora._expand_kernel, lora_ptrs, dict(BLOCK_R=16, BLOCK_N=64)),
     ]  # fmt: skip

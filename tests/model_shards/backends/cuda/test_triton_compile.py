@@ -24,4 +24,4 @@ def test_kernels_compile_for_sm90_and_sm80() -> None:
     )
     lines = done.stdout.splitlines()
     assert done.returncode == 0, done.stdout + done.stderr[-2000:]
-    assert len(lines) == 15 + 7 and all(line.startswith("ok") for line in lines), lines
+    assert len(lines) == 17 + 9 and all(line.startswith("ok") for line in lines), lines
