@@ -1,7 +1,7 @@
 """Where n-gram speculation's time goes on the speculative suite's prompts: the engine only.
 
 The packaged SmolLM2-135M-Instruct GGUF (bfloat16) on one rank in this process, ``--threads``
-op threads. Each prompt of :func:`benchmarks.suites.spec_decode.prompts` (``--workload``,
+op threads. Each prompt of :func:`benchmarks.harness.spec_prompts.prompts` (``--workload``,
 ``--tags``: the suite's own, e.g. ``editing-c1-r0-ngram``) runs alone, greedy, ``OUTPUT_LEN``
 tokens with EOS ignored, once without speculation and once per ``--configs`` entry (a
 ``--speculative-config`` JSON), ``--rounds`` times. Printed per config, over all prompts:
@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from benchmarks.harness.servers import free_port
-from benchmarks.suites.spec_decode import NGRAM, OUTPUT_LEN, prompts
+from benchmarks.harness.spec_prompts import NGRAM, OUTPUT_LEN, prompts
 
 DEFAULT_TAGS = "editing-c1-r0-ngram,editing-c1-r1-ngram"
 
