@@ -37,6 +37,7 @@ COMMANDS: dict[str, tuple[str, ...]] = {
         "quant_gemm",
         "decode_step",
         "sched_share",
+        "spec_steps",
     ),
     "harness": ("roofline", "hf_generate", "gguf_dequantize", "quantize_checkpoint"),
     "gpu": (

@@ -3,6 +3,7 @@
 - ``paths``: the repository, ``benchmarks/.cache`` and ``benchmarks/results``.
 - ``model``: the random ~135M Llama bench checkpoint (three variants), built once.
 - ``prompts``: exact-length text prompts and their JSONL datasets.
+- ``spec_prompts``: the speculative-decoding workloads' prompts (editing, chat).
 - ``servers``: start a server subprocess, wait for it, always stop its process group.
 - ``http_load``: one closed-loop load point through ``deploy/loadtest.py``.
 - ``hf_generate``: padded-batch ``generate()``, the hf-generate system (a subprocess).

@@ -31,59 +31,20 @@ from typing import Any
 from benchmarks.harness import http_load, servers
 from benchmarks.harness.bench import Bench
 from benchmarks.harness.paths import CACHE
+from benchmarks.harness.spec_prompts import NGRAM, OUTPUT_LEN, prompts
 from benchmarks.harness.tables import ratio
 from benchmarks.suites.spec_draft import write_draft
 from model_shards.launch import packaged_model
 
-NGRAM = {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 4}
 SPEC_NGRAM, SPEC_NONE = "ngram", "none"
 DRAFT_K = 3
 # system name → (layers, seed) of spec_draft.write_draft; (0, None): the target itself
 DRAFTS = {"draft-random-2l": (2, 0), "draft-first-2l": (2, None), "draft-self": (0, None)}
 POINTS = ((1, "editing"), (1, "chat"), (32, "chat"))
-ROUNDS, OUTPUT_LEN, DTYPE = 2, 96, "bfloat16"
+ROUNDS, DTYPE = 2, "bfloat16"
 POINT_CAP_S, REQUEST_TIMEOUT_S = 240.0, 300.0
 LAYOUT = "smollm2 speculative"
 LOGS = CACHE / "logs"
-
-SNIPPETS = [
-    "def mean(values):\n    total = 0\n    for v in values:\n        total += v\n"
-    "    return total / len(values)\n\n\ndef variance(values):\n    m = mean(values)\n"
-    "    return sum((v - m) ** 2 for v in values) / len(values)\n",
-    "class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, item):\n"
-    "        self.items.append(item)\n\n    def pop(self):\n        return self.items.pop()\n\n"
-    "    def is_empty(self):\n        return not self.items\n",
-    "The meeting is on Tuesday at ten in the small room on the second floor. Please bring the "
-    "report, the budget for next year and the list of open questions. Lunch will be served "
-    "after the meeting, and the slides will be sent to everyone on Wednesday.",
-    "for i in range(10):\n    if i % 2 == 0:\n        print(i, 'is even')\n    else:\n"
-    "        print(i, 'is odd')\nprint('done counting')\n",
-]
-CHANGES = ["Rename `values` to `xs`.", "Add a one-line comment at the top.", "Fix any typo."]
-QUESTIONS = [
-    "What is the capital of France, and why is it famous?",
-    "Give me three tips for sleeping better.",
-    "Explain what a binary search does, briefly.",
-    "Write a short poem about the sea.",
-    "Why is the sky blue?",
-]
-
-
-def chatml(text: str) -> str:
-    return f"<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n"
-
-
-def prompts(workload: str, count: int, tag: str) -> list[str]:
-    """``count`` prompts of ``workload``, each opening with its own line (no shared prefix)."""
-    out = []
-    for i in range(count):
-        if workload == "editing":
-            snippet, change = SNIPPETS[i % len(SNIPPETS)], CHANGES[i % len(CHANGES)]
-            body = f"Return this text with one change. {change}\n\n{snippet}"
-        else:
-            body = QUESTIONS[i % len(QUESTIONS)]
-        out.append(chatml(f"(request {tag}-{i})\n{body}"))
-    return out
 
 
 def dataset(workload: str, count: int, tag: str) -> str:

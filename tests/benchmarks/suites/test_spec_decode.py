@@ -2,14 +2,8 @@
 
 from __future__ import annotations
 
-from benchmarks.suites.spec_decode import (
-    LAYOUT,
-    SNIPPETS,
-    SPEC_NGRAM,
-    SPEC_NONE,
-    prompts,
-    spec_table,
-)
+from benchmarks.harness.spec_prompts import SNIPPETS
+from benchmarks.suites.spec_decode import LAYOUT, SPEC_NGRAM, SPEC_NONE, prompts, spec_table
 
 
 def test_prompts_share_no_prefix_and_editing_quotes_a_block() -> None:
