@@ -34,10 +34,13 @@ def run_point(
     duration_s: float,
     timeout_s: float,
     extra_body: dict[str, Any] | None = None,
+    ignore_eos: bool | None = None,
 ) -> dict[str, Any]:
     """Metrics of one point (``deploy.loadtest_lib.metrics.PointMetrics`` as JSON).
 
     ``extra_body``: fields merged last into every request (a server's own names for them).
+    ``ignore_eos``: every request runs ``output_len`` tokens (default: unless ``hf_serve``);
+    ``False``: a request ends at its end of turn (``output_len`` at most).
 
     ``duration_s`` caps the point: requests still running then are cancelled and
     counted in ``errors``, so a slow system cannot stall the whole benchmark.
@@ -52,7 +55,7 @@ def run_point(
         num_requests=num_requests,
         duration_s=duration_s,
         timeout_s=timeout_s,
-        ignore_eos=not hf_serve,
+        ignore_eos=not hf_serve if ignore_eos is None else ignore_eos,
         extra_body={
             **(hf_serve_body(output_len) if hf_serve else {"temperature": 0}),
             **(extra_body or {}),

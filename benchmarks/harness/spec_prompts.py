@@ -11,7 +11,7 @@ from __future__ import annotations
 NGRAM = {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 4}
 """The n-gram ``--speculative-config`` the suite serves."""
 OUTPUT_LEN = 96
-"""Greedy tokens a request (``ignore_eos``)."""
+"""Greedy tokens a request at most (the speculative bench: it ends at its end of turn)."""
 
 SNIPPETS = [
     "def mean(values):\n    total = 0\n    for v in values:\n        total += v\n"

@@ -2,8 +2,9 @@
 
 The packaged SmolLM2-135M-Instruct GGUF (bfloat16) on one rank in this process, ``--threads``
 op threads. Each prompt of :func:`benchmarks.harness.spec_prompts.prompts` (``--workload``,
-``--tags``: the suite's own, e.g. ``editing-c1-r0-ngram``) runs alone, greedy, ``OUTPUT_LEN``
-tokens with EOS ignored, once without speculation and once per ``--configs`` entry (a
+``--tags``: the suite's own, e.g. ``editing-c1-r0-ngram``) runs alone, greedy, at most
+``OUTPUT_LEN`` tokens ending at the end of turn as the suite's requests do (``--ignore-eos``:
+always ``OUTPUT_LEN``), once without speculation and once per ``--configs`` entry (a
 ``--speculative-config`` JSON), ``--rounds`` times. Printed per config, over all prompts:
 
 * the decode steps, the rows they computed (a verify step: ``1 + drafts``), the verify steps
@@ -89,7 +90,7 @@ def build(threads: int) -> tuple[Any, Any]:
     return worker, tokenizer_from_gguf(model)[0]
 
 
-def run_one(worker: Any, ids: list[int], spec: Any, tally: Tally) -> None:
+def run_one(worker: Any, ids: list[int], spec: Any, tally: Tally, ignore_eos: bool) -> None:
     """One request alone through a fresh coordinator; its decode steps into ``tally``."""
     from model_shards.engine.coordinator import Coordinator
     from model_shards.engine.speculative import proposer
@@ -109,7 +110,7 @@ def run_one(worker: Any, ids: list[int], spec: Any, tally: Tally) -> None:
             worker, max_num_seqs=4, max_num_batched_tokens=512, max_model_len=1024,
             speculative=spec,
         )  # fmt: skip
-        request = GenerateRequest("r", ids, OUTPUT_LEN, SamplingParams(0.0), ignore_eos=True)
+        request = GenerateRequest("r", ids, OUTPUT_LEN, SamplingParams(0.0), ignore_eos=ignore_eos)
         coord.add_request(request)
         output = [t for u in coord.step() for t in u.output.new_token_ids]  # the prefill
         while coord.has_work():
@@ -134,6 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--configs", nargs="+", default=[json.dumps(NGRAM)])
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--ignore-eos", action="store_true", help="every request OUTPUT_LEN")
     args = parser.parse_args(argv)
     specs = {text: SpeculativeConfig.parse(text) for text in args.configs}
     worker, tokenizer = build(args.threads)
@@ -143,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     for _ in range(args.rounds):
         for name, tally in tallies.items():  # each config in turn, the same prompts
             for ids in encoded:
-                run_one(worker, ids, specs.get(name), tally)
+                run_one(worker, ids, specs.get(name), tally, args.ignore_eos)
     base = tallies["none"]
     for name, tally in tallies.items():
         if args.rounds > 1:

@@ -7,7 +7,9 @@ The packaged SmolLM2-135M-Instruct GGUF, served several times at once: plain, wi
 2-layer draft of SmolLM2's shape and vocabulary with random weights (what a draft distilled from
 nothing accepts), SmolLM2 cut after its first 2 layers (an early-exit draft), and SmolLM2 as its
 own draft (every draft accepted: the ceiling of what the draft's forwards cost). Two workloads,
-as ChatML prompts on ``/completions`` (greedy, ``OUTPUT_LEN`` tokens, ``ignore_eos``):
+as ChatML prompts on ``/completions`` (greedy, at most ``OUTPUT_LEN`` tokens, each request
+ending at the model's end of turn as a user's would — with ``ignore_eos`` the 135M model writes
+a fresh chat turn past it, a third of the editing point's tokens and nothing a user reads):
 **editing** hands over a code or text block and asks for it back with a small change (the output
 quotes the prompt: prompt lookup's best case); **chat** asks plain questions (little to look up:
 speculation should cost nearly nothing). Concurrency 1 for both (the issue's targets: editing >=
@@ -79,6 +81,7 @@ def run_spec(
             http_load.run_point(
                 url, "", dataset("chat", 2, f"warm-{name}"), 1, 2, OUTPUT_LEN,
                 hf_serve=False, duration_s=POINT_CAP_S, timeout_s=REQUEST_TIMEOUT_S,
+                ignore_eos=False,
             )  # fmt: skip
         for c, workload in points:
             systems = [n for n in urls if c == 1 or n in (SPEC_NONE, SPEC_NGRAM)]
@@ -89,11 +92,12 @@ def run_spec(
                     metrics = http_load.run_point(
                         urls[name], "", dataset(workload, max(4, 2 * c), tag), c,
                         max(4, 2 * c), OUTPUT_LEN, hf_serve=False,
-                        duration_s=POINT_CAP_S, timeout_s=REQUEST_TIMEOUT_S,
+                        duration_s=POINT_CAP_S, timeout_s=REQUEST_TIMEOUT_S, ignore_eos=False,
                     )  # fmt: skip
                     bench.rows.append(_row(name, workload, c, r, metrics))
     bench.notes.append(
-        f"speculative rows: {OUTPUT_LEN} greedy tokens, n-gram config {NGRAM}; draft models "
+        f"speculative rows: greedy, at most {OUTPUT_LEN} tokens, ending at the end of turn; "
+        f"n-gram config {NGRAM}; draft models "
         f"(c=1 only, num_speculative_tokens {DRAFT_K}): {', '.join(DRAFTS)}"
     )
 
