@@ -83,7 +83,13 @@ class CudaBackend(ReferenceBackend):
         return activation.silu_and_mul(x)
 
     def add_lora(
-        self, y: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, batch: LoraBatch
+        self,
+        y: torch.Tensor,
+        x: torch.Tensor,
+        a: torch.Tensor,
+        b: torch.Tensor,
+        batch: LoraBatch,
+        cols: torch.Tensor | None = None,
     ) -> None:
         lora.add_lora(y, x, a, b, batch.row_slots)
 
