@@ -12,7 +12,8 @@
 // sum over in, rounded to the dtype), then the expand: per tile of 32 output columns, the
 // float32 sums of v[t, r] bt[s, r, cols] over the ranks whose span meets the tile, added to y
 // and rounded once. The shrink prefetches the next pair of a's rows as it goes (the hardware's
-// prefetch stops at each 4 KiB page, about two rows of a). x's rows are read in place (no gather) and each byte of a_s and bt_s once
+// prefetch stops at each 4 KiB page, about two rows of a) and, into L2, the lines of bt that
+// the expand will read, so that memory streams while it computes. x's rows are read in place (no gather) and each byte of a_s and bt_s once
 // per row tile, straight from memory: at a decode step of 32 rows over four adapters this is
 // bound by reading the adapters, ~1 MB a layer in float32 (ATen GEMMs per slot cost ~20 us a
 // call over that). A row's result depends on that row only (a skipped rank adds exact zeros),
@@ -36,6 +37,7 @@ constexpr int64_t kRows = 8;       // rows of a register tile
 constexpr int64_t kCols = 32;      // output columns of an expand tile: two zmm
 constexpr int64_t kChunk = 64;     // rows of a task at most (prefill splits into tasks)
 constexpr int64_t kMinCols = 256;  // output columns of a task at least, when columns split
+constexpr int kLines = 2;          // lines of bt prefetched per step of the shrink
 
 template <typename T>
 struct LoraOperands {
@@ -54,6 +56,28 @@ struct Task {
 // A rank of a task's slot with its nonzero columns, clipped to the task's.
 struct Span {
   int64_t r, lo, hi;
+};
+
+// Walks the lines of bt that an expand will read (each span's columns, rank by rank), so that
+// the shrink before it can prefetch them a few at a time.
+template <typename T>
+struct LineCursor {
+  const T* bt_s;
+  const std::vector<Span>& spans;
+  int64_t out, span = 0, col = 0;
+
+  const char* next() {
+    while (span < static_cast<int64_t>(spans.size())) {
+      const Span& sp = spans[span];
+      const int64_t c = std::max(col, sp.lo);
+      if (c < sp.hi) {
+        col = c + 64 / static_cast<int64_t>(sizeof(T));
+        return reinterpret_cast<const char*>(bt_s + sp.r * out + c);
+      }
+      ++span, col = 0;
+    }
+    return nullptr;
+  }
 };
 
 // The ranks of slot `slot` whose columns meet [c0, c1), in rank order.
@@ -75,7 +99,7 @@ inline __mmask16 tail_mask(int64_t n) { return static_cast<__mmask16>((1u << n) 
 // v[j][r] = x[rows[j]] . a_s[r] (rounded to T) for every span's r, two ranks at a time.
 template <typename T, int NB>
 void shrink(const LoraOperands<T>& o, const T* a_s, const int64_t* rows,
-            const std::vector<Span>& spans, float* v) {
+            const std::vector<Span>& spans, float* v, LineCursor<T>& lines) {
   const T* xr[NB];
   for (int j = 0; j < NB; ++j) xr[j] = o.x + rows[j] * o.x_stride;
   const int64_t full = o.in / 16 * 16;
@@ -90,6 +114,8 @@ void shrink(const LoraOperands<T>& o, const T* a_s, const int64_t* rows,
     auto step = [&](int64_t k, auto load) {
       _mm_prefetch(next + 2 * k * sizeof(T), _MM_HINT_T0);
       _mm_prefetch(next + 2 * k * sizeof(T) + 64, _MM_HINT_T0);
+      for (int l = 0; l < kLines; ++l)
+        if (const char* line = lines.next()) _mm_prefetch(line, _MM_HINT_T1);
       const __m512 va0 = load(a0 + k), va1 = load(a1 + k);
       for (int j = 0; j < NB; ++j) {
         const __m512 vx = load(xr[j] + k);
@@ -138,7 +164,7 @@ void expand(const LoraOperands<T>& o, const T* bt_s, const int64_t* rows,
 
 template <typename T, int NB>
 void shrink(const LoraOperands<T>& o, const T* a_s, const int64_t* rows,
-            const std::vector<Span>& spans, float* v) {
+            const std::vector<Span>& spans, float* v, LineCursor<T>&) {
   for (const Span& sp : spans) {
     const T* a = a_s + sp.r * o.in;
     for (int j = 0; j < NB; ++j) {
@@ -172,8 +198,10 @@ void expand(const LoraOperands<T>& o, const T* bt_s, const int64_t* rows,
 template <typename T, int NB>
 void tile(const LoraOperands<T>& o, const Task& task, const int64_t* rows,
           const std::vector<Span>& spans, float* v) {
-  shrink<T, NB>(o, o.a + task.slot * o.rank * o.in, rows, spans, v);
-  expand<T, NB>(o, o.bt + task.slot * o.rank * o.out, rows, spans, v, task.c0, task.c1);
+  const T* bt_s = o.bt + task.slot * o.rank * o.out;
+  LineCursor<T> lines{bt_s, spans, o.out};
+  shrink<T, NB>(o, o.a + task.slot * o.rank * o.in, rows, spans, v, lines);
+  expand<T, NB>(o, bt_s, rows, spans, v, task.c0, task.c1);
 }
 
 template <typename T>
