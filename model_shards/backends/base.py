@@ -136,6 +136,8 @@ class Backend(ABC):
     fp8_kv: bool = False
     # the device runs queued work while the host goes on (so async scheduling pays by default)
     queues_work: bool = False
+    # LoRA's b stored as [S, R, out] (model_shards.layers.lora): add_lora's b is its view
+    lora_b_by_rank: bool = False
 
     # ---- norms and activations -------------------------------------------------------
     @abstractmethod
@@ -233,10 +235,14 @@ class Backend(ABC):
         a: torch.Tensor,
         b: torch.Tensor,
         batch: LoraBatch,
+        cols: torch.Tensor | None = None,
     ) -> None:
         """Multi-LoRA (Punica's shrink then expand), in place: each row ``t`` of ``y [T, out]``
         with slot ``s >= 0`` gains ``(x_t a_s^T) b_s^T``; ``x [T, in]``, ``a [slots, R, in]``,
-        ``b [slots, out, R]`` (the adapter's scale folded into ``b``)."""
+        ``b [slots, out, R]`` (the adapter's scale folded into ``b``; a view of ``[slots, R,
+        out]`` where :attr:`lora_b_by_rank`). ``cols``: ``[slots, R, 2]`` int64 or ``None``, a
+        promise that ``b[s, :, r]`` is zero outside outputs ``cols[s, r, 0] <= o < cols[s, r,
+        1]`` (a fused layer's block-diagonal ``b``, unused ranks), which a backend may skip."""
         raise NotImplementedError(f"{self.name}: no LoRA")
 
     # ---- quantized weights (model_shards.quant) ---------------------------------------

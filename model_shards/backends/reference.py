@@ -134,7 +134,13 @@ class ReferenceBackend(Backend):
         return F.silu(gate) * up
 
     def add_lora(
-        self, y: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, batch: LoraBatch
+        self,
+        y: torch.Tensor,
+        x: torch.Tensor,
+        a: torch.Tensor,
+        b: torch.Tensor,
+        batch: LoraBatch,
+        cols: torch.Tensor | None = None,
     ) -> None:
         groups = batch.groups
         if groups is None:  # a graph's replay: the groups of its rows' slots, found now

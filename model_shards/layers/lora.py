@@ -4,7 +4,10 @@ A layer ``W [out, in]`` with adapters holds ``a [slots, R, in]`` and ``b [slots,
 the rows of a step that use slot ``s`` gain ``(x a_s^T) b_s^T`` (the backend's
 ``add_lora``, one shrink and one expand per slot in use). A fused layer (q/k/v, gate/up) gives
 each of its parts its own ``max_rank`` columns of ``R``, so ``b`` is block diagonal: part
-``i``'s adapter fills ``a[:, i r : (i + 1) r]`` and the rows of its outputs in ``b``.
+``i``'s adapter fills ``a[:, i r : (i + 1) r]`` and the rows of its outputs in ``b``;
+``cols [slots, R, 2]`` records which outputs each rank feeds (empty for ranks no adapter
+fills), so a backend may skip the zero blocks. A backend with ``lora_b_by_rank`` gets ``b``
+stored as ``[slots, R, out]`` (``b`` is then a transposed view).
 
 Tensor parallel, as the weight is split: a column-parallel layer holds ``b``'s rows of its
 outputs and the whole ``a``; a row-parallel one holds ``a``'s columns of its inputs and the
@@ -45,7 +48,12 @@ class LoraWeights:
         rank = parts * max_rank
         self.max_rank = max_rank
         self.a = torch.zeros(slots, rank, n_in, dtype=dtype, device=device)
-        self.b = torch.zeros(slots, n_out, rank, dtype=dtype, device=device)
+        if ops.lora_b_by_rank:
+            self.b = torch.zeros(slots, rank, n_out, dtype=dtype, device=device).transpose(1, 2)
+        else:
+            self.b = torch.zeros(slots, n_out, rank, dtype=dtype, device=device)
+        # [slots, R, 2]: rank r of a slot feeds outputs cols[s, r, 0] <= o < cols[s, r, 1]
+        self.cols = torch.zeros(slots, rank, 2, dtype=torch.int64, device=device)
         self.state = state
         self.ops = ops
 
@@ -53,6 +61,7 @@ class LoraWeights:
         """Slot ``slot`` adds nothing until filled again."""
         self.a[slot].zero_()
         self.b[slot].zero_()
+        self.cols[slot].zero_()
 
     def fill(
         self, slot: int, part: int, a: torch.Tensor, b: torch.Tensor, rows: slice, scale: float
@@ -62,9 +71,12 @@ class LoraWeights:
         r, lo = a.shape[0], part * self.max_rank
         self.a[slot, lo : lo + r].copy_(a)
         self.b[slot, rows, lo : lo + r].copy_(b * scale)
+        first, last, _ = rows.indices(self.b.shape[1])
+        self.cols[slot, lo : lo + r, 0] = first
+        self.cols[slot, lo : lo + r, 1] = last
 
     def add(self, x: torch.Tensor, y: torch.Tensor) -> None:
         """``y [T, out] += `` each row's adapter product of ``x [T, in]``, in place."""
         batch = self.state.batch
         if batch is not None and (batch.groups is None or batch.groups):
-            self.ops.add_lora(y, x, self.a, self.b, batch)
+            self.ops.add_lora(y, x, self.a, self.b, batch, self.cols)

@@ -72,10 +72,12 @@ class CpuBackend(ReferenceBackend):
 
     name = "cpu"
     fp8_kv = False  # the C++ attention kernels read float pools
+    lora_b_by_rank = True  # kernels/lora.cpp's expand reads each rank's outputs in a row
 
     def __init__(self) -> None:
         self._ops = torch.ops.shardserve_cpu
         self._panels = bool(self._ops.quant_panels_isa())
+        self._no_cols = torch.empty(0, dtype=torch.int64)  # lora_add: every column
 
     def rms_norm(
         self, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
@@ -173,13 +175,23 @@ class CpuBackend(ReferenceBackend):
         return self._panels and weight.to_panels(BLOCK_TYPES)
 
     def add_lora(
-        self, y: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, batch: LoraBatch
+        self,
+        y: torch.Tensor,
+        x: torch.Tensor,
+        a: torch.Tensor,
+        b: torch.Tensor,
+        batch: LoraBatch,
+        cols: torch.Tensor | None = None,
     ) -> None:
-        """One native call a layer (``kernels/lora.cpp``): each row's shrink and expand."""
-        if x.dtype not in KERNEL_DTYPES or not y.is_contiguous():
-            super().add_lora(y, x, a, b, batch)
+        """One native call a layer (``kernels/lora.cpp``): each row's shrink and expand over
+        ``b``'s rank-major storage (:attr:`lora_b_by_rank`), skipping what ``cols`` rules
+        out."""
+        if x.dtype not in KERNEL_DTYPES or y.stride(1) != 1:
+            super().add_lora(y, x, a, b, batch, cols)
             return
-        self._ops.lora_add(y, x.contiguous(), a, b, batch.row_slots)
+        bt = b.transpose(1, 2).contiguous()  # [S, R, out]: a view (no copy) of our own b
+        spans = self._no_cols if cols is None else cols
+        self._ops.lora_add(y, x.contiguous(), a.contiguous(), bt, spans, batch.row_slots)
 
     def decode_stack(self, layers: list[DecodeLayerParts]) -> CpuDecodeStack | None:
         return build_decode_stack(layers)

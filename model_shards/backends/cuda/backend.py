@@ -104,7 +104,13 @@ class CudaBackend(ReferenceBackend):
         return super().gated_linear(x, weight, packed)
 
     def add_lora(
-        self, y: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, batch: LoraBatch
+        self,
+        y: torch.Tensor,
+        x: torch.Tensor,
+        a: torch.Tensor,
+        b: torch.Tensor,
+        batch: LoraBatch,
+        cols: torch.Tensor | None = None,
     ) -> None:
         lora.add_lora(y, x, a, b, batch.row_slots)
 

@@ -28,7 +28,8 @@ and loaded by ``backends/cpu/build.py``, called by ``backends/cpu/backend.py``.
 * ``quant_panels_avx512.h``: its sixteen-row tiles (one row per int32 lane, no reductions);
 * ``decode_stack.cpp``: a decode step through a plain decoder stack's layers in one call
   (``torch.classes.shardserve_cpu.DecodeStack``: the kernels above, in the modules' order);
-* ``lora.cpp``: multi-LoRA's per-row shrink and expand of a linear layer in one call;
+* ``lora.cpp``: multi-LoRA's per-row shrink and expand of a linear layer in one call, over
+  ``b`` stored by rank and skipping the zero blocks of a fused layer (AVX-512 or plain loops);
 * ``ops.h``: the ops as C++ functions, for kernels that call kernels (``decode_stack.cpp``);
 * ``kernel_common.h``: what the others share (decode-attention operands, index checks,
   float32 <-> bfloat16 conversions, the exp polynomial); not needed by ``sampling_ops.cpp``.

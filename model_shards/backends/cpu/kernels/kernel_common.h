@@ -1,7 +1,7 @@
 // What the kernel sources share, each written once here: the decode-attention operands, the
 // index check, the float32 <-> bfloat16 conversions (one value and 16 lanes at a time) and the
 // exp polynomial. Included by cpu_ops.cpp, decode_attention.cpp, decode_attention_avx512.cpp,
-// prefill_attention*.cpp, gemm.cpp and gemm_avx2.h (sampling_ops.cpp needs none of it).
+// prefill_attention*.cpp, gemm.cpp, gemm_avx2.h and lora.cpp (sampling_ops.cpp needs none).
 //
 // torch's JIT build re-builds when a listed source or a build flag changes, not a header:
 // model_shards/backends/cpu/build.py puts a hash of this file into the flags.
