@@ -43,7 +43,8 @@ DRAFT_K = 3
 # system name → (layers, seed) of spec_draft.write_draft; (0, None): the target itself
 DRAFTS = {"draft-random-2l": (2, 0), "draft-first-2l": (2, None), "draft-self": (0, None)}
 POINTS = ((1, "editing"), (1, "chat"), (32, "chat"))
-ROUNDS, DTYPE = 2, "bfloat16"
+ROUNDS, DTYPE = 3, "bfloat16"
+C1_REQUESTS = 8  # a c=1 point of 4 requests took ~2 s: one slow spell moved it 10%
 POINT_CAP_S, REQUEST_TIMEOUT_S = 240.0, 300.0
 LAYOUT = "smollm2 speculative"
 LOGS = CACHE / "logs"
@@ -90,8 +91,8 @@ def run_spec(
                 for name in order:
                     tag = f"{workload}-c{c}-r{r}-{name}"
                     metrics = http_load.run_point(
-                        urls[name], "", dataset(workload, max(4, 2 * c), tag), c,
-                        max(4, 2 * c), OUTPUT_LEN, hf_serve=False,
+                        urls[name], "", dataset(workload, max(C1_REQUESTS, 2 * c), tag), c,
+                        max(C1_REQUESTS, 2 * c), OUTPUT_LEN, hf_serve=False,
                         duration_s=POINT_CAP_S, timeout_s=REQUEST_TIMEOUT_S, ignore_eos=False,
                     )  # fmt: skip
                     bench.rows.append(_row(name, workload, c, r, metrics))
