@@ -15,7 +15,9 @@ quotes the prompt: prompt lookup's best case); **chat** asks plain questions (li
 speculation should cost nearly nothing). Concurrency 1 for both (the issue's targets: editing >=
 1.5x, chat >= 0.95x), and 32 on chat (``disable_by_batch_size`` turns speculation off: within
 3%). Each point runs every server in turn, ``ROUNDS`` times, the order alternating; each request
-opens with its own line, so no point hits another's prefix cache. The speculative rows carry the
+opens with its own line, so no round hits another's prefix cache, and every server of a round
+gets the same prompts, so (greedy identity) they produce the same tokens: with requests ending
+at their end of turn, tok/s compares the same work. The speculative rows carry the
 acceptance the load tester read from ``/metrics``. Alone::
 
     python -m benchmarks suites spec_decode [--quick]
@@ -89,7 +91,7 @@ def run_spec(
             for r in range(rounds):
                 order = systems if r % 2 == 0 else systems[::-1]
                 for name in order:
-                    tag = f"{workload}-c{c}-r{r}-{name}"
+                    tag = f"{workload}-c{c}-r{r}"  # every server the same prompts
                     metrics = http_load.run_point(
                         urls[name], "", dataset(workload, max(C1_REQUESTS, 2 * c), tag), c,
                         max(C1_REQUESTS, 2 * c), OUTPUT_LEN, hf_serve=False,
