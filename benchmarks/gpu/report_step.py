@@ -92,21 +92,15 @@ def step_rows(results: dict[str, Any]) -> list[Row]:
             replay = gap = Value(None, "no decode graph holds this step: it ran eagerly")
         if gap.number is not None and engine.number:
             gap = Value(gap.number, detail=f"{100 * gap.number / engine.number:.0f} % of the step")
+        n = b[1:]
         out += [
-            (
-                f"engine step, batch {b[1:]} (median)",
-                fmt(engine, " ms", 2),
-                "",
-                status(engine, None),
+            _ms_row(f"engine step, batch {n} (median)", engine),
+            _ms_row(f"its decode graph's replay alone, batch {n}", replay),
+            _ms_row(f"host gap (step − replay), batch {n}", gap),
+            _ms_row(f"engine step, async scheduling, batch {n}", _at(results, b, "async_ms")),
+            _ms_row(
+                f"host gap left under async scheduling, batch {n}", _at(results, b, "async_gap_ms")
             ),
-            (
-                f"its decode graph's replay alone, batch {b[1:]}",
-                fmt(replay, " ms", 2),
-                "",
-                status(replay, None),
-            ),
-            (f"host gap (step − replay), batch {b[1:]}", fmt(gap, " ms", 2), "", status(gap, None)),
-            *_async_rows(results, b),
         ]
     return out
 
@@ -206,24 +200,14 @@ def sections(results: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _async_rows(results: dict[str, Any], b: str) -> list[Row]:
-    """The engine's own loop with async scheduling: a step's time and what is left of the gap."""
-    pumped = measured(results, f"step.{b}.async_ms")
-    gap = measured(results, f"step.{b}.async_gap_ms")
-    return [
-        (
-            f"engine step, async scheduling, batch {b[1:]}",
-            fmt(pumped, " ms", 2),
-            "",
-            status(pumped, None),
-        ),
-        (
-            f"host gap left under async scheduling, batch {b[1:]}",
-            fmt(gap, " ms", 2),
-            "",
-            status(gap, None),
-        ),
-    ]
+def _ms_row(label: str, value: Value) -> Row:
+    """A row of milliseconds, no target."""
+    return (label, fmt(value, " ms", 2), "", status(value, None))
+
+
+def _at(results: dict[str, Any], batch: str, key: str) -> Value:
+    """The step phase's ``key`` at ``batch`` (``b1``, ``b32``)."""
+    return measured(results, f"step.{batch}.{key}")
 
 
 def fusion_section(results: dict[str, Any]) -> list[str]:

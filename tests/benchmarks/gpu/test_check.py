@@ -179,7 +179,14 @@ RESULTS: dict[str, Any] = {
             ],
             "errors": {"qk_norm_rope": "RuntimeError: boom"},
         },
-        "b1": {"batch": 1, "engine_ms": 5.0, "replay_ms": 4.0, "host_gap_ms": 1.0},
+        "b1": {
+            "batch": 1,
+            "engine_ms": 5.0,
+            "replay_ms": 4.0,
+            "host_gap_ms": 1.0,
+            "async_ms": 4.25,
+            "async_gap_ms": 0.25,
+        },  # fmt: skip
         "b32": {"batch": 32, "engine_ms": 9.0, "replay_ms": None, "host_gap_ms": None},
         "mixed": {
             "decodes": 31,
@@ -243,6 +250,7 @@ def test_report_targets() -> None:
     assert families[0].startswith("2 families, 1 graphed (0 piecewise too); worst rel err 2.00e-02")
     assert "errors: mixtral" in families[0] and families[2] == "not met"
     assert table["host gap (step − replay), batch 1"][0] == "1.00 ms (20 % of the step)"
+    assert table["host gap left under async scheduling, batch 1"][0] == "0.25 ms"
     assert table["engine step, batch 32 (median)"][0] == "9.00 ms"
     mixed = "mixed step (128-token prefill + 31 decodes)"
     assert table[f"{mixed}, eager"][0] == "30.00 ms"
