@@ -186,7 +186,7 @@ RESULTS: dict[str, Any] = {
             "host_gap_ms": 1.0,
             "async_ms": 4.25,
             "async_gap_ms": 0.25,
-        },  # fmt: skip
+        },
         "b32": {"batch": 32, "engine_ms": 9.0, "replay_ms": None, "host_gap_ms": None},
         "mixed": {
             "decodes": 31,
