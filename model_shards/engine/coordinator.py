@@ -237,13 +237,12 @@ class Coordinator:
     def step(self) -> list[SeqUpdate]:
         """One iteration, not overlapped: schedule, run on every rank, update (after the
         steps still in flight)."""
-        updates = [u for _ in range(len(self._in_flight)) for u in self._finish_oldest()]
+        updates: list[SeqUpdate] = []
+        while self._in_flight:
+            updates += self._finish(self._in_flight.popleft())
         self._admit_compiled()
         launched = self._launch()
         return updates + (self._finish(launched) if launched is not None else [])
-
-    def _finish_oldest(self) -> list[SeqUpdate]:
-        return self._finish(self._in_flight.popleft())
 
     def pump(self) -> list[SeqUpdate]:
         """Keep up to ``max_in_flight`` steps (micro-batches of disjoint sequences, one per

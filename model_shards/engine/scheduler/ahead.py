@@ -25,6 +25,7 @@ groups; and any chunk whose blocks are not free (running ahead never preempts).
 from __future__ import annotations
 
 from model_shards.config.scheduler import SchedulerConfig
+from model_shards.engine.scheduler.prefill import prompt_chunk_len
 from model_shards.engine.scheduler.sequence import Ahead, ScheduledStep, SeqStatus, Sequence
 from model_shards.engine.scheduler.state import SchedulerState
 from model_shards.engine.scheduler.step_builder import StepBuilder
@@ -75,23 +76,16 @@ def schedule_ahead(state: SchedulerState, seq: Sequence, ahead: Ahead, step: Ste
     """Add the chunk that follows ``ahead``'s to ``step``, if the free blocks hold it."""
     start = ahead.end
     if ahead.row >= 0:  # a decode of the token in flight
-        tokens, sample = [future_token(ahead.row)], True
-    else:  # the prompt's next chunk, within the budget and the free blocks
-        bs = state.config.block_size
-        capacity = (len(seq.block_table) + state.blocks.num_free) * bs - start
-        n = min(len(seq.token_ids) - start, step.budget, capacity)
-        if n <= 0:
+        if state.blocks_to_extend(seq, start + 1) > state.blocks.num_free:
             return
-        tokens = seq.token_ids[start : start + n]
-        sample = start + n == len(seq.token_ids)
-    end = start + len(tokens)
-    need = state.blocks_to_extend(seq, end)
-    if need > state.blocks.num_free:
+        new_blocks, _ = state.extend(seq, start, start + 1)
+        step.add_chunk(
+            seq, SeqChunk(seq.seq_id, start, [future_token(ahead.row)], True, new_blocks)
+        )
         return
-    new_blocks = state.blocks.allocate(need)
-    seq.block_table.extend(new_blocks)
-    state.counters.prefill_tokens += max(0, min(end, seq.prefill_end) - start)
-    step.add_chunk(seq, SeqChunk(seq.seq_id, start, tokens, sample, new_blocks))
+    n = prompt_chunk_len(state, seq, start, step.budget)  # the prompt's next chunk
+    if n > 0:
+        step.add(seq, start, start + n, *state.extend(seq, start, start + n))
 
 
 def done_with(state: SchedulerState, chunk: SeqChunk) -> None:

@@ -52,7 +52,14 @@ def schedule_prefill(state: SchedulerState, seq: Sequence, step: StepBuilder) ->
     table_full = len(seq.block_table) * bs == seq.num_computed
     if not make_room(state, seq, groups if table_full else 0, step):
         return
-    blocks_free = state.blocks.num_free // groups  # each block of positions takes one per group
-    capacity = (len(seq.block_table) + blocks_free) * bs - seq.num_computed
-    n = min(len(seq.token_ids) - seq.num_computed, step.budget, capacity)
+    n = prompt_chunk_len(state, seq, seq.num_computed, step.budget)
     state.extend_and_add(seq, seq.num_computed + n, step)
+
+
+def prompt_chunk_len(state: SchedulerState, seq: Sequence, start: int, budget: int) -> int:
+    """Prompt tokens from ``start`` the next chunk of ``seq`` can take: within ``budget`` and
+    the blocks its tables hold or can have from the free ones."""
+    bs, groups = state.config.block_size, state.config.num_kv_groups
+    blocks_free = state.blocks.num_free // groups  # each block of positions takes one per group
+    capacity = (len(seq.block_table) + blocks_free) * bs - start
+    return min(len(seq.token_ids) - start, budget, capacity)

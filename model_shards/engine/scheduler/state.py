@@ -81,14 +81,20 @@ class SchedulerState:
     ) -> None:
         """Grow a running sequence's block tables (one per KV group) to cover ``end``
         tokens; add its chunk (ending with ``drafts``, if any)."""
-        self.counters.prefill_tokens += max(0, min(end, seq.prefill_end) - seq.num_computed)
+        new_blocks, window_blocks = self.extend(seq, seq.num_computed, end)
+        step.add(seq, seq.num_computed, end, new_blocks, window_blocks, drafts)
+
+    def extend(self, seq: Sequence, start: int, end: int) -> tuple[list[int], list[list[int]]]:
+        """Grow every block table of ``seq`` to cover ``end`` tokens for a chunk from ``start``
+        (its prompt positions counted as prefill): the ids added to group 0's, and to 1..'s."""
+        self.counters.prefill_tokens += max(0, min(end, seq.prefill_end) - start)
         n = self.blocks.blocks_for(end) - len(seq.block_table)
         new_blocks = self.blocks.allocate(n)
         seq.block_table.extend(new_blocks)
         window_blocks = [self.blocks.allocate(n) for _ in seq.window_tables]
         for table, new in zip(seq.window_tables, window_blocks, strict=True):
             table.extend(new)
-        step.add(seq, seq.num_computed, end, new_blocks, window_blocks, drafts)
+        return new_blocks, window_blocks
 
     def blocks_to_extend(self, seq: Sequence, end: int) -> int:
         """Block ids growing every table of ``seq`` to cover ``end`` tokens takes."""
